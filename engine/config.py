@@ -1,0 +1,137 @@
+"""One dataclass tree for every engine option. CLI flags (engine.cli) and GUI forms derive from
+the field metadata here, so an option is declared once."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass
+class ModelConfig:
+    """The subset of a Hugging Face config.json the engine uses (Llama family)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # qkv bias (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    torch_dtype: str | None = None
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
+        from engine.errors import UnsupportedArchitectureError
+
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else cfg.get("model_type", "<missing>")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedArchitectureError(arch, list(SUPPORTED_ARCHITECTURES))
+        heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        eos = cfg.get("eos_token_id")
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        rope_scaling = cfg.get("rope_scaling")
+        rope_theta = cfg.get("rope_theta")
+        rope_params = cfg.get("rope_parameters")  # transformers >= 5 folds theta and scaling here
+        if isinstance(rope_params, dict):
+            rope_theta = rope_theta or rope_params.get("rope_theta")
+            if rope_params.get("rope_type", "default") != "default" and rope_scaling is None:
+                rope_scaling = rope_params
+        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
+            rope_scaling = None
+        sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "MistralForCausalLM") else None
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            sliding_window=sliding,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        )
+
+
+def _opt(help: str, **kw) -> Any:
+    """A field that is also a CLI flag / GUI form entry."""
+    default = kw.pop("default", None)
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = _opt("Model: a Hugging Face directory, a .gguf file, or a repo id in the HF cache "
+                             "(default: the embedded SmolLM2-135M-Instruct)")
+    dtype: str = _opt("Weights and activations dtype", default="auto",
+                      choices=["auto", "float32", "bfloat16", "float16"])
+    device: str = _opt("Device", default="auto", choices=["auto", "cpu", "cuda"])
+    max_model_len: int | None = _opt("Context length (default: the model's, capped at 8192)")
+    block_size: int = _opt("KV-cache block size in tokens", default=16)
+    kv_cache_memory_gib: float | None = _opt("KV-cache memory in GiB (CPU default 2; GPU default from "
+                                             "--gpu-memory-utilization)")
+    gpu_memory_utilization: float = _opt("Share of GPU memory the engine may use", default=0.9)
+    num_kv_blocks: int | None = _opt("Exact number of KV blocks (overrides the memory-based size)")
+    max_num_seqs: int = _opt("Most requests running at once", default=256)
+    max_num_batched_tokens: int = _opt("Token budget per engine step (prefill chunks are cut to it)",
+                                       default=2048)
+    enable_prefix_caching: bool = _opt("Reuse the KV of shared prompt prefixes", default=True)
+    tensor_parallel_size: int = _opt("Tensor-parallel size (processes / GPUs)", default=1, aliases=["-tp"])
+    comm_strategy: str = _opt("All-reduce strategy for tensor parallelism", default="auto",
+                              choices=["auto", "nccl", "int8", "host", "overlap"])
+    num_threads: int | None = _opt("CPU threads (default: physical cores)")
+    seed: int = _opt("Seed of the default random generator", default=0)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(EngineConfig):
+            meta = dict(f.metadata)
+            flag = "--" + f.name.replace("_", "-")
+            names = [flag, *meta.pop("aliases", [])]
+            help_ = meta.pop("help", "")
+            kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_}
+            if f.type in ("bool", bool):
+                kw["action"] = argparse.BooleanOptionalAction
+            else:
+                typ = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+                kw["type"] = typ
+                if "choices" in meta:
+                    kw["choices"] = meta["choices"]
+            parser.add_argument(*names, **kw)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
