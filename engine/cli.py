@@ -1,0 +1,140 @@
+"""The `kestrel` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _engine_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
+    from engine.config import EngineConfig
+
+    p = sub.add_parser(name, help=help, description=help)
+    EngineConfig.add_cli_args(p)
+    return p
+
+
+def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=None, help="0 for greedy (default: the model's)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+
+
+def _sampling_params(args, generation_config: dict):
+    from engine.sampling_params import SamplingParams
+
+    def pick(name, default):
+        v = getattr(args, name)
+        return v if v is not None else generation_config.get(name, default)
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=pick("temperature", 0.7),
+                          top_p=pick("top_p", 1.0), top_k=pick("top_k", 0), seed=args.seed,
+                          ignore_eos=args.ignore_eos)
+
+
+def _load(args):
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+
+    cfg = EngineConfig.from_cli_args(args)
+    opts = {k: v for k, v in vars(cfg).items() if k != "model"}
+    return LLM(cfg.model, **opts)
+
+
+def cmd_generate(args) -> int:
+    llm = _load(args)
+    params = _sampling_params(args, llm.core.checkpoint.generation_config)
+    for delta in llm.stream(args.prompt, params):
+        sys.stdout.write(delta.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from engine.errors import KestrelError
+
+    llm = _load(args)
+    params = _sampling_params(args, llm.core.checkpoint.generation_config)
+    name = llm.core.checkpoint.path.name
+    print(f"Kestrel chat on {name} ({llm.core.runner.dtype}, {llm.core.runner.device}). "
+          "Empty line or Ctrl-D to quit, /reset to start over.")
+    history: list[dict] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    while True:
+        try:
+            line = input("\n> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not line.strip():
+            return 0
+        if line.strip() == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        history.append({"role": "user", "content": line})
+        reply = ""
+        try:
+            for delta in llm.stream(sampling_params=params, messages=history):
+                sys.stdout.write(delta.text)
+                sys.stdout.flush()
+                reply += delta.text
+        except KestrelError as e:
+            print(f"\n[error] {e}")
+            history.pop()
+            continue
+        except KeyboardInterrupt:
+            print("\n[stopped]")
+        print()
+        history.append({"role": "assistant", "content": reply})
+
+
+def cmd_bench(args) -> int:
+    from engine.bench.offline import main as bench_offline
+
+    return bench_offline(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kestrel", description="Local LLM inference workstation")
+    sub = parser.add_subparsers(dest="command")
+    g = _engine_parser(sub, "generate", "Complete one prompt and print the completion")
+    g.add_argument("--prompt", required=True)
+    _sampling_args(g, 128)
+    g.set_defaults(func=cmd_generate)
+    c = _engine_parser(sub, "chat", "Chat in the terminal, streaming replies")
+    c.add_argument("--system", default=None, help="System prompt")
+    _sampling_args(c, 512)
+    c.set_defaults(func=cmd_chat)
+    b = sub.add_parser("bench", help="Benchmarks")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    from engine.bench.offline import add_args as offline_args
+    bo = _engine_parser(bsub, "offline", "Offline prefill/decode throughput, side by side with llama.cpp")
+    offline_args(bo)
+    bo.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        args = parser.parse_args(["chat"])
+    from engine.errors import KestrelError
+
+    try:
+        return args.func(args)
+    except KestrelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

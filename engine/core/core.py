@@ -1,0 +1,235 @@
+"""The engine core: requests in, one scheduler step at a time, deltas out.
+
+add_request (template, tokenize, validate) -> step() [schedule -> runner.execute -> update:
+append tokens, detokenize, stop checks, free blocks] -> RequestDelta list."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.core.kv_cache import BlockManager
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
+from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.outputs import RequestDelta, RequestMetrics
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class StepStats:
+    time: float
+    duration: float
+    num_running: int
+    num_waiting: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    kv_usage: float
+
+
+@dataclass
+class _Tracked:
+    request: Request
+    detok: object
+    text: str = ""
+    emitted: int = 0  # characters of text already sent
+    stop_max: int = 0
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_kv_blocks: int
+    num_free_blocks: int
+    prefix_cache_hit_rate: float
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_preemptions: int
+    recent_steps: list[StepStats] = field(default_factory=list)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, checkpoint=None, tp=None):
+        from engine.loader import load_checkpoint
+        from engine.parallel.context import SINGLE
+        from engine.runner.model_runner import ModelRunner
+        from engine.tokenizer import IncrementalDetokenizer
+
+        self.config = config
+        self.checkpoint = checkpoint or load_checkpoint(config.model)
+        mc = self.checkpoint.config
+        self.model_config = mc
+        self.tokenizer = self.checkpoint.tokenizer
+        self._detok_cls = IncrementalDetokenizer
+        max_len = config.max_model_len or min(mc.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        self.runner = ModelRunner(config, mc, self.checkpoint.weights, max_len, self.checkpoint.config.torch_dtype,
+                                  tp or SINGLE)
+        capacity = self.runner.num_blocks * config.block_size
+        if capacity < max_len:
+            log.warning("KV cache holds %d tokens: context length capped from %d", capacity, max_len)
+            max_len = capacity
+        self.max_model_len = max_len
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                                   salt=str(self.checkpoint.path))
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
+        self.requests: dict[str, _Tracked] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.recent_steps: deque[StepStats] = deque(maxlen=256)
+
+    # -- requests -----------------------------------------------------------------------
+    def tokenize_prompt(self, prompt=None, messages=None, add_special_tokens: bool = True) -> list[int]:
+        if messages is not None:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        raise InvalidRequestError("The prompt must be a string, a list of token ids, or chat messages.",
+                                  param="prompt")
+
+    def add_request(self, request_id: str, prompt=None, params: SamplingParams | None = None, *,
+                    messages=None, prompt_token_ids: list[int] | None = None) -> Request:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidRequestError(f"A request with id {request_id!r} is already running.", param="request_id")
+        ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize_prompt(prompt, messages)
+        self.validate_prompt(ids, params)
+        req = Request(request_id, list(ids), params, eos_token_ids=self.eos_token_ids,
+                      prompt=prompt if isinstance(prompt, str) else None)
+        detok = self._detok_cls(self.tokenizer, req.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
+        self.requests[request_id] = _Tracked(req, detok, stop_max=max((len(s) for s in params.stop), default=0))
+        self.runner.add_request(req)
+        self.scheduler.add(req)
+        return req
+
+    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"Token id {bad} is out of the vocabulary (0..{vocab - 1}).", param="prompt")
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(len(ids), self.max_model_len)
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            raise PromptTooLongError(len(ids), self.max_model_len, params.max_tokens)
+
+    def abort(self, request_ids) -> list[RequestDelta]:
+        out = []
+        for rid in ([request_ids] if isinstance(request_ids, str) else request_ids):
+            tr = self.requests.get(rid)
+            if tr is not None and not tr.request.is_finished:
+                out.append(self._finish(tr, "abort", None, []))
+        return out
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step -----------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        if not self.scheduler.has_unfinished():
+            return []
+        t0 = time.monotonic()
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        reqs, tokens, lps = self.runner.execute(sched)
+        n_prefill = n_decode = 0
+        for s in sched.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+            self.blocks.cache_full_blocks(s.request)
+            if s.num_new_tokens == 1 and s.request.output_token_ids:
+                n_decode += 1
+            else:
+                n_prefill += s.num_new_tokens
+        self.prompt_tokens_total += n_prefill
+        now = time.monotonic()
+        deltas = []
+        for req, tok, lp in zip(reqs, tokens, lps):
+            deltas.append(self._append(self.requests[req.request_id], tok, lp, now))
+        self.recent_steps.append(StepStats(now, now - t0, len(self.scheduler.running), len(self.scheduler.waiting),
+                                           n_prefill, n_decode, self.blocks.usage))
+        return [d for d in deltas if d is not None]
+
+    def _append(self, tr: _Tracked, tok: int, lp, now: float) -> RequestDelta | None:
+        req, p = tr.request, tr.request.params
+        req.output_token_ids.append(tok)
+        self.generation_tokens_total += 1
+        if req.timings.first_token is None:
+            req.timings.first_token = now
+        req.timings.last_token = now
+        tr.text += tr.detok.add(tok)
+        n_out = len(req.output_token_ids)
+        reason = stop = None
+        if tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_tokens:
+            reason = "stop"
+        elif tok in p.stop_token_ids and n_out >= p.min_tokens:
+            reason, stop = "stop", tok
+        elif p.stop and n_out >= p.min_tokens:
+            hit = self._find_stop(tr)
+            if hit is not None:
+                reason, stop = "stop", hit
+        if reason is None and (n_out >= (p.max_tokens or self.max_model_len) or req.num_tokens >= self.max_model_len):
+            reason = "length"
+        lps = [lp] if lp is not None else None
+        if reason is not None:
+            return self._finish(tr, reason, stop, [tok], lps)
+        end = len(tr.text) - max(0, tr.stop_max - 1)  # hold back what may become a stop string
+        delta_text = ""
+        if end > tr.emitted:
+            delta_text, tr.emitted = tr.text[tr.emitted:end], end
+        return RequestDelta(req.request_id, [tok], delta_text, lps, num_prompt_tokens=req.num_prompt_tokens,
+                            num_cached_tokens=req.num_cached_tokens, num_output_tokens=n_out)
+
+    def _find_stop(self, tr: _Tracked) -> str | None:
+        """Find the earliest stop string in the unsent tail; truncate the text there."""
+        p = tr.request.params
+        start = max(0, tr.emitted - tr.stop_max)
+        best = None
+        for s in p.stop:
+            i = tr.text.find(s, start)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return None
+        i, s = best
+        tr.text = tr.text[: i + len(s) if p.include_stop_str_in_output else i]
+        return s
+
+    def _finish(self, tr: _Tracked, reason: str, stop, toks: list[int], lps=None) -> RequestDelta:
+        req = tr.request
+        now = time.monotonic()
+        req.timings.finished = now
+        req.finish_reason, req.stop_reason = reason, stop
+        self.scheduler.finish(req)
+        self.runner.remove_request(req.request_id)
+        del self.requests[req.request_id]
+        text = tr.text[tr.emitted:] if len(tr.text) > tr.emitted else ""
+        t = req.timings
+        metrics = RequestMetrics(
+            arrival_time=t.arrival, queue_time=t.queue_time, ttft=t.ttft, e2e=now - t.arrival,
+            decode_time=(t.last_token - t.first_token) if t.first_token else None,
+            num_preemptions=req.num_preemptions)
+        return RequestDelta(req.request_id, toks, text, lps, True, reason, stop, req.num_prompt_tokens,
+                            req.num_cached_tokens, len(req.output_token_ids), metrics)
+
+    # -- stats --------------------------------------------------------------------------
+    def stats(self, recent: int = 32) -> EngineStats:
+        b = self.blocks
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_usage=b.usage, num_kv_blocks=b.num_blocks, num_free_blocks=b.num_free_blocks,
+            prefix_cache_hit_rate=(b.prefix_hits / b.prefix_queries) if b.prefix_queries else 0.0,
+            prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
+            num_preemptions=self.scheduler.num_preemptions, recent_steps=list(self.recent_steps)[-recent:])

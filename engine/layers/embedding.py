@@ -1,0 +1,43 @@
+"""Vocab-parallel token embedding and LM head."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.parallel.context import TPContext
+
+
+class VocabParallelEmbedding(torch.nn.Module):
+    def __init__(self, vocab_size: int, hidden: int, dtype, tp: TPContext):
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        per = -(-vocab_size // tp.size)
+        self.start = min(tp.rank * per, vocab_size)
+        self.stop = min(self.start + per, vocab_size)
+        self.weight = torch.nn.Parameter(torch.empty(self.stop - self.start, hidden, dtype=dtype),
+                                         requires_grad=False)
+
+    def load(self, weights, name: str) -> None:
+        self.weight.data.copy_(weights.get_slice(name, 0, self.start, self.stop))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        mask = (local < 0) | (local >= self.weight.shape[0])
+        out = F.embedding(local.masked_fill(mask, 0), self.weight)
+        out.masked_fill_(mask.unsqueeze(-1), 0)
+        return self.tp.all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Each rank computes logits for its vocab slice; they are gathered on every rank."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        local = F.linear(hidden, self.weight)
+        if self.tp.size == 1:
+            return local
+        full = self.tp.all_gather_last_dim(local)
+        return full[..., : self.vocab_size]

@@ -1,0 +1,100 @@
+"""Linear layers, sharded for tensor parallelism. Each reads only its own slice of the checkpoint."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.parallel.context import TPContext
+
+
+def _param(shape, dtype) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.weight = _param((out_features, in_features), dtype)
+        self.bias = _param((out_features,), dtype) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def _copy_rows(self, parts: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> None:
+        """Fill the weight (and bias) from row blocks stacked in order."""
+        row = 0
+        for name, w, b in parts:
+            if w.shape[1] != self.weight.shape[1] or row + w.shape[0] > self.weight.shape[0]:
+                raise ValueError(f"{name}: shape {tuple(w.shape)} does not fit {tuple(self.weight.shape)}")
+            self.weight.data[row:row + w.shape[0]].copy_(w)
+            if self.bias is not None:
+                if b is None:
+                    raise KeyError(f"{name}: bias missing")
+                self.bias.data[row:row + w.shape[0]].copy_(b)
+            row += w.shape[0]
+        if row != self.weight.shape[0]:
+            raise ValueError(f"expected {self.weight.shape[0]} rows, got {row}")
+
+
+class QKVParallelLinear(_Linear):
+    """Fused q/k/v projection; heads split across ranks, KV heads replicated when fewer than ranks."""
+
+    def __init__(self, hidden: int, head_dim: int, n_heads: int, n_kv_heads: int, bias: bool,
+                 dtype: torch.dtype, tp: TPContext):
+        self.tp = tp
+        self.head_dim = head_dim
+        q0, q1 = tp.split(n_heads, "number of attention heads")
+        self.q_rows = (q0 * head_dim, q1 * head_dim)
+        if n_kv_heads >= tp.size:
+            k0, k1 = tp.split(n_kv_heads, "number of KV heads")
+        else:
+            if tp.size % n_kv_heads:
+                raise ValueError(f"TP size {tp.size} must be a multiple of the {n_kv_heads} KV heads")
+            k0 = tp.rank * n_kv_heads // tp.size
+            k1 = k0 + 1
+        self.kv_rows = (k0 * head_dim, k1 * head_dim)
+        self.num_heads = q1 - q0
+        self.num_kv_heads = k1 - k0
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        super().__init__(hidden, out, bias, dtype)
+
+    def load(self, weights, prefix: str) -> None:
+        parts = []
+        for name, (r0, r1) in (("q_proj", self.q_rows), ("k_proj", self.kv_rows), ("v_proj", self.kv_rows)):
+            w = weights.get_slice(f"{prefix}.{name}.weight", 0, r0, r1)
+            b = weights.get_slice(f"{prefix}.{name}.bias", 0, r0, r1) if self.bias is not None else None
+            parts.append((f"{prefix}.{name}", w, b))
+        self._copy_rows(parts)
+
+
+class MergedColumnParallelLinear(_Linear):
+    """Several column-parallel projections of the same input fused into one GEMM (gate + up)."""
+
+    def __init__(self, in_features: int, out_each: int, names: list[str], dtype, tp: TPContext):
+        self.tp = tp
+        self.names = names
+        self.rows = tp.split(out_each, "intermediate size")
+        super().__init__(in_features, (self.rows[1] - self.rows[0]) * len(names), False, dtype)
+
+    def load(self, weights, prefix: str) -> None:
+        self._copy_rows([(f"{prefix}.{n}", weights.get_slice(f"{prefix}.{n}.weight", 0, *self.rows), None)
+                         for n in self.names])
+
+
+class RowParallelLinear(_Linear):
+    """Input dimension split across ranks; the partial outputs are summed by an all-reduce."""
+
+    def __init__(self, in_features: int, out_features: int, dtype, tp: TPContext, what: str):
+        self.tp = tp
+        self.cols = tp.split(in_features, what)
+        super().__init__(self.cols[1] - self.cols[0], out_features, False, dtype)
+
+    def load(self, weights, name: str) -> None:
+        w = weights.get_slice(f"{name}.weight", 1, *self.cols)
+        if tuple(w.shape) != tuple(self.weight.shape):
+            raise ValueError(f"{name}.weight: shape {tuple(w.shape)} does not fit {tuple(self.weight.shape)}")
+        self.weight.data.copy_(w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(F.linear(x, self.weight))

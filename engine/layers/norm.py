@@ -1,0 +1,22 @@
+"""RMSNorm with the fused residual-add variant (vLLM semantics)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine import ops
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without residual: returns norm(x). With residual: residual += x, x = norm(residual),
+        both in place; returns (x, residual)."""
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.eps)
+        ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return x, residual

@@ -1,0 +1,120 @@
+"""The Llama family in one file: Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
+SmolLM2 (tied embeddings). Differences between them are config flags, not subclasses."""
+
+from __future__ import annotations
+
+import torch
+
+from engine import ops
+from engine.config import ModelConfig
+from engine.layers.attention import Attention, AttentionMetadata
+from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding
+from engine.parallel.context import TPContext
+
+
+class LlamaAttention(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int, rotary: RotaryEmbedding, dtype, tp: TPContext):
+        super().__init__()
+        hd = cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, hd, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, cfg.attention_bias, dtype, tp)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * hd, cfg.hidden_size, dtype, tp,
+                                        "attention width")
+        self.q_size = self.qkv_proj.num_heads * hd
+        self.kv_size = self.qkv_proj.num_kv_heads * hd
+        self.head_dim = hd
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.rotary = rotary
+        self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, hd, index)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            T = x.shape[0]
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(T, self.q_size)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(T, self.kv_size)
+        self.rotary(meta.positions, q, k)
+        return self.o_proj(self.attn(q, k, v, meta))
+
+
+class LlamaMLP(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype, tp: TPContext):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size,
+                                                       ["gate_proj", "up_proj"], dtype, tp)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, dtype, tp, "intermediate size")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int, rotary: RotaryEmbedding, dtype, tp: TPContext):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, index, rotary, dtype, tp)
+        self.mlp = LlamaMLP(cfg, dtype, tp)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+    def forward(self, x, residual, meta):
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, tp: TPContext, max_position: int):
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp
+        rotary = RotaryEmbedding(cfg.head_dim, max(max_position, 1), cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, tp)
+        self.layers = torch.nn.ModuleList(
+            LlamaDecoderLayer(cfg, i, rotary, dtype, tp) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else ParallelLMHead(
+            cfg.vocab_size, cfg.hidden_size, dtype, tp)
+        self.rotary = rotary
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.layers]
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Returns the final hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return ParallelLMHead.logits(self.lm_head, hidden)
+
+    def load_weights(self, weights) -> None:
+        self.embed_tokens.load(weights, "model.embed_tokens.weight")
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}"
+            layer.self_attn.qkv_proj.load(weights, f"{p}.self_attn")
+            layer.self_attn.o_proj.load(weights, f"{p}.self_attn.o_proj")
+            if layer.self_attn.q_norm is not None:
+                layer.self_attn.q_norm.weight.data.copy_(weights.get(f"{p}.self_attn.q_norm.weight"))
+                layer.self_attn.k_norm.weight.data.copy_(weights.get(f"{p}.self_attn.k_norm.weight"))
+            layer.mlp.gate_up_proj.load(weights, f"{p}.mlp")
+            layer.mlp.down_proj.load(weights, f"{p}.mlp.down_proj")
+            layer.input_layernorm.weight.data.copy_(weights.get(f"{p}.input_layernorm.weight"))
+            layer.post_attention_layernorm.weight.data.copy_(weights.get(f"{p}.post_attention_layernorm.weight"))
+        self.norm.weight.data.copy_(weights.get("model.norm.weight"))
+        if not self.cfg.tie_word_embeddings:
+            self.lm_head.load(weights, "lm_head.weight")

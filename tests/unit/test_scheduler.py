@@ -1,0 +1,84 @@
+"""Scheduler: token budget, decodes first, chunked prefill, preemption newest-first, abort frees blocks."""
+
+from engine.core.kv_cache import BlockManager
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
+from engine.sampling_params import SamplingParams
+
+
+def mk(rid, n):
+    return Request(rid, list(range(1, n + 1)), SamplingParams(max_tokens=100))
+
+
+def commit(out, token=7):
+    """Pretend the runner ran the step: advance computed tokens, append a token where one is sampled."""
+    for s in out.scheduled:
+        samples = s.samples
+        s.request.num_computed_tokens += s.num_new_tokens
+        if samples:
+            s.request.output_token_ids.append(token)
+
+
+def test_chunked_prefill_respects_budget():
+    s = Scheduler(BlockManager(100, 4, enable_prefix_caching=False), 8, max_num_batched_tokens=10)
+    r = mk("a", 25)
+    s.add(r)
+    chunks = []
+    while not r.output_token_ids:
+        out = s.schedule()
+        assert out.num_tokens <= 10
+        chunks.append(out.scheduled[0].num_new_tokens)
+        commit(out)
+    assert chunks == [10, 10, 5]
+
+
+def test_decodes_scheduled_before_prefills():
+    s = Scheduler(BlockManager(100, 4, enable_prefix_caching=False), 8, max_num_batched_tokens=8)
+    a = mk("a", 4)
+    s.add(a)
+    commit(s.schedule())  # a prefilled, now decoding
+    b = mk("b", 20)
+    s.add(b)
+    out = s.schedule()
+    assert [x.request.request_id for x in out.scheduled] == ["a", "b"]
+    assert out.scheduled[0].num_new_tokens == 1 and out.scheduled[1].num_new_tokens == 7
+
+
+def test_preemption_newest_first_and_recompute():
+    bm = BlockManager(6, 4, enable_prefix_caching=False)
+    s = Scheduler(bm, 8, max_num_batched_tokens=64)
+    a, b = mk("a", 8), mk("b", 8)  # 2 blocks each
+    s.add(a)
+    s.add(b)
+    commit(s.schedule())
+    assert bm.num_free_blocks == 2
+    # grow both until the cache runs out: b (newest) must be preempted, a keeps running
+    preempted = []
+    for _ in range(12):
+        out = s.schedule()
+        preempted += out.preempted
+        commit(out)
+    assert preempted and preempted[0] is b
+    assert b.num_preemptions >= 1 and a.num_preemptions == 0
+    for r in list(s.running) + list(s.waiting):
+        s.finish(r)
+    assert bm.num_free_blocks == 6
+
+
+def test_abort_frees_blocks_at_once():
+    bm = BlockManager(20, 4)
+    s = Scheduler(bm, 8, 64)
+    r = mk("a", 30)
+    s.add(r)
+    commit(s.schedule())
+    assert bm.num_free_blocks < 20
+    s.finish(r)
+    assert bm.num_free_blocks == 20 and r.status is RequestStatus.FINISHED and not s.has_unfinished()
+
+
+def test_max_num_seqs():
+    s = Scheduler(BlockManager(100, 4), max_num_seqs=2, max_num_batched_tokens=100)
+    for i in range(5):
+        s.add(mk(str(i), 3))
+    out = s.schedule()
+    assert len(out.scheduled) == 2 and len(s.waiting) == 3
