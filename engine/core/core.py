@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.core.kv_cache import BlockManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
-from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.errors import InvalidRequestError, KVCacheFullError, PromptTooLongError
 from engine.outputs import RequestDelta, RequestMetrics
 from engine.sampling_params import SamplingParams
 
@@ -71,6 +71,10 @@ class EngineCore:
         self.tokenizer = self.checkpoint.tokenizer
         self._detok_cls = IncrementalDetokenizer
         max_len = config.max_model_len or min(mc.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        if mc.sliding_window and max_len > mc.sliding_window:
+            # attention here is full; within the window that is exactly what the model computes
+            log.warning("context length capped at the sliding window of %d tokens", mc.sliding_window)
+            max_len = mc.sliding_window
         self.runner = ModelRunner(config, mc, self.checkpoint.weights, max_len, self.checkpoint.config.torch_dtype,
                                   tp or SINGLE)
         capacity = self.runner.num_blocks * config.block_size
@@ -223,6 +227,26 @@ class EngineCore:
             num_preemptions=req.num_preemptions)
         return RequestDelta(req.request_id, toks, text, lps, True, reason, stop, req.num_prompt_tokens,
                             req.num_cached_tokens, len(req.output_token_ids), metrics)
+
+    def score(self, token_ids: list[int]) -> "torch.Tensor":
+        """Float32 logits [len(token_ids), vocab] of a whole sequence (prompt scoring, perplexity).
+        Runs in prefill chunks on blocks borrowed from the cache; call it between steps."""
+        from engine.core.scheduler import SchedulerOutput, ScheduledRequest
+        import torch
+
+        self.validate_prompt(token_ids, SamplingParams(max_tokens=None))
+        req = Request(f"score-{time.monotonic_ns()}", list(token_ids), SamplingParams(max_tokens=1))
+        chunks = []
+        try:
+            while req.num_computed_tokens < req.num_tokens:
+                n = min(req.num_tokens - req.num_computed_tokens, self.config.max_num_batched_tokens)
+                if not self.blocks.allocate(req, n):
+                    raise KVCacheFullError("The KV cache has no room to score this sequence now; retry when idle.")
+                chunks.append(self.runner.all_logits(SchedulerOutput([ScheduledRequest(req, n)])))
+                req.num_computed_tokens += n
+        finally:
+            self.blocks.free_request(req)
+        return torch.cat(chunks)
 
     # -- stats --------------------------------------------------------------------------
     def stats(self, recent: int = 32) -> EngineStats:

@@ -134,3 +134,9 @@ class ModelRunner:
         gens = [self.generators.get(r.request_id) for r in reqs]
         tokens, lps = self.sampler(logits, reqs, gens)
         return reqs, tokens, lps
+
+    @torch.inference_mode()
+    def all_logits(self, sched: SchedulerOutput) -> torch.Tensor:
+        """Float32 logits at every position the step computes (scoring, perplexity, tests)."""
+        input_ids, meta, _, _ = self._prepare(sched)
+        return self.model.compute_logits(self.model(input_ids, meta)).float()
