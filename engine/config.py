@@ -61,7 +61,10 @@ class ModelConfig:
                 rope_scaling = rope_params
         if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
             rope_scaling = None
-        sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "MistralForCausalLM") else None
+        use_sliding = cfg.get("use_sliding_window")  # transformers 5 writes null for Mistral
+        if use_sliding is None:
+            use_sliding = arch == "MistralForCausalLM"
+        sliding = cfg.get("sliding_window") if use_sliding else None
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -76,7 +79,8 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            # Qwen2 always has q/k/v biases (transformers hard-codes them; its config.json may say null)
+            attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias")),
             qk_norm=arch == "Qwen3ForCausalLM",
             sliding_window=sliding,
             bos_token_id=cfg.get("bos_token_id"),

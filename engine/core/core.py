@@ -188,6 +188,8 @@ class EngineCore:
             reason = "length"
         lps = [lp] if lp is not None else None
         if reason is not None:
+            if not isinstance(stop, str):  # text cut at a stop string keeps no held-back tail
+                tr.text += tr.detok.flush()
             return self._finish(tr, reason, stop, [tok], lps)
         end = len(tr.text) - max(0, tr.stop_max - 1)  # hold back what may become a stop string
         delta_text = ""

@@ -1,0 +1,309 @@
+"""GGUF checkpoints (llama.cpp): Hugging Face names and shapes, a config.json equivalent built from the
+metadata, and tensors dequantized to float32 with ``gguf.quants.dequantize`` -- bit-identical to what
+transformers' GGUF loader produces (its q/k un-permutation included)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+from gguf import quants as gguf_quants
+
+from engine.errors import CheckpointError
+from engine.loader.gguf_file import GGUFFile, GGUFTensorInfo
+from engine.loader.weights import WeightSource
+
+# general.architecture -> Hugging Face architecture
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+# every type gguf.quants can dequantize (it has a class per type, named like the enum member)
+SUPPORTED_QTYPES = frozenset(
+    [*_FLOAT_TYPES]
+    + [q for q in GGMLQuantizationType if q not in _FLOAT_TYPES and hasattr(gguf_quants, q.name)
+       and hasattr(getattr(gguf_quants, q.name), "dequantize_blocks")]
+)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+# Other tensors (rope_freqs, folded into rope_scaling; anything unknown) have no HF name and are not exposed.
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None if it has none."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}"
+    return None
+
+
+def qk_row_order(rows: int, n_head: int) -> np.ndarray:
+    """Row indices undoing llama.cpp's q/k permutation: ``hf = gguf[order]``.
+
+    llama.cpp's converter (``LlamaModel.permute``) turns HF's rotate-half layout into GPT-J's interleaved
+    one with ``w.reshape(n_head, 2, rows // n_head // 2, ...).swapaxes(1, 2)``; transformers undoes it
+    with ``w.reshape(n_head, rows // n_head // 2, 2, ...).swapaxes(2, 1)`` (LlamaTensorProcessor). This is
+    that inverse applied to row indices, so it also serves row slices and biases.
+    """
+    dim = rows // n_head // 2
+    return np.arange(rows).reshape(n_head, dim, 2).swapaxes(2, 1).reshape(rows)
+
+
+def _md(gf: GGUFFile, arch: str, key: str, default: Any = None) -> Any:
+    return gf.metadata.get(f"{arch}.{key}", default)
+
+
+def gguf_hf_config(gf: GGUFFile) -> dict[str, Any]:
+    """A config.json equivalent from the GGUF metadata (same keys transformers' GGUF loader sets)."""
+    arch = gf.metadata.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        from engine.errors import UnsupportedArchitectureError
+
+        raise UnsupportedArchitectureError(
+            f"{arch} (GGUF general.architecture)", sorted(GGUF_ARCHITECTURES)
+        )
+
+    def need(key: str) -> Any:
+        value = _md(gf, arch, key)
+        if value is None:
+            raise CheckpointError(gf.path, f"GGUF metadata lacks '{arch}.{key}'")
+        return value
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    kv_heads = _md(gf, arch, "attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):  # per-layer counts (hybrid models): take the max, like transformers
+        kv_heads = max(kv_heads)
+    head_dim = _md(gf, arch, "attention.key_length")
+    if head_dim is None and arch == "llama":
+        head_dim = _md(gf, arch, "rope.dimension_count")
+    head_dim = int(head_dim) if head_dim else hidden // heads
+    tokens = gf.metadata.get("tokenizer.ggml.tokens")
+    vocab = _md(gf, arch, "vocab_size") or (len(tokens) if isinstance(tokens, list) else None)
+    if vocab is None:
+        embd = gf.tensors.get("token_embd.weight")
+        vocab = embd.shape[0] if embd is not None else None
+    if vocab is None:
+        raise CheckpointError(gf.path, "GGUF metadata gives no vocabulary size")
+    names = set(gf.tensors)
+    cfg: dict[str, Any] = {
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "model_type": _MODEL_TYPE[arch],
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(_md(gf, arch, "attention.layer_norm_rms_epsilon", 1e-6 if arch != "llama" else 1e-5)),
+        "rope_theta": float(_md(gf, arch, "rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(_md(gf, arch, "context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "bos_token_id": gf.metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": gf.metadata.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": gf.metadata.get("tokenizer.ggml.padding_token_id"),
+    }
+    if arch == "llama":
+        cfg["mlp_bias"] = "blk.0.ffn_gate.bias" in names
+    if (dtype := _float_dtype(gf)) is not None:
+        cfg["torch_dtype"] = dtype
+    rope_scaling = _rope_scaling(gf, arch, head_dim, cfg["rope_theta"])
+    if rope_scaling is not None:
+        cfg["rope_scaling"] = rope_scaling
+    return cfg
+
+
+def _float_dtype(gf: GGUFFile) -> str | None:
+    """The dtype of an unquantized file (its half type, since norms are F32 in every file), else None."""
+    types = {t.qtype for t in gf.tensors.values()}
+    if not types <= {int(t) for t in _FLOAT_TYPES}:
+        return None
+    if GGMLQuantizationType.BF16 in types:
+        return "bfloat16"
+    if GGMLQuantizationType.F16 in types:
+        return "float16"
+    return "float32"
+
+
+def _rope_scaling(gf: GGUFFile, arch: str, head_dim: int, theta: float) -> dict | None:
+    kind = _md(gf, arch, "rope.scaling.type")
+    factor = _md(gf, arch, "rope.scaling.factor")
+    if kind in ("linear", "yarn") and factor:
+        out = {"rope_type": kind, "factor": float(factor)}
+        orig = _md(gf, arch, "rope.scaling.original_context_length")
+        if orig:
+            out["original_max_position_embeddings"] = int(orig)
+        return out
+    if "rope_freqs.weight" in gf.tensors and arch == "llama":
+        return _llama3_scaling_from_freqs(gf, head_dim, theta)
+    return None
+
+
+def _llama3_scaling_from_freqs(gf: GGUFFile, head_dim: int, theta: float) -> dict | None:
+    """Llama 3.1+ GGUFs carry rope scaling as a ``rope_freqs`` tensor (per-frequency divisors) instead of
+    metadata. Recover transformers' ``llama3`` rope_scaling: try the published parameter sets and keep the
+    one that reproduces the tensor."""
+    info = gf.tensors["rope_freqs.weight"]
+    freqs = gguf_quants.dequantize(gf.raw("rope_freqs.weight"), GGMLQuantizationType(info.qtype)).reshape(-1)
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if freqs.shape[0] != inv_freq.shape[0]:
+        raise CheckpointError(gf.path, f"rope_freqs has {freqs.shape[0]} entries, expected {inv_freq.shape[0]}")
+    factor = float(freqs.max())
+    for low, high, orig in ((1.0, 4.0, 8192), (1.0, 4.0, 4096), (1.0, 2.0, 8192)):
+        low_wavelen, high_wavelen = orig / low, orig / high
+        wavelen = 2 * np.pi / inv_freq
+        smooth = (orig / wavelen - low) / (high - low)
+        divisor = np.where(wavelen < high_wavelen, 1.0,
+                           np.where(wavelen > low_wavelen, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+        if np.allclose(divisor, freqs, rtol=1e-3, atol=1e-4):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                    "high_freq_factor": high, "original_max_position_embeddings": orig}
+    raise CheckpointError(
+        gf.path, "has a rope_freqs tensor that matches no known Llama 3 rope scaling; cannot reproduce its RoPE"
+    )
+
+
+def gguf_quantization(gf: GGUFFile) -> str | None:
+    """The file's quantization: general.file_type (e.g. 'Q4_K_M'), else the most common type of its 2-D
+    weights; None when nothing in it is quantized."""
+    if _float_dtype(gf) is not None:
+        return None
+    ftype = gf.metadata.get("general.file_type")
+    if ftype is not None:
+        try:
+            name = LlamaFileType(ftype).name
+            if name not in ("GUESSED",):
+                return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    counts = Counter(t.type_name for t in gf.tensors.values() if len(t.shape) >= 2)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+class GGUFWeights(WeightSource):
+    """Tensors of a GGUF file under Hugging Face names, dequantized to float32 on access."""
+
+    def __init__(self, gf: GGUFFile, num_heads: int, num_kv_heads: int):
+        self.path = gf.path
+        self.file = gf
+        arch = gf.metadata.get("general.architecture")
+        self._permute = arch == "llama"  # llama.cpp permutes q/k for llama-arch files only
+        self._heads = {"self_attn.q_proj": num_heads, "self_attn.k_proj": num_kv_heads}
+        self._map: dict[str, GGUFTensorInfo] = {}
+        for name, info in gf.tensors.items():
+            hf = hf_name(name)
+            if hf is not None:
+                self._map[hf] = info
+        for hf, info in self._map.items():
+            if info.qtype not in SUPPORTED_QTYPES:
+                raise CheckpointError(
+                    self.path,
+                    f"tensor {info.name!r} is stored as {info.type_name}, which Kestrel cannot dequantize. "
+                    f"Supported: {', '.join(sorted(GGMLQuantizationType(q).name for q in SUPPORTED_QTYPES))}",
+                )
+
+    def names(self) -> list[str]:
+        return list(self._map)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._map
+
+    def _info(self, name: str) -> GGUFTensorInfo:
+        try:
+            return self._map[name]
+        except KeyError:
+            raise self._missing(name) from None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._info(name).shape
+
+    def quant_type(self, name: str) -> str:
+        """The GGUF storage type of a tensor, e.g. 'Q4_1'."""
+        return self._info(name).type_name
+
+    def _row_order(self, name: str, info: GGUFTensorInfo) -> np.ndarray | None:
+        if not self._permute:
+            return None
+        for prefix, n_head in self._heads.items():
+            if f".{prefix}." in name:
+                return qk_row_order(info.shape[0], n_head)
+        return None
+
+    def _dequantize(self, info: GGUFTensorInfo, raw: np.ndarray) -> torch.Tensor:
+        try:
+            values = gguf_quants.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(info.qtype))
+        except (ValueError, NotImplementedError, AssertionError) as e:
+            raise CheckpointError(self.path, f"cannot dequantize tensor {info.name!r} ({info.type_name}): {e}") from e
+        # a fresh writable array (F32 tensors come back as views of the read-only map)
+        return torch.from_numpy(np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+
+    def get(self, name: str) -> torch.Tensor:
+        info = self._info(name)
+        raw = self.file.raw(info.name)
+        order = self._row_order(name, info)
+        if order is not None:
+            raw = raw[order]
+        return self._dequantize(info, raw).reshape(info.shape)
+
+    def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        shape = self._check_slice(name, dim, start, stop)
+        dim %= len(shape)
+        info = self._info(name)
+        raw = self.file.raw(info.name)
+        order = self._row_order(name, info)
+        if start == stop:
+            return torch.empty(*shape[:dim], 0, *shape[dim + 1:])
+        if len(shape) == 1:  # norms and biases: small
+            return self.get(name)[start:stop].contiguous()
+        if dim == 0:  # whole rows: read only those (quant blocks never span rows)
+            rows = order[start:stop] if order is not None else slice(start, stop)
+            out_shape = (stop - start, *shape[1:])
+            return self._dequantize(info, raw[rows]).reshape(out_shape)
+        if order is not None:
+            raw = raw[order]
+        block, type_size = _block(info)
+        if dim == len(shape) - 1 and start % block == 0 and (stop % block == 0 or stop == shape[-1]):
+            sub = raw[..., start // block * type_size: -(-stop // block) * type_size]
+            return self._dequantize(info, sub).reshape(*shape[:-1], stop - start)
+        return self._dequantize(info, raw).reshape(shape).narrow(dim, start, stop - start).contiguous()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _block(info: GGUFTensorInfo) -> tuple[int, int]:
+    return GGML_QUANT_SIZES[GGMLQuantizationType(info.qtype)]

@@ -1,0 +1,123 @@
+"""The format-independent face of a checkpoint's tensors, and the up-front check of their names and
+shapes against the model config (so a bad checkpoint fails at load, naming the tensor, not deep
+inside a matmul)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import CheckpointError
+
+
+class WeightSource(ABC):
+    """Lazy access to a checkpoint's tensors by Hugging Face name (``model.layers.0.self_attn.q_proj.weight``).
+
+    Shapes are exactly the Hugging Face ones ([out, in] for linears). Nothing is read until ``get`` /
+    ``get_slice`` is called, so each tensor-parallel rank reads only its own slices.
+    """
+
+    path: Path
+
+    @abstractmethod
+    def names(self) -> list[str]:
+        """Every tensor name the checkpoint holds (Hugging Face names)."""
+
+    @abstractmethod
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape, without reading its data."""
+
+    @abstractmethod
+    def get(self, name: str) -> torch.Tensor:
+        """The whole tensor on the CPU (safetensors: the stored dtype; GGUF: dequantized float32)."""
+
+    @abstractmethod
+    def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """``get(name).narrow(dim, start, stop - start)``, reading only that slice where the format allows."""
+
+    def dtype(self, name: str) -> torch.dtype:
+        """The dtype ``get`` returns for this tensor."""
+        return torch.float32
+
+    def __contains__(self, name: str) -> bool:
+        return name in set(self.names())
+
+    def close(self) -> None:
+        """Release file handles / memory maps (optional; they are also released when garbage-collected)."""
+
+    # helpers shared by the implementations
+    def _missing(self, name: str) -> CheckpointError:
+        return CheckpointError(self.path, f"has no tensor named {name!r}")
+
+    def _check_slice(self, name: str, dim: int, start: int, stop: int) -> tuple[int, ...]:
+        shape = self.shape(name)
+        if not -len(shape) <= dim < len(shape):
+            raise ValueError(f"dim {dim} is out of range for tensor {name} of shape {shape}")
+        dim %= len(shape)
+        if not 0 <= start <= stop <= shape[dim]:
+            raise ValueError(f"slice [{start}:{stop}] is out of range for dim {dim} of {name} (shape {shape})")
+        return shape
+
+
+def expected_shapes(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """``(required, optional)``: the tensors a Llama-family model of this config must have, and the ones
+    it may have (o_proj / mlp biases of Llama with attention_bias / mlp_bias, a saved lm_head of a tied
+    model), each with its Hugging Face shape."""
+    h, hd = config.hidden_size, config.head_dim
+    q_out, kv_out = config.num_attention_heads * hd, config.num_key_value_heads * hd
+    inter, vocab = config.intermediate_size, config.vocab_size
+    required: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
+    optional: dict[str, tuple[int, ...]] = {}
+    (optional if config.tie_word_embeddings else required)["lm_head.weight"] = (vocab, h)
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        required.update({
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q_out, h),
+            p + "self_attn.k_proj.weight": (kv_out, h),
+            p + "self_attn.v_proj.weight": (kv_out, h),
+            p + "self_attn.o_proj.weight": (h, q_out),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+        qkv_bias = {
+            p + "self_attn.q_proj.bias": (q_out,),
+            p + "self_attn.k_proj.bias": (kv_out,),
+            p + "self_attn.v_proj.bias": (kv_out,),
+        }
+        (required if config.attention_bias else optional).update(qkv_bias)
+        if config.qk_norm:
+            required.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
+        optional.update({
+            p + "self_attn.o_proj.bias": (h,),
+            p + "mlp.gate_proj.bias": (inter,),
+            p + "mlp.up_proj.bias": (inter,),
+            p + "mlp.down_proj.bias": (h,),
+        })
+    return required, optional
+
+
+def validate_weights(weights: WeightSource, config: ModelConfig, config_name: str = "config.json") -> None:
+    """Raise a CheckpointError naming the first problems if a tensor is missing or has the wrong shape."""
+    required, optional = expected_shapes(config)
+    present = set(weights.names())
+    missing = [name for name in required if name not in present]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(
+            weights.path,
+            f"missing tensor(s) {', '.join(missing[:3])}{more}; the checkpoint is incomplete or does not "
+            f"match {config_name}",
+        )
+    wrong = []
+    for name, shape in {**required, **optional}.items():
+        if name in present and tuple(weights.shape(name)) != shape:
+            wrong.append(f"{name} has shape {tuple(weights.shape(name))} but {config_name} implies {shape}")
+    if wrong:
+        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise CheckpointError(weights.path, "; ".join(wrong[:3]) + more)
