@@ -1,0 +1,70 @@
+// engine._C: the native kernels behind engine/ops. No torch headers here by design (see DESIGN.md,
+// "Native kernels"): every function takes raw pointers as Python ints (tensor.data_ptr()), sizes and
+// strides in elements and a dtype code (0 float32, 1 bfloat16, 2 float16); CUDA functions also take
+// the device index and the stream (torch.cuda.current_stream().cuda_stream). The Python face in
+// engine/ops checks devices, dtypes, shapes and strides before calling in.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "cpu/ops.h"
+#ifdef KESTREL_WITH_CUDA
+#include "cuda/ops.h"
+#endif
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Kestrel native kernels (CPU: AVX-512 / AVX2 / scalar dispatch with OpenMP; CUDA when built with it)";
+  using release = py::call_guard<py::gil_scoped_release>;
+
+#ifdef KESTREL_WITH_CUDA
+  m.attr("has_cuda") = true;
+  m.attr("cuda_archs") = KESTREL_CUDA_ARCHS_STR;
+#else
+  m.attr("has_cuda") = false;
+  m.attr("cuda_archs") = "";
+#endif
+  m.attr("has_openmp") = kestrel::cpu::has_openmp();
+
+  m.def("cpu_isa", &kestrel::cpu::isa_name, "ISA level the CPU dispatcher uses now: scalar, avx2 or avx512");
+  m.def("force_isa", &kestrel::cpu::force_isa, py::arg("name"),
+        "Force the CPU ISA level ('scalar', 'avx2', 'avx512') or go back to the best one ('auto'). "
+        "Raises ValueError for a level this build or CPU lacks. KESTREL_CPU_ISA sets the level at import.");
+  m.def("available_isas", &kestrel::cpu::available_isas, "ISA levels usable on this CPU with this build");
+  m.def("set_num_threads", &kestrel::cpu::set_num_threads, py::arg("n"), "Threads the CPU kernels may use");
+  m.def("get_num_threads", &kestrel::cpu::get_num_threads);
+
+  m.def("rms_norm", &kestrel::cpu::rms_norm, release(), py::arg("dtype"), py::arg("out"), py::arg("out_stride"),
+        py::arg("x"), py::arg("x_stride"), py::arg("weight"), py::arg("T"), py::arg("H"), py::arg("eps"));
+  m.def("fused_add_rms_norm", &kestrel::cpu::fused_add_rms_norm, release(), py::arg("dtype"), py::arg("x"),
+        py::arg("x_stride"), py::arg("residual"), py::arg("residual_stride"), py::arg("weight"), py::arg("T"),
+        py::arg("H"), py::arg("eps"));
+  m.def("rotary_embedding", &kestrel::cpu::rotary_embedding, release(), py::arg("dtype"), py::arg("positions"),
+        py::arg("q"), py::arg("q_stride"), py::arg("k"), py::arg("k_stride"), py::arg("T"), py::arg("num_heads"),
+        py::arg("num_kv_heads"), py::arg("head_size"), py::arg("cos_sin_cache"), py::arg("max_position"),
+        py::arg("rot_dim"), py::arg("is_neox"));
+  m.def("silu_and_mul", &kestrel::cpu::silu_and_mul, release(), py::arg("dtype"), py::arg("out"),
+        py::arg("out_stride"), py::arg("x"), py::arg("x_stride"), py::arg("T"), py::arg("I"));
+  m.def("reshape_and_cache", &kestrel::cpu::reshape_and_cache, release(), py::arg("dtype"), py::arg("key"),
+        py::arg("key_s0"), py::arg("key_s1"), py::arg("value"), py::arg("value_s0"), py::arg("value_s1"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("slot_mapping"), py::arg("T"), py::arg("num_kv_heads"),
+        py::arg("head_size"), py::arg("num_slots"));
+  m.def("paged_decode_attention", &kestrel::cpu::paged_decode_attention, release(), py::arg("dtype"),
+        py::arg("out"), py::arg("out_s0"), py::arg("out_s1"), py::arg("q"), py::arg("q_s0"), py::arg("q_s1"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("bt_stride"),
+        py::arg("max_blocks_per_seq"), py::arg("context_lens"), py::arg("B"), py::arg("num_heads"),
+        py::arg("num_kv_heads"), py::arg("head_size"), py::arg("block_size"), py::arg("num_blocks"),
+        py::arg("scale"));
+
+#ifdef KESTREL_WITH_CUDA
+  m.def("cuda_runtime_info", &kestrel::cuda::runtime_info);
+  m.def("cuda_rms_norm", &kestrel::cuda::rms_norm, release());
+  m.def("cuda_fused_add_rms_norm", &kestrel::cuda::fused_add_rms_norm, release());
+  m.def("cuda_silu_and_mul", &kestrel::cuda::silu_and_mul, release());
+  m.def("cuda_rotary_embedding", &kestrel::cuda::rotary_embedding, release());
+  m.def("cuda_reshape_and_cache", &kestrel::cuda::reshape_and_cache, release());
+  m.def("cuda_paged_decode_attention_workspace", &kestrel::cuda::paged_decode_attention_workspace);
+  m.def("cuda_paged_decode_attention", &kestrel::cuda::paged_decode_attention, release());
+#endif
+}

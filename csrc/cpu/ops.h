@@ -1,0 +1,37 @@
+// CPU entry points of engine._C (implemented in dispatch.cpp): argument validation, ISA dispatch and
+// threading around the per-ISA kernels. Pointers arrive as integers (torch's data_ptr()), sizes and
+// strides in elements, dtype codes as in types.h. Invalid arguments throw std::invalid_argument
+// (pybind11 turns that into ValueError).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kestrel::cpu {
+
+std::string isa_name();
+void force_isa(const std::string& name);  // "auto", "scalar", "avx2" or "avx512"
+std::vector<std::string> available_isas();
+void set_num_threads(int n);
+int get_num_threads();
+bool has_openmp();
+
+void rms_norm(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t weight,
+              int64_t T, int64_t H, double eps);
+void fused_add_rms_norm(int dtype, uintptr_t x, int64_t x_stride, uintptr_t residual, int64_t r_stride,
+                        uintptr_t weight, int64_t T, int64_t H, double eps);
+void rotary_embedding(int dtype, uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
+                      int64_t T, int64_t num_heads, int64_t num_kv_heads, int64_t head_size, uintptr_t cos_sin_cache,
+                      int64_t max_position, int64_t rot_dim, bool is_neox);
+void silu_and_mul(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, int64_t T, int64_t I);
+void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uintptr_t value, int64_t v_s0,
+                       int64_t v_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T,
+                       int64_t num_kv_heads, int64_t head_size, int64_t num_slots);
+void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t out_s1, uintptr_t q, int64_t q_s0,
+                            int64_t q_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables,
+                            int64_t bt_stride, int64_t max_blocks_per_seq, uintptr_t context_lens, int64_t B,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
+                            int64_t num_blocks, double scale);
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,101 @@
+// Helpers shared by the CUDA kernels: fp32 load/store of float / bf16 / fp16, reductions, launch checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace kestrel::cuda {
+
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
+
+template <class T>
+__device__ __forceinline__ T from_f(float f);
+template <>
+__device__ __forceinline__ float from_f<float>(float f) {
+  return f;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float f) {
+  return __float2bfloat16_rn(f);
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float f) {
+  return __float2half_rn(f);
+}
+
+// Round to storage type T and back.
+template <class T>
+__device__ __forceinline__ float round_to(float f);
+template <>
+__device__ __forceinline__ float round_to<float>(float f) {
+  return f;
+}
+template <>
+__device__ __forceinline__ float round_to<__nv_bfloat16>(float f) {
+  return __bfloat162float(__float2bfloat16_rn(f));
+}
+template <>
+__device__ __forceinline__ float round_to<__half>(float f) {
+  return __half2float(__float2half_rn(f));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) partial[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    const int nw = blockDim.x >> 5;
+    float s = lane < nw ? partial[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+inline void check_launch(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": CUDA error: " + cudaGetErrorString(e));
+}
+
+// Make `device` current for this runtime (our static cudart keeps its own notion of the device).
+inline void use_device(int device) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != device) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) throw std::runtime_error(std::string("cudaSetDevice: ") + cudaGetErrorString(e));
+  }
+}
+
+#define KESTREL_CUDA_DTYPE_SWITCH(dt, ...)                           \
+  switch (dt) {                                                      \
+    case 0: { using T = float; __VA_ARGS__; break; }                 \
+    case 1: { using T = __nv_bfloat16; __VA_ARGS__; break; }         \
+    case 2: { using T = __half; __VA_ARGS__; break; }                \
+    default: throw std::invalid_argument("dtype code must be 0, 1 or 2"); \
+  }
+
+}  // namespace kestrel::cuda

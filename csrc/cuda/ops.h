@@ -1,0 +1,38 @@
+// CUDA entry points of engine._C (compiled only when CMake finds a CUDA compiler; KESTREL_WITH_CUDA).
+// Same conventions as cpu/ops.h: raw device pointers as integers, sizes/strides in elements, dtype code
+// (0 float32, 1 bfloat16, 2 float16), plus the device index and the cudaStream_t as an integer.
+// Launch failures throw std::runtime_error. Nothing here synchronises or allocates, so every launch
+// can be captured in a CUDA graph.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kestrel::cuda {
+
+std::string runtime_info();  // "CUDA runtime X.Y, driver X.Y, N device(s)" or the error
+
+void rms_norm(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t weight,
+              int64_t T, int64_t H, double eps, int device, uintptr_t stream);
+void fused_add_rms_norm(int dtype, uintptr_t x, int64_t x_stride, uintptr_t residual, int64_t r_stride,
+                        uintptr_t weight, int64_t T, int64_t H, double eps, int device, uintptr_t stream);
+void silu_and_mul(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, int64_t T, int64_t I,
+                  int device, uintptr_t stream);
+void rotary_embedding(int dtype, uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
+                      int64_t T, int64_t num_heads, int64_t num_kv_heads, int64_t head_size, uintptr_t cos_sin_cache,
+                      int64_t rot_dim, bool is_neox, int device, uintptr_t stream);
+void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uintptr_t value, int64_t v_s0,
+                       int64_t v_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T,
+                       int64_t num_kv_heads, int64_t head_size, int device, uintptr_t stream);
+// Floats of fp32 workspace paged_decode_attention needs for these sizes (0: none; it then writes `out`
+// directly). max_tokens = block table capacity (max_blocks_per_seq * block_size).
+int64_t paged_decode_attention_workspace(int64_t B, int64_t num_heads, int64_t head_size, int64_t max_tokens,
+                                         int device);
+void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t out_s1, uintptr_t q, int64_t q_s0,
+                            int64_t q_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables,
+                            int64_t bt_stride, int64_t max_blocks_per_seq, uintptr_t context_lens, int64_t B,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
+                            double scale, uintptr_t workspace, int64_t workspace_floats, int device,
+                            uintptr_t stream);
+
+}  // namespace kestrel::cuda
