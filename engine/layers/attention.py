@@ -53,8 +53,8 @@ class Attention(torch.nn.Module):
         nd = meta.num_decode_tokens
         if nd:
             qd = q[:nd].reshape(nd, self.num_heads, hd)
-            out[:nd] = ops.paged_decode_attention(qd, self.k_cache, self.v_cache, meta.decode_block_tables,
-                                                  meta.decode_context_lens, self.scale)
+            ops.paged_decode_attention(qd, self.k_cache, self.v_cache, meta.decode_block_tables,
+                                       meta.decode_context_lens, self.scale, out=out[:nd])
         for seg in meta.prefills:
             out[seg.query_start:seg.query_start + seg.query_len] = self._prefill(q, k, v, seg)
         return out.view(T, self.num_heads * hd)
