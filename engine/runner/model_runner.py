@@ -4,6 +4,8 @@ input tensors, runs the forward pass and samples."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +20,19 @@ from engine.parallel.context import SINGLE, TPContext
 from engine.runner.device import physical_cores, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepInputs:
+    """One step, in plain Python so it pickles cheaply to tensor-parallel workers."""
+
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    decode_tables: list[list[int]] = field(default_factory=list)
+    decode_lens: list[int] = field(default_factory=list)
+    prefills: list[tuple[int, int, int, list[int]]] = field(default_factory=list)  # (start, len, context, blocks)
+    logit_rows: list[int] | None = field(default_factory=list)  # None: logits at every position
 
 CPU_DEFAULT_KV_GIB = 2.0
 
@@ -44,6 +59,7 @@ class ModelRunner:
         self._allocate_kv_cache()
         self.generators: dict[str, torch.Generator] = {}
         self.sampler = Sampler(torch.Generator(device="cpu").manual_seed(config.seed))
+        self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
 
     # -- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -79,64 +95,75 @@ class ModelRunner:
         self.generators.pop(request_id, None)
 
     # -- one step -------------------------------------------------------------------------
-    def _prepare(self, sched: SchedulerOutput):
+    def prepare(self, sched: SchedulerOutput, all_logits: bool = False) -> tuple[StepInputs, list[Request]]:
+        """Plain-Python description of the step (what TP workers receive) and the requests that sample."""
         bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
-        prefills: list[PrefillSegment] = []
-        sample_rows: list[int] = []
+        inp = StepInputs()
         sample_reqs: list[Request] = []
         for s in sched.scheduled:
             req, n = s.request, s.num_new_tokens
             start = req.num_computed_tokens
-            toks = req.all_token_ids[start:start + n] if n > 1 else [req.token_at(start)]
-            q0 = len(ids)
-            ids.extend(toks)
-            positions.extend(range(start, start + n))
+            q0 = len(inp.token_ids)
+            inp.token_ids.extend(req.all_token_ids[start:start + n] if n > 1 else [req.token_at(start)])
+            inp.positions.extend(range(start, start + n))
             table = req.block_ids
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            inp.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             if n == 1:
-                decode_tables.append(table)
-                decode_lens.append(start + 1)
+                inp.decode_tables.append(table)
+                inp.decode_lens.append(start + 1)
             else:
                 ctx = start + n
-                prefills.append(PrefillSegment(q0, n, ctx, torch.tensor(table[: -(-ctx // bs)], dtype=torch.long,
-                                                                        device=self.device)))
+                inp.prefills.append((q0, n, ctx, table[: -(-ctx // bs)]))
             if s.samples:
-                sample_rows.append(q0 + n - 1)
+                inp.logit_rows.append(q0 + n - 1)
                 sample_reqs.append(req)
-        nd = len(decode_lens)
+        if all_logits:
+            inp.logit_rows = None
+        return inp, sample_reqs
+
+    def _tensors(self, inp: StepInputs) -> tuple[torch.Tensor, AttentionMetadata]:
         dev = self.device
+        nd = len(inp.decode_lens)
         meta = AttentionMetadata(
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            positions=torch.tensor(inp.positions, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(inp.slots, dtype=torch.long, device=dev),
             num_decode_tokens=nd,
-            prefills=prefills,
+            prefills=[PrefillSegment(q0, n, ctx, torch.tensor(blocks, dtype=torch.long, device=dev))
+                      for q0, n, ctx, blocks in inp.prefills],
         )
         if nd:
-            width = max(len(t) for t in decode_tables)
-            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables],
+            width = max(len(t) for t in inp.decode_tables)
+            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in inp.decode_tables],
                                                     dtype=torch.int32, device=dev)
-            meta.decode_context_lens = torch.tensor(decode_lens, dtype=torch.int32, device=dev)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        return input_ids, meta, sample_rows, sample_reqs
+            meta.decode_context_lens = torch.tensor(inp.decode_lens, dtype=torch.int32, device=dev)
+        return torch.tensor(inp.token_ids, dtype=torch.long, device=dev), meta
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> tuple[list[Request], list[int], list[TokenLogprobs | None]]:
-        input_ids, meta, rows, reqs = self._prepare(sched)
+    def run(self, inp: StepInputs) -> torch.Tensor | None:
+        """Forward pass of one step on this rank; float32 logits at inp.logit_rows (all rows if None).
+        Every TP rank runs this with the same inputs."""
+        input_ids, meta = self._tensors(inp)
         hidden = self.model(input_ids, meta)
+        if inp.logit_rows is not None:
+            if not inp.logit_rows:
+                return None
+            hidden = hidden[inp.logit_rows]
+        return self.model.compute_logits(hidden).float()
+
+    def execute(self, sched: SchedulerOutput) -> tuple[list[Request], list[int], list[TokenLogprobs | None]]:
+        inp, reqs = self.prepare(sched)
+        if self.on_step is not None:
+            self.on_step(inp)
+        logits = self.run(inp)
         if not reqs:
             return [], [], []
-        logits = self.model.compute_logits(hidden[rows])
         gens = [self.generators.get(r.request_id) for r in reqs]
         tokens, lps = self.sampler(logits, reqs, gens)
         return reqs, tokens, lps
 
-    @torch.inference_mode()
     def all_logits(self, sched: SchedulerOutput) -> torch.Tensor:
         """Float32 logits at every position the step computes (scoring, perplexity, tests)."""
-        input_ids, meta, _, _ = self._prepare(sched)
-        return self.model.compute_logits(self.model(input_ids, meta)).float()
+        inp, _ = self.prepare(sched, all_logits=True)
+        if self.on_step is not None:
+            self.on_step(inp)
+        return self.run(inp)
