@@ -1,0 +1,34 @@
+"""What the engine can do on this machine, for the Load form: options it lacks are shown disabled, with the
+reason. The engine may publish its own answer as ``engine.capabilities.capabilities() -> dict`` (torch-free);
+until it does, these defaults describe it (CPU and single-GPU, GGUF dequantized at load)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TP_REASON = "coming with tensor-parallel support"
+QUANT_REASON = "the engine has no on-the-fly quantization yet"
+ON_THE_FLY_QUANTIZATIONS = ("int8 (weight-only)", "fp8", "int4 (AWQ-style)")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    tensor_parallel: bool = False
+    comm_strategies: tuple[str, ...] = ()  # of EngineConfig.comm_strategy's choices
+    on_the_fly_quantization: tuple[str, ...] = ()
+    keeps_quantized_weights: bool = False  # GGUF kept quantized in memory (else dequantized at load)
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def detect() -> Capabilities:
+    try:
+        from engine.capabilities import capabilities  # type: ignore[import-not-found]
+    except ImportError:
+        return Capabilities()
+    try:
+        raw = dict(capabilities())
+    except Exception:  # noqa: BLE001 - a broken probe must not break the form
+        return Capabilities()
+    known = {f for f in Capabilities.__dataclass_fields__}
+    values = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in known}
+    return Capabilities(**values)

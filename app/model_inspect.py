@@ -1,0 +1,148 @@
+"""What a local model is, read from its files without loading it (and without torch): format,
+architecture, quantization, parameter count, context length, shape, size on disk, and whether the engine
+can load it (and if not, why, in plain words)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+
+from app.fit import ModelShape
+from app.gguf_header import GGUFHeaderError, read_gguf_header
+from engine.config import SUPPORTED_ARCHITECTURES
+
+# Mirrors of engine.loader.gguf's GGUF_ARCHITECTURES and SUPPORTED_QTYPES (that module imports torch);
+# tests/app/test_model_inspect.py checks they agree.
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_TENSOR_TYPES = frozenset({
+    "BF16", "F16", "F32", "IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS",
+    "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0",
+    "TQ2_0",
+})
+
+
+@dataclass
+class ModelFacts:
+    path: Path
+    format: str  # "gguf" | "safetensors"
+    name: str
+    architecture: str | None = None  # the Hugging Face class name, e.g. LlamaForCausalLM
+    quantization: str | None = None  # "Q4_K_M", "GPTQ", ...; None for plain float weights
+    torch_dtype: str | None = None
+    num_params: int | None = None
+    context_length: int | None = None
+    size_bytes: int = 0
+    shape: ModelShape | None = None
+    generation_config: dict | None = None
+    supported: bool = True
+    reason: str = ""  # why not supported
+
+
+def inspect_model(path: str | Path) -> ModelFacts:
+    """Facts about a .gguf file or a Hugging Face model directory. Never raises for a bad model: the
+    facts say it is unsupported and why."""
+    path = Path(path)
+    if path.is_file():
+        return _inspect_gguf(path)
+    return _inspect_dir(path)
+
+
+def _inspect_gguf(path: Path) -> ModelFacts:
+    facts = ModelFacts(path=path, format="gguf", name=path.name.removesuffix(".gguf"), size_bytes=_size(path))
+    try:
+        header = read_gguf_header(path)
+    except (GGUFHeaderError, OSError) as e:
+        facts.supported, facts.reason = False, str(e)
+        return facts
+    md = header.metadata
+    arch = header.architecture
+    facts.architecture = GGUF_ARCHITECTURES.get(arch, f"{arch} (GGUF)")
+    facts.quantization = header.quantization
+    facts.num_params = header.num_params
+    facts.context_length = header.arch_value("context_length")
+    facts.shape = ModelShape.from_gguf_metadata(md, header.vocab_size)
+    if arch not in GGUF_ARCHITECTURES:
+        facts.supported = False
+        facts.reason = f"Architecture '{arch}' is not supported (supported: {', '.join(sorted(GGUF_ARCHITECTURES))})."
+        return facts
+    unknown = sorted({t for t in header.tensor_types.values() if t not in GGUF_TENSOR_TYPES})
+    if unknown:
+        facts.supported = False
+        facts.reason = f"Tensor types the engine cannot read: {', '.join(unknown)}."
+    return facts
+
+
+def _inspect_dir(path: Path) -> ModelFacts:
+    facts = ModelFacts(path=path, format="safetensors", name=path.name, size_bytes=_size(path))
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _inspect_gguf(ggufs[0])
+        facts.supported = False
+        facts.reason = "No config.json (and not exactly one .gguf file) in this folder."
+        return facts
+    try:
+        cfg = json.loads(config_file.read_text())
+    except (OSError, ValueError) as e:
+        facts.supported, facts.reason = False, f"config.json cannot be read: {e}"
+        return facts
+    archs = cfg.get("architectures") or [cfg.get("model_type", "unknown")]
+    facts.architecture = archs[0]
+    facts.torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+    facts.context_length = cfg.get("max_position_embeddings")
+    facts.shape = ModelShape.from_hf_config(cfg)
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        try:
+            facts.generation_config = json.loads(gen.read_text())
+        except (OSError, ValueError):
+            pass
+    qc = cfg.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("quant_method"):
+        facts.quantization = str(qc["quant_method"]).upper()
+    facts.num_params = _safetensors_params(path)
+    shards = list(path.glob("*.safetensors"))
+    if facts.architecture not in SUPPORTED_ARCHITECTURES:
+        facts.supported = False
+        facts.reason = (f"Architecture '{facts.architecture}' is not supported (supported: "
+                        f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}).")
+    elif facts.quantization:
+        facts.supported = False
+        facts.reason = (f"{facts.quantization}-quantized checkpoints cannot be loaded yet; use the unquantized "
+                        "model or a GGUF file.")
+    elif not shards:
+        facts.supported = False
+        facts.reason = "No .safetensors weights in this folder (only PyTorch .bin files?)."
+    return facts
+
+
+def _safetensors_params(path: Path) -> int | None:
+    total = 0
+    found = False
+    for shard in sorted(path.glob("*.safetensors")):
+        try:
+            with open(shard, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > 100 * 2**20:
+                    return None
+                header = json.loads(f.read(n))
+        except (OSError, ValueError, struct.error):
+            return None
+        for name, entry in header.items():
+            if name != "__metadata__" and isinstance(entry, dict):
+                total += prod(entry.get("shape", []))
+                found = True
+    return total if found else None
+
+
+def _size(path: Path) -> int:
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    except OSError:
+        return 0

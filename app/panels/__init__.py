@@ -1,0 +1,1 @@
+"""The six panels of the main window."""

@@ -1,0 +1,86 @@
+"""Models: the local library, the Hugging Face Hub (search, files, fit, download), the downloads, and the
+Hugging Face token for gated models. Each tab is its own module; this one holds them together."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import token_store
+from app.context import AppContext
+from app.panels.models_downloads import DownloadsTab
+from app.panels.models_hub import HubTab
+from app.panels.models_library import LibraryTab
+from app.workers.download_worker import DownloadJob
+
+LIBRARY, HUB, DOWNLOADS = 0, 1, 2
+
+
+class ModelsPanel(QWidget):
+    def __init__(self, ctx: AppContext):
+        super().__init__()
+        self.ctx = ctx
+        root = QVBoxLayout(self)
+        root.setContentsMargins(20, 16, 20, 16)
+        head = QHBoxLayout()
+        title = QLabel("Models")
+        title.setObjectName("pageTitle")
+        head.addWidget(title)
+        head.addStretch(1)
+        self.token_label = QLabel()
+        self.token_label.setObjectName("hint")
+        head.addWidget(self.token_label)
+        token_button = QPushButton("Hugging Face token…")
+        token_button.clicked.connect(self.edit_token)
+        head.addWidget(token_button)
+        root.addLayout(head)
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.status.hide()
+        root.addWidget(self.status)
+        self.library_tab = LibraryTab(ctx, self.show_status)
+        self.hub_tab = HubTab(ctx, self.show_status, self._on_download_started)
+        self.downloads_tab = DownloadsTab(ctx, self.show_status)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.library_tab, "Library")
+        self.tabs.addTab(self.hub_tab, "Find on the Hub")
+        self.tabs.addTab(self.downloads_tab, "Downloads")
+        root.addWidget(self.tabs, 1)
+        self._update_token_label()
+
+    def show_status(self, text: str, error: bool = False) -> None:
+        self.status.setObjectName("errorBox" if error else "hint")
+        self.status.style().unpolish(self.status)
+        self.status.style().polish(self.status)
+        self.status.setText(text)
+        self.status.setVisible(bool(text))
+
+    def _on_download_started(self, _job: DownloadJob) -> None:
+        self.tabs.setCurrentIndex(DOWNLOADS)
+
+    def edit_token(self) -> None:
+        current = token_store.get_token()
+        text, ok = QInputDialog.getText(
+            self, "Hugging Face token",
+            "Token for gated models (from huggingface.co/settings/tokens).\n"
+            f"It is stored in {token_store.storage_kind()}. Leave empty to remove it.",
+            QLineEdit.Password, current or "")
+        if not ok:
+            return
+        if text.strip():
+            self.show_status(f"Token saved in {token_store.set_token(text)}.")
+        else:
+            token_store.clear_token()
+            self.show_status("Token removed.")
+        self._update_token_label()
+
+    def _update_token_label(self) -> None:
+        self.token_label.setText("Token: set" if token_store.get_token() else "Token: not set")

@@ -1,0 +1,275 @@
+"""Server: one click starts or stops the OpenAI-compatible endpoint on the loaded model. Port, API key (with a
+generator), LAN access (off by default, warned about), CORS origins; the base URL with copy buttons,
+ready-to-paste curl and Python, and a live log of the requests served."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont, QGuiApplication
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.context import AppContext
+from app.server_log import LogEntry
+from app.snippets import curl_snippet, python_snippet
+from app.widgets.layouts import widget_of
+from app.workers.engine_worker import READY
+from app.workers.server_worker import ServerOptions
+
+LOG_LIMIT = 500
+PREFS = "server.options"
+
+
+class ServerPanel(QWidget):
+    def __init__(self, ctx: AppContext):
+        super().__init__()
+        self.ctx = ctx
+        self.server = ctx.server
+        self.url: str | None = None
+        self.model_name = ""
+        self._starting = False
+        self._build()
+        self._restore()
+        self.server.started.connect(self._on_started)
+        self.server.stopped.connect(self._on_stopped)
+        self.server.failed.connect(self._on_failed)
+        self.server.requestLogged.connect(self.add_log_entry)
+        ctx.engine.stateChanged.connect(self._on_engine_state)
+        ctx.engine.loaded.connect(self._on_model_loaded)
+        self.api_key.textChanged.connect(lambda _t: self._update_snippets())
+        self.port.valueChanged.connect(lambda _v: self._update_snippets())
+        self._update_controls()
+
+    def _build(self) -> None:
+        root = QVBoxLayout(self)
+        root.setContentsMargins(20, 16, 20, 16)
+        title = QLabel("OpenAI-compatible endpoint")
+        title.setObjectName("pageTitle")
+        root.addWidget(title)
+        top = QHBoxLayout()
+        settings = QGroupBox("Settings")
+        form = QFormLayout(settings)
+        self.port = QSpinBox()
+        self.port.setRange(0, 65535)
+        self.port.setSpecialValueText("any free port")
+        self.port.setValue(8000)
+        form.addRow("Port", self.port)
+        key_row = QHBoxLayout()
+        self.api_key = QLineEdit()
+        self.api_key.setPlaceholderText("none: anyone who can reach the port may use it")
+        key_row.addWidget(self.api_key, 1)
+        self.generate_key = QPushButton("Generate")
+        self.generate_key.clicked.connect(lambda: self.api_key.setText("sk-kestrel-" + secrets.token_urlsafe(24)))
+        key_row.addWidget(self.generate_key)
+        form.addRow("API key", widget_of(key_row))
+        self.lan = QCheckBox("Allow other machines on the network (LAN)")
+        self.lan.toggled.connect(self._update_lan_warning)
+        form.addRow("Access", self.lan)
+        self.lan_warning = QLabel()
+        self.lan_warning.setObjectName("warningBox")
+        self.lan_warning.setWordWrap(True)
+        self.lan_warning.hide()
+        form.addRow("", self.lan_warning)
+        self.cors = QLineEdit()
+        self.cors.setPlaceholderText("e.g. http://localhost:3000, https://app.example  (none by default)")
+        form.addRow("CORS origins", self.cors)
+        buttons = QHBoxLayout()
+        self.start_button = QPushButton("Start server")
+        self.start_button.setObjectName("primary")
+        self.start_button.clicked.connect(self.toggle)
+        buttons.addWidget(self.start_button)
+        buttons.addStretch(1)
+        form.addRow("", widget_of(buttons))
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        form.addRow("", self.status)
+        top.addWidget(settings, 1)
+
+        use = QGroupBox("Use it")
+        ul = QVBoxLayout(use)
+        url_row = QHBoxLayout()
+        self.url_field = QLineEdit()
+        self.url_field.setReadOnly(True)
+        self.url_field.setPlaceholderText("the base URL appears here when the server runs")
+        url_row.addWidget(self.url_field, 1)
+        self.copy_url = QPushButton("Copy URL")
+        self.copy_url.clicked.connect(lambda: self._copy(self.url_field.text()))
+        url_row.addWidget(self.copy_url)
+        self.copy_key = QPushButton("Copy key")
+        self.copy_key.clicked.connect(lambda: self._copy(self.api_key.text()))
+        url_row.addWidget(self.copy_key)
+        ul.addLayout(url_row)
+        self.snippets = QTabWidget()
+        mono = QFont("monospace")
+        mono.setStyleHint(QFont.Monospace)
+        self.curl = QPlainTextEdit()
+        self.curl.setReadOnly(True)
+        self.curl.setFont(mono)
+        self.python = QPlainTextEdit()
+        self.python.setReadOnly(True)
+        self.python.setFont(mono)
+        self.snippets.addTab(self.curl, "curl")
+        self.snippets.addTab(self.python, "Python (openai)")
+        ul.addWidget(self.snippets, 1)
+        copy_snippet = QPushButton("Copy snippet")
+        copy_snippet.clicked.connect(lambda: self._copy(self.snippets.currentWidget().toPlainText()))
+        ul.addWidget(copy_snippet, 0, Qt.AlignRight)
+        top.addWidget(use, 1)
+        root.addLayout(top)
+
+        log_box = QGroupBox("Requests")
+        ll = QVBoxLayout(log_box)
+        self.log = QTableWidget(0, 6)
+        self.log.setHorizontalHeaderLabels(["Time", "Method", "Route", "Status", "Tokens", "Latency"])
+        self.log.verticalHeader().hide()
+        self.log.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.log.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.log.setAlternatingRowColors(True)
+        self.log.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)
+        ll.addWidget(self.log)
+        clear = QPushButton("Clear")
+        clear.clicked.connect(lambda: self.log.setRowCount(0))
+        ll.addWidget(clear, 0, Qt.AlignRight)
+        root.addWidget(log_box, 1)
+        self._update_snippets()
+
+    # ------------------------------------------------------------------------------------------------
+    def options(self) -> ServerOptions:
+        origins = [o.strip() for o in self.cors.text().split(",") if o.strip()]
+        return ServerOptions(port=self.port.value(), api_key=self.api_key.text().strip() or None,
+                             lan=self.lan.isChecked(), cors_origins=origins)
+
+    def toggle(self) -> None:
+        if self.server.running or self.url:
+            self.server.stop()
+            self.status.setText("Stopping…")
+            return
+        self._save()
+        self._starting = True
+        self.status.setText("Starting…")
+        self.server.start(self.options())
+        self._update_controls()
+
+    def _on_started(self, url: str, model: str) -> None:
+        self._starting = False
+        self.url, self.model_name = url, model
+        self.url_field.setText(url + "/v1")
+        where = "from this machine only" if not self.lan.isChecked() else "from the local network"
+        self.status.setText(f"Running: serving {model} {where}.")
+        self.status.setObjectName("okBox")
+        self._repolish(self.status)
+        self._update_snippets()
+        self._update_controls()
+
+    def _on_stopped(self, why: str) -> None:
+        self._starting = False
+        self.url = None
+        self.url_field.clear()
+        self.status.setText(why or "Stopped.")
+        self.status.setObjectName("hint")
+        self._repolish(self.status)
+        self._update_snippets()
+        self._update_controls()
+
+    def _on_failed(self, message: str) -> None:
+        self._starting = False
+        self.url = None
+        self.status.setText(message)
+        self.status.setObjectName("errorBox")
+        self._repolish(self.status)
+        self._update_controls()
+
+    def add_log_entry(self, e: LogEntry) -> None:
+        row = self.log.rowCount()
+        if row >= LOG_LIMIT:
+            self.log.removeRow(0)
+            row -= 1
+        self.log.insertRow(row)
+        cells = [time.strftime("%H:%M:%S", time.localtime(e.time)), e.method, e.path, str(e.status),
+                 "" if e.tokens is None else str(e.tokens), f"{e.latency * 1000:.0f} ms" if e.latency < 10
+                 else f"{e.latency:.1f} s"]
+        for col, text in enumerate(cells):
+            item = QTableWidgetItem(text)
+            if col == 3 and e.status >= 400:
+                item.setForeground(Qt.red)
+            self.log.setItem(row, col, item)
+        self.log.scrollToBottom()
+
+    def log_rows(self) -> list[list[str]]:
+        return [[self.log.item(r, c).text() for c in range(self.log.columnCount())] for r in range(self.log.rowCount())]
+
+    # ------------------------------------------------------------------------------------------------
+    def _on_engine_state(self, _state: str) -> None:
+        self._update_controls()
+
+    def _on_model_loaded(self, _info) -> None:
+        self._update_snippets()
+
+    def _update_controls(self) -> None:
+        running = self.url is not None
+        ready = self.ctx.engine.state == READY
+        self.start_button.setText("Stop server" if running else "Start server")
+        self.start_button.setEnabled(running or (ready and not self._starting))
+        for w in (self.port, self.api_key, self.generate_key, self.lan, self.cors):
+            w.setEnabled(not running and not self._starting)
+        self.copy_url.setEnabled(running)
+        if not running and not ready and not self._starting:
+            self.status.setObjectName("hint")
+            self._repolish(self.status)
+            self.status.setText("Load a model first: the endpoint serves the loaded model.")
+        elif not running and ready and self.status.text().startswith("Load a model"):
+            self.status.setText("")
+
+    def _update_lan_warning(self, on: bool) -> None:
+        if on and not self.api_key.text().strip():
+            self.api_key.setText("sk-kestrel-" + secrets.token_urlsafe(24))
+        self.lan_warning.setText(
+            "Anyone on your network who has the API key can use this model, and traffic is not encrypted "
+            "(plain HTTP). Keep the key secret; turn this off when you are done.")
+        self.lan_warning.setVisible(on)
+
+    def _update_snippets(self) -> None:
+        base = self.url or f"http://127.0.0.1:{self.port.value() or 8000}"
+        model = self.model_name or (self.ctx.engine.info.name if self.ctx.engine.info else "MODEL")
+        key = self.api_key.text().strip() or None
+        self.curl.setPlainText(curl_snippet(base, model, key))
+        self.python.setPlainText(python_snippet(base, model, key))
+
+    def _copy(self, text: str) -> None:
+        QGuiApplication.clipboard().setText(text)
+
+    @staticmethod
+    def _repolish(w: QWidget) -> None:
+        w.style().unpolish(w)
+        w.style().polish(w)
+
+    def _save(self) -> None:
+        o = self.options()
+        self.ctx.store.set_pref(PREFS, {"port": o.port, "lan": o.lan, "cors": self.cors.text(),
+                                        "api_key": o.api_key or ""})
+
+    def _restore(self) -> None:
+        p = self.ctx.store.pref(PREFS) or {}
+        self.port.setValue(int(p.get("port", 8000)))
+        self.cors.setText(p.get("cors", ""))
+        self.api_key.setText(p.get("api_key", ""))
+        # LAN access always starts off: it is opted into each session

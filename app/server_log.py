@@ -1,0 +1,170 @@
+"""The endpoint's request log: every HTTP request served, with its time, method, route, status, generated
+tokens and latency (until the last byte). Plain asyncio / ASGI, no Qt (the server worker turns entries
+into signals).
+
+Tokens are exact: the server app gets a ``TrackingClient`` (a thin stand-in for the EngineClient) that notes
+which engine requests each HTTP request starts, and the EngineClient's finished-request records give their
+token counts. A response's ``usage`` is the fallback (e.g. for a request the engine aborted).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_MAX_JSON = 4 << 20
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LogEntry:
+    time: float  # wall clock, time.time()
+    method: str
+    path: str
+    status: int
+    tokens: int | None
+    latency: float  # seconds
+    client: str = ""
+
+
+@dataclass
+class _Tracker:
+    """The engine requests one HTTP request started, and the tokens they generated."""
+
+    pending: set[str] = field(default_factory=set)
+    tokens: int = 0
+    finished: int = 0
+
+    @property
+    def started(self) -> bool:
+        return bool(self.pending) or self.finished > 0
+
+
+_current: contextvars.ContextVar[_Tracker | None] = contextvars.ContextVar("kestrel_request_tracker", default=None)
+
+
+class TrackingClient:
+    """Stands in for an EngineClient in the server app: everything is the client's own, except that
+    ``add_request`` notes the engine request ids under the HTTP request being served."""
+
+    def __init__(self, client):
+        self._client = client
+        self._owners: dict[str, _Tracker] = {}
+        client.add_listener(self._on_record)
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    async def add_request(self, *args, **kwargs):
+        stream = await self._client.add_request(*args, **kwargs)
+        tracker = _current.get()
+        if tracker is not None:
+            for cid in stream.child_ids:
+                tracker.pending.add(cid)
+                self._owners[cid] = tracker
+        return stream
+
+    def _on_record(self, rec) -> None:
+        tracker = self._owners.pop(rec.request_id, None)
+        if tracker is not None:
+            tracker.pending.discard(rec.request_id)
+            tracker.tokens += rec.num_output_tokens
+            tracker.finished += 1
+
+    def close(self) -> None:
+        """Stop listening to the client (when the server stops)."""
+        try:
+            self._client.remove_listener(self._on_record)
+        except ValueError:
+            pass
+        self._owners.clear()
+
+
+class RequestLogMiddleware:
+    def __init__(self, app, on_entry: Callable[[LogEntry], None]):
+        self.app = app
+        self.on_entry = on_entry
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.time()
+        t0 = time.perf_counter()
+        sniffer = _UsageSniffer()
+        tracker = _Tracker()
+        token = _current.set(tracker)
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                sniffer.status = message["status"]
+                for name, value in message.get("headers", []):
+                    if name.lower() == b"content-type":
+                        sniffer.content_type = value.decode("latin-1")
+            elif message["type"] == "http.response.body":
+                sniffer.feed(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            _current.reset(token)
+            tokens = tracker.tokens if tracker.finished and not tracker.pending else sniffer.tokens()
+            client = scope.get("client") or ("", 0)
+            entry = LogEntry(time=started, method=scope.get("method", ""), path=scope.get("path", ""),
+                             status=sniffer.status or 500, tokens=tokens, latency=time.perf_counter() - t0,
+                             client=str(client[0]))
+            try:
+                self.on_entry(entry)
+            except Exception:  # logging must never break a response
+                log.exception("request log callback failed")
+
+
+class _UsageSniffer:
+    """The status, and ``usage.completion_tokens`` from a JSON body or from an SSE stream's usage chunk."""
+
+    def __init__(self):
+        self.status = 0
+        self.content_type = ""
+        self.body = bytearray()
+        self.pending = b""
+        self.usage_tokens: int | None = None
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            return
+        if "text/event-stream" in self.content_type:
+            self.pending += data
+            *events, self.pending = self.pending.split(b"\n\n")
+            for ev in events:
+                if b'"usage"' in ev:
+                    self._event(ev)
+        elif len(self.body) < _MAX_JSON:
+            self.body += data
+
+    def _event(self, ev: bytes) -> None:
+        for line in ev.splitlines():
+            if line.startswith(b"data:"):
+                try:
+                    obj = json.loads(line[5:].strip())
+                except ValueError:
+                    continue
+                usage = obj.get("usage") if isinstance(obj, dict) else None
+                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                    self.usage_tokens = int(usage["completion_tokens"])
+
+    def tokens(self) -> int | None:
+        if self.usage_tokens is not None:
+            return self.usage_tokens
+        if "json" in self.content_type and self.body:
+            try:
+                usage = json.loads(bytes(self.body)).get("usage") or {}
+                value = usage.get("completion_tokens")
+                return int(value) if value is not None else None
+            except (ValueError, AttributeError):
+                return None
+        return None

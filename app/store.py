@@ -1,0 +1,170 @@
+"""Persistent app state in one SQLite file: conversations and their messages, settings per model, and
+small app preferences. No Qt here; used from the GUI thread only (each call is a short transaction)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    created REAL NOT NULL,
+    ttft REAL,
+    tokens_per_s REAL,
+    num_tokens INTEGER,
+    finish_reason TEXT,
+    model TEXT
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+CREATE TABLE IF NOT EXISTS model_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS prefs (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+NEW_TITLE = "New chat"
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    system_prompt: str
+    created: float
+    updated: float
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    role: str  # "user" | "assistant"
+    content: str
+    created: float
+    ttft: float | None = None  # seconds
+    tokens_per_s: float | None = None
+    num_tokens: int | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    model: str | None = None
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.touch(mode=0o600, exist_ok=True)  # conversations are private
+        self._db = sqlite3.connect(str(self.path))
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.executescript(_SCHEMA)
+        self._db.commit()
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- conversations ------------------------------------------------------------------------
+    def conversations(self, search: str = "") -> list[Conversation]:
+        """Newest first; with ``search``, those whose title or any message contains it (case-insensitive)."""
+        if search:
+            like = f"%{_escape_like(search)}%"
+            rows = self._db.execute(
+                "SELECT * FROM conversations c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS ("
+                "SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\') "
+                "ORDER BY c.updated DESC, c.id DESC", (like,))
+        else:
+            rows = self._db.execute("SELECT * FROM conversations ORDER BY updated DESC, id DESC")
+        return [Conversation(**dict(r)) for r in rows]
+
+    def conversation(self, conversation_id: int) -> Conversation | None:
+        row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        return Conversation(**dict(row)) if row else None
+
+    def create_conversation(self, title: str = NEW_TITLE, system_prompt: str = "") -> Conversation:
+        now = time.time()
+        with self._db:
+            cur = self._db.execute(
+                "INSERT INTO conversations (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
+                (title, system_prompt, now, now))
+        return self.conversation(cur.lastrowid)
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        with self._db:
+            self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or NEW_TITLE,
+                                                                                  conversation_id))
+
+    def set_system_prompt(self, conversation_id: int, text: str) -> None:
+        with self._db:
+            self._db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conversation_id))
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    # -- messages -----------------------------------------------------------------------------
+    def messages(self, conversation_id: int) -> list[Message]:
+        rows = self._db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,))
+        return [Message(**dict(r)) for r in rows]
+
+    def message(self, message_id: int) -> Message | None:
+        row = self._db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        return Message(**dict(row)) if row else None
+
+    def add_message(self, conversation_id: int, role: str, content: str, **stats: Any) -> Message:
+        now = time.time()
+        cols = ["conversation_id", "role", "content", "created", *stats]
+        with self._db:
+            cur = self._db.execute(
+                f"INSERT INTO messages ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                (conversation_id, role, content, now, *stats.values()))
+            self._touch(conversation_id, now)
+        return self.message(cur.lastrowid)
+
+    def delete_messages_from(self, conversation_id: int, message_id: int) -> None:
+        """Delete this message and every later one of the conversation (edit-and-resend, regenerate)."""
+        with self._db:
+            self._db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
+                             (conversation_id, message_id))
+            self._touch(conversation_id, time.time())
+
+    def _touch(self, conversation_id: int, now: float) -> None:
+        self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+
+    # -- settings -------------------------------------------------------------------------------
+    def model_settings(self, key: str) -> dict[str, Any]:
+        row = self._db.execute("SELECT value FROM model_settings WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else {}
+
+    def set_model_settings(self, key: str, values: dict[str, Any]) -> None:
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO model_settings (key, value) VALUES (?, ?)",
+                             (key, json.dumps(values)))
+
+    def update_model_settings(self, key: str, **values: Any) -> None:
+        merged = {**self.model_settings(key), **values}
+        self.set_model_settings(key, merged)
+
+    def pref(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM prefs WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_pref(self, key: str, value: Any) -> None:
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO prefs (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -1,0 +1,1 @@
+"""Reusable widgets (no engine knowledge)."""

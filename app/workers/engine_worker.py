@@ -1,0 +1,267 @@
+"""The engine's worker: a QObject on its own QThread running an asyncio event loop that owns the
+EngineClient (which spawns the engine process). The GUI calls its methods (they only schedule work on the
+loop, never wait) and hears back through queued signals. The HTTP server runs on this same loop, around the
+same client (app.workers.server_worker), so one loaded model serves the chat and the endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from app.workers import stop_thread, thread_for
+
+if TYPE_CHECKING:
+    from engine.client import EngineClient
+    from engine.config import EngineConfig
+    from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+EMPTY, LOADING, READY, FAILED, DEAD = "empty", "loading", "ready", "failed", "dead"
+
+
+@dataclass
+class ReplyStats:
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    num_tokens: int
+    num_prompt_tokens: int
+    ttft: float | None  # seconds, request handed over -> first token
+    tokens_per_s: float | None  # decode speed after the first token
+
+
+class EngineWorker(QObject):
+    stateChanged = Signal(str)
+    loadProgress = Signal(str)
+    loaded = Signal(object)  # engine.ipc.ModelInfo
+    loadFailed = Signal(str)  # what went wrong, in plain words
+    loadCancelled = Signal()
+    unloaded = Signal()
+    engineDied = Signal(str)
+    delta = Signal(str, str)  # request id, new text
+    replyFinished = Signal(str, object)  # request id, ReplyStats
+    replyFailed = Signal(str, str)  # request id, message
+    statsUpdated = Signal(object)  # engine.ipc.EngineStats
+    requestRecorded = Signal(object)  # engine.metrics.RequestRecord of every finished request (chat and HTTP)
+
+    def __init__(self, stats_interval: float = 0.5, parent: QObject | None = None):
+        super().__init__(parent)
+        self.stats_interval = stats_interval
+        self.loop = asyncio.new_event_loop()
+        self.client: EngineClient | None = None  # touched on the loop's thread only
+        self.info = None  # the loaded model's ModelInfo (read anywhere)
+        self.config: EngineConfig | None = None
+        self.state = EMPTY
+        self._load_task: asyncio.Task | None = None
+        self._stats_task: asyncio.Task | None = None
+        self._streams: dict[str, Any] = {}
+        self._aborted: set[str] = set()
+        self._unload_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._thread = thread_for(self, "engine")
+        self._thread.started.connect(self._run)
+
+    # ------------------------------------------------------------------------------------------------
+    # GUI side: each call schedules a coroutine and returns at once
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def load(self, config: EngineConfig, core_factory: str | None = None) -> None:
+        self.submit(self._load(config, core_factory))
+
+    def cancel_load(self) -> None:
+        self.loop.call_soon_threadsafe(self._cancel_load)
+
+    def unload(self) -> None:
+        self.submit(self._unload(emit=True))
+
+    def generate(self, request_id: str, messages: list[dict], params: SamplingParams) -> None:
+        self.submit(self._generate(request_id, messages, params))
+
+    def abort(self, request_id: str) -> None:
+        self.loop.call_soon_threadsafe(self._abort, request_id)
+
+    def add_unload_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """``await hook()`` runs on the loop before the model is unloaded or replaced (the server stops)."""
+        self._unload_hooks.append(hook)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop everything (blocking; for the app's exit): the server, the engine process, the loop, the thread."""
+        if not self._thread.isRunning():
+            return
+        try:
+            self.submit(self._unload(emit=False)).result(timeout)
+        except Exception:
+            log.warning("engine shutdown did not finish cleanly", exc_info=True)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        stop_thread(self._thread, int(timeout * 1000))
+
+    # ------------------------------------------------------------------------------------------------
+    # the loop's side
+
+    @Slot()
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self.loop.close()
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self.stateChanged.emit(state)
+
+    async def _load(self, config: EngineConfig, core_factory: str | None) -> None:
+        from engine.client import EngineClient
+        from engine.errors import KestrelError
+
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+        await self._unload(emit=False)
+        self.config = config
+        self._set_state(LOADING)
+        self.loadProgress.emit("Starting the engine process…")
+
+        def progress(stage: str, detail: str) -> None:
+            self.loadProgress.emit(f"{stage.capitalize()} {detail}…")
+
+        self._load_task = asyncio.ensure_future(
+            EngineClient.start(config, core_factory=core_factory, on_progress=progress))
+        try:
+            client = await self._load_task
+        except asyncio.CancelledError:
+            self._set_state(EMPTY)
+            self.loadCancelled.emit()
+            return
+        except KestrelError as e:
+            self._set_state(FAILED)
+            self.loadFailed.emit(_plain(e))
+            return
+        except Exception as e:
+            log.exception("load failed")
+            self._set_state(FAILED)
+            self.loadFailed.emit(f"{type(e).__name__}: {e}")
+            return
+        finally:
+            self._load_task = None
+        self.client = client
+        self.info = client.info
+        client.add_listener(self.requestRecorded.emit)
+        self._stats_task = asyncio.ensure_future(self._poll_stats(client))
+        self._set_state(READY)
+        self.loaded.emit(client.info)
+
+    def _cancel_load(self) -> None:
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+
+    async def _unload(self, emit: bool) -> None:
+        for hook in self._unload_hooks:
+            try:
+                await hook()
+            except Exception:
+                log.exception("unload hook failed")
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+        client, self.client = self.client, None
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            self._stats_task = None
+        for stream in list(self._streams.values()):
+            stream.abort()
+        if client is not None:
+            self.info = None
+            await client.shutdown()
+            if emit:
+                self._set_state(EMPTY)
+                self.unloaded.emit()
+
+    async def _generate(self, rid: str, messages: list[dict], params: SamplingParams) -> None:
+        from engine.errors import KestrelError
+
+        client = self.client
+        if client is None:
+            self.replyFailed.emit(rid, "No model is loaded. Load one in the Load panel.")
+            return
+        try:
+            stream = await client.add_request(messages=messages, params=params, request_id=rid)
+        except KestrelError as e:
+            self.replyFailed.emit(rid, _plain(e))
+            return
+        self._streams[rid] = stream
+        if rid in self._aborted:
+            stream.abort()
+        first = last = None
+        n_out = n_prompt = 0
+        reason = None
+        try:
+            while batch := await stream.next_batch():
+                text = "".join(d.text for d in batch)
+                for d in batch:
+                    if d.token_ids:
+                        first = first if first is not None else d.time
+                        last = d.time
+                    n_out = max(n_out, d.num_output_tokens)
+                    if d.finished:
+                        reason = d.finish_reason
+                        n_prompt = d.num_prompt_tokens
+                if text:
+                    self.delta.emit(rid, text)
+        except KestrelError as e:
+            self.replyFailed.emit(rid, _plain(e))
+            return
+        finally:
+            self._streams.pop(rid, None)
+            self._aborted.discard(rid)
+        if stream.aborted:
+            reason = "abort"
+        ttft = first - stream.arrival if first is not None else None
+        tps = (n_out - 1) / (last - first) if first is not None and last is not None and last > first else None
+        self.replyFinished.emit(rid, ReplyStats(reason, n_out, n_prompt or (stream.num_prompt_tokens or 0),
+                                                ttft, tps))
+
+    def _abort(self, rid: str) -> None:
+        stream = self._streams.get(rid)
+        if stream is not None:
+            stream.abort()
+        else:
+            self._aborted.add(rid)
+
+    async def _poll_stats(self, client: EngineClient) -> None:
+        from engine.errors import EngineDeadError
+
+        while True:
+            if not client.is_alive:
+                if client is self.client:
+                    self._set_state(DEAD)
+                    self.engineDied.emit(client.dead_reason or "The engine process stopped. Reload the model.")
+                return
+            try:
+                stats = await asyncio.wait_for(client.stats(), 30)
+            except (EngineDeadError, asyncio.TimeoutError):
+                await asyncio.sleep(0.2)
+                continue
+            except Exception:
+                log.debug("stats failed", exc_info=True)
+            else:
+                self.statsUpdated.emit(stats)
+            await asyncio.sleep(self.stats_interval)
+
+
+def _plain(e: BaseException) -> str:
+    """The error's own message (engine errors are written for people), without Python's type names."""
+    text = str(e).strip()
+    return text or type(e).__name__

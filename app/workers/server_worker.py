@@ -1,0 +1,184 @@
+"""The OpenAI-compatible endpoint: uvicorn serving engine.server's FastAPI app around the engine worker's own
+EngineClient, on the engine worker's event loop (the client belongs to that loop). Starting and stopping
+never block the GUI; every request served is reported (app.server_log) as a queued signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QObject, Signal
+
+from app.server_log import RequestLogMiddleware, TrackingClient
+from app.workers.engine_worker import EngineWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerOptions:
+    port: int = 8000
+    api_key: str | None = None
+    lan: bool = False  # listen on every interface instead of 127.0.0.1
+    cors_origins: list[str] = field(default_factory=list)
+
+    @property
+    def host(self) -> str:
+        return "0.0.0.0" if self.lan else "127.0.0.1"
+
+
+class ServerWorker(QObject):
+    started = Signal(str, str)  # base URL (without /v1), served model name
+    stopped = Signal(str)  # why, in words ("" when asked to)
+    failed = Signal(str)
+    requestLogged = Signal(object)  # app.server_log.LogEntry
+
+    def __init__(self, engine: EngineWorker):
+        super().__init__()
+        self.engine = engine
+        self.moveToThread(engine.thread())
+        self._server = None
+        self._task: asyncio.Task | None = None
+        self._tracking: TrackingClient | None = None
+        self.url: str | None = None  # while running
+        engine.add_unload_hook(self._stop_for_unload)
+
+    # GUI side
+    def start(self, options: ServerOptions) -> None:
+        self.engine.submit(self._start(options))
+
+    def stop(self) -> None:
+        self.engine.submit(self._stop(""))
+
+    @property
+    def running(self) -> bool:
+        return self.url is not None
+
+    # loop side
+    async def _start(self, opts: ServerOptions) -> None:
+        client = self.engine.client
+        if client is None:
+            self.failed.emit("Load a model first: the endpoint serves the loaded model.")
+            return
+        await self._stop(None)
+        try:
+            import uvicorn
+
+            from engine.server.openai.app import build_app
+        except ImportError as e:
+            self.failed.emit(f"The server's packages are missing ({e.name}); install Kestrel's 'server' extra.")
+            return
+        name = client.info.name
+        tracking = TrackingClient(client)  # counts each HTTP request's tokens for the log
+        app = build_app(tracking, served_model_names=[name], api_key=opts.api_key or None,
+                        allowed_origins=opts.cors_origins or None)
+        try:
+            sock = _listen(opts.host, opts.port)
+        except OSError as e:
+            tracking.close()
+            self.failed.emit(_bind_error(e, opts))
+            return
+        config = uvicorn.Config(RequestLogMiddleware(app, self.requestLogged.emit), log_level="warning",
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=30)
+        server = _quiet_server(config)
+        # the socket is ours: uvicorn would call sys.exit() on a bind error, which would stop this event loop
+        task = asyncio.ensure_future(_serve(server, sock))
+        while not server.started:
+            if task.done():
+                tracking.close()
+                sock.close()
+                self.failed.emit(f"The server could not start: {_task_error(task)}")
+                return
+            await asyncio.sleep(0.02)
+        port = sock.getsockname()[1]
+        self._server, self._task, self._tracking = server, task, tracking
+        shown_host = "127.0.0.1" if not opts.lan else _lan_address()
+        self.url = f"http://{shown_host}:{port}"
+        task.add_done_callback(self._on_server_exit)
+        self.started.emit(self.url, name)
+
+    async def _stop(self, reason: str | None) -> None:
+        server, task, tracking = self._server, self._task, self._tracking
+        self._server = self._task = self._tracking = None
+        self.url = None
+        if server is None:
+            return
+        tracking.close()
+        server.should_exit = True
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(task, 10)
+        if reason is not None:
+            self.stopped.emit(reason)
+
+    async def _stop_for_unload(self) -> None:
+        await self._stop("Stopped: the model was unloaded.")
+
+    def _on_server_exit(self, task: asyncio.Task) -> None:
+        if self._task is task:  # it ended without being asked to
+            self._tracking.close()
+            self._server = self._task = self._tracking = None
+            self.url = None
+            self.stopped.emit("The server stopped unexpectedly.")
+
+
+def _quiet_server(config):
+    """A uvicorn.Server without signal handling (the app decides when it stops)."""
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return QuietServer(config)
+
+
+async def _serve(server, sock) -> None:
+    try:
+        await server.serve(sockets=[sock])
+    except SystemExit as e:  # never let uvicorn's exit stop the engine's event loop
+        raise RuntimeError(f"the HTTP server exited (code {e.code})") from None
+
+
+def _listen(host: str, port: int):
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _bind_error(e: OSError, opts: ServerOptions) -> str:
+    if e.errno == errno.EADDRINUSE:
+        return f"Port {opts.port} is already in use (by another program?). Choose another port."
+    if e.errno == errno.EACCES:
+        return f"Port {opts.port} needs administrator rights. Choose a port above 1024."
+    return f"The server cannot listen on {opts.host}:{opts.port}: {e.strerror or e}."
+
+
+def _task_error(task: asyncio.Task) -> str:
+    try:
+        task.result()
+    except BaseException as e:  # noqa: BLE001 - SystemExit included
+        return str(e) or type(e).__name__
+    return "it stopped while starting"
+
+
+def _lan_address() -> str:
+    """This machine's address on the local network (for the URL shown when LAN access is on)."""
+    import socket
+
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent; this picks the outgoing interface
+        return s.getsockname()[0]
+    return socket.gethostname()

@@ -1,0 +1,49 @@
+"""Helpers shared by the app tests."""
+
+from __future__ import annotations
+
+import time
+
+FAKE_CORE = "tests.server.fake_engine:FakeCore"
+LOAD_TIMEOUT_MS = 180_000
+REPLY_TIMEOUT_MS = 180_000
+
+
+def wait_until(cond, timeout: float = 180.0) -> None:
+    """Process Qt events until ``cond()`` (for module-scoped fixtures, where qtbot is not available)."""
+    from PySide6.QtCore import QEventLoop
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError("condition not met in time")
+        app.processEvents(QEventLoop.AllEvents, 50)
+        time.sleep(0.01)
+
+
+def set_sampling(window, **values) -> None:
+    """Set the chat's sampling form (e.g. max_tokens=16, temperature=0)."""
+    form = window.chat.sampling
+    for name, value in values.items():
+        widget = getattr(form, name)
+        if name == "stop":
+            widget.setText(", ".join(value))
+        elif name == "seed" and value is None:
+            widget.setValue(-1)
+        else:
+            widget.setValue(value)
+
+
+def build_window(core_factory: str | None = None, engine_settings: dict | None = None):
+    from app import paths
+    from app.library import EMBEDDED_KEY
+    from app.main import create_app, create_window
+    from app.store import Store
+
+    create_app()
+    store = Store(paths.db_path())
+    if engine_settings is not None:
+        store.update_model_settings(EMBEDDED_KEY, engine=engine_settings)
+    return create_window(store=store, core_factory=core_factory, hardware_interval_ms=500)

@@ -1,0 +1,183 @@
+"""The app on the real embedded model (SmolLM2-135M-Instruct, float32 on the CPU), one window for the module:
+load at start-up, a streamed reply in the view and the database, regenerate, stop mid-stream, the
+Performance plots fed, the Server panel's endpoint queried with the official openai client, and a corrupt
+model file failing to load in place while the app keeps working."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from PySide6.QtCore import Qt
+
+from tests.app.helpers import REPLY_TIMEOUT_MS, build_window, set_sampling, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, qapp):
+    root = tmp_path_factory.mktemp("live")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KESTREL_DATA_DIR", str(root / "data"))
+        mp.setenv("HF_HUB_CACHE", str(root / "hf-cache"))
+        w = build_window(engine_settings={"dtype": "float32"})
+        w.show()
+        w.start(autoload=True)
+        try:
+            wait_until(lambda: w.ctx.engine.state in ("ready", "failed"), 300)
+            assert w.ctx.engine.state == "ready", w.panels["load"].message.text()
+            yield w
+        finally:
+            w.shutdown()
+            w.close()
+
+
+def _send(qtbot, w, text: str):
+    chat = w.chat
+    assert chat.send(text)
+    qtbot.waitUntil(lambda: chat.pending is None, timeout=REPLY_TIMEOUT_MS)
+    return w.ctx.store.messages(chat.conversation.id)
+
+
+def test_default_model_loads_at_start(live):
+    info = live.ctx.engine.info
+    assert info.name == "SmolLM2-135M-Instruct.Q4_1" and info.dtype == "float32" and info.device == "cpu"
+    assert "SmolLM2-135M-Instruct.Q4_1" in live.engine_label.text()
+    assert "Loaded SmolLM2-135M-Instruct.Q4_1" in live.panels["load"].message.text()
+    # GGUF has no generation_config: Kestrel's defaults
+    assert live.chat.sampling.settings().temperature == pytest.approx(0.7)
+
+
+def test_streamed_reply_lands_in_view_and_database(live, qtbot):
+    chat = live.chat
+    chat.new_conversation()
+    set_sampling(live, max_tokens=24, temperature=0.0)
+    chunks: list[str] = []
+    live.ctx.engine.delta.connect(lambda _rid, text: chunks.append(text))
+    assert chat.send("What is the capital of France? Answer in one sentence.")
+    qtbot.waitUntil(lambda: chat.pending is not None and bool(chat.pending.text), timeout=REPLY_TIMEOUT_MS)
+    partial = chat.pending.text
+    qtbot.waitUntil(lambda: chat.pending is None, timeout=REPLY_TIMEOUT_MS)
+    msgs = live.ctx.store.messages(chat.conversation.id)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    reply = msgs[-1]
+    assert "Paris" in reply.content
+    assert reply.content.startswith(partial) and len(chunks) > 1  # it streamed
+    view = chat.message_widgets()[-1]
+    assert view.text == reply.content and "Paris" in view.body.text()
+    assert 1 <= reply.num_tokens <= 24 and reply.ttft > 0 and reply.tokens_per_s > 0
+    assert f"{reply.num_tokens} tokens" in view.stats_label.text() and "tok/s" in view.stats_label.text()
+    assert reply.model == "SmolLM2-135M-Instruct.Q4_1"
+
+
+def test_regenerate_replaces_the_reply(live, qtbot):
+    chat = live.chat
+    conv = chat.conversation.id
+    before = live.ctx.store.messages(conv)[-1]
+    set_sampling(live, max_tokens=16, temperature=1.0, seed=7)
+    qtbot.mouseClick(chat.regenerate_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None and live.ctx.store.messages(conv)[-1].id != before.id,
+                    timeout=REPLY_TIMEOUT_MS)
+    msgs = live.ctx.store.messages(conv)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[-1].content and chat.message_widgets()[-1].text == msgs[-1].content
+    assert len(chat.message_widgets()) == 2
+
+
+def test_stop_mid_stream_keeps_the_partial_reply(live, qtbot):
+    chat = live.chat
+    chat.new_conversation()
+    set_sampling(live, max_tokens=400, temperature=0.8, seed=1)
+    assert chat.send("Write a long story about a kestrel that learns to code.")
+    qtbot.waitUntil(lambda: chat.pending is not None and len(chat.pending.text) > 10, timeout=REPLY_TIMEOUT_MS)
+    qtbot.mouseClick(chat.stop_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None, timeout=REPLY_TIMEOUT_MS)
+    reply = live.ctx.store.messages(chat.conversation.id)[-1]
+    assert reply.finish_reason == "abort" and 0 < reply.num_tokens < 400 and reply.content
+    assert chat.message_widgets()[-1].text == reply.content
+    assert chat.send_button.isVisible() and chat.send_button.isEnabled()
+
+
+def test_performance_plots_receive_points(live, qtbot):
+    perf = live.panels["performance"]
+    qtbot.waitUntil(lambda: len(perf.ttft.x) >= 2 and len(perf.gen_tps.x) >= 2, timeout=30_000)
+    x, y = perf.ttft_points.getData()
+    assert len(x) >= 2 and all(v > 0 for v in y)
+    x, y = perf.tpot_points.getData()
+    assert len(x) >= 1 and all(v > 0 for v in y)
+    _, tps = perf.tps_curve.getData()
+    assert max(tps) > 0  # generation tokens/s rose while the engine worked
+    _, running = perf.running_curve.getData()
+    assert max(running) >= 1
+    assert "tokens/s" in perf.summary.text()
+
+
+def test_server_panel_serves_the_loaded_model_to_the_openai_client(live, qtbot):
+    import openai
+
+    panel = live.panels["server"]
+    panel.port.setValue(0)  # any free port
+    qtbot.mouseClick(panel.generate_key, Qt.LeftButton)
+    key = panel.api_key.text()
+    assert key.startswith("sk-kestrel-")
+    qtbot.mouseClick(panel.start_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: panel.url is not None or "could not" in panel.status.text(), timeout=30_000)
+    assert panel.url, panel.status.text()
+    base = panel.url_field.text()
+    assert base.startswith("http://127.0.0.1:") and base.endswith("/v1")
+    assert key in panel.curl.toPlainText() and base in panel.python.toPlainText()
+
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
+    models = client.models.list()
+    name = models.data[0].id
+    assert name == "SmolLM2-135M-Instruct.Q4_1"
+    out = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Say hi."}],
+                                         max_tokens=8, temperature=0)
+    assert out.choices[0].message.content and out.usage.completion_tokens >= 1
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+
+    qtbot.waitUntil(lambda: len(panel.log_rows()) >= 3, timeout=30_000)
+    rows = panel.log_rows()
+    chat_row = next(r for r in rows if r[2] == "/v1/chat/completions")
+    assert chat_row[1] == "POST" and chat_row[3] == "200" and chat_row[4] == str(out.usage.completion_tokens)
+    assert any(r[3] == "401" for r in rows)
+    # the chat keeps working while the endpoint runs: one model serves both
+    live.chat.new_conversation()
+    set_sampling(live, max_tokens=6, temperature=0.0)
+    assert _send(qtbot, live, "Hello")[-1].content
+    qtbot.mouseClick(panel.start_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: panel.url is None, timeout=30_000)
+    assert panel.start_button.text() == "Start server"
+    with pytest.raises(openai.APIConnectionError):
+        client.models.list()
+
+
+def test_corrupt_model_fails_in_place_and_the_app_keeps_working(live, qtbot, tmp_path):
+    from app.library import EMBEDDED_KEY, embedded_model_path
+
+    corrupt = tmp_path / "broken.gguf"
+    with open(embedded_model_path(), "rb") as src, open(corrupt, "wb") as dst:
+        shutil.copyfileobj(src, dst, 4 << 20)  # header intact, tensor data cut off
+        dst.truncate(4 << 20)
+    load = live.panels["load"]
+    live.show_panel("load")
+    load.select_path(corrupt)
+    assert load.current_key() == str(corrupt)
+    qtbot.mouseClick(load.load_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: bool(load.error_text()) or "Loaded broken" in load.message.text(), timeout=120_000)
+    assert live.ctx.engine.state == "failed"
+    error = load.error_text()
+    assert "could not be loaded" in error and "broken.gguf" in error
+    assert "Traceback" not in error
+    assert not live.chat.send_button.isEnabled()
+    assert "No model" in live.chat.notice.text() or "load" in live.chat.notice.text().lower()
+
+    load.select_key(EMBEDDED_KEY)
+    load.form.set_value("dtype", "float32")
+    qtbot.mouseClick(load.load_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: live.ctx.engine.state == "ready", timeout=300_000)
+    live.chat.new_conversation()
+    set_sampling(live, max_tokens=6, temperature=0.0)
+    assert _send(qtbot, live, "Hello again")[-1].content

@@ -1,0 +1,112 @@
+"""The Load panel: a form derived from EngineConfig, options this machine or engine lacks disabled with the
+reason, settings kept per model, load progress / cancel, and a failed load explained in place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from PySide6.QtCore import Qt
+
+from app.capabilities import QUANT_REASON, TP_REASON
+from app.library import EMBEDDED_KEY
+from engine.config import EngineConfig
+
+
+def test_form_has_an_editor_for_every_engine_option(make_window):
+    w = make_window(autoload=False)
+    load = w.panels["load"]
+    editors = {**load.form.main.editors, **load.form.advanced.editors}
+    assert set(editors) == {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
+    defaults = EngineConfig()
+    for name, value in load.form.values().items():
+        assert value == getattr(defaults, name), name
+    for f in dataclasses.fields(EngineConfig):  # the field's help is the tooltip
+        if f.name != "model":
+            assert f.metadata["help"] in editors[f.name].toolTip()
+
+
+def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot):
+    w = make_window(autoload=False)
+    load = w.panels["load"]
+    qtbot.waitUntil(lambda: w.ctx.hardware_snapshot is not None and load.model_combo.count() > 0, timeout=30_000)
+    main = load.form.main
+    assert not main.is_field_enabled("tensor_parallel_size")
+    assert main.disabled_reason("tensor_parallel_size") == TP_REASON
+    assert not main.is_field_enabled("comm_strategy") and main.disabled_reason("comm_strategy") == TP_REASON
+    assert [main.editors["comm_strategy"].itemData(i) for i in range(5)] == ["auto", "nccl", "int8", "host", "overlap"]
+    if w.ctx.num_gpus == 0:  # this machine: no GPU
+        assert not main.is_choice_enabled("device", "cuda")
+        assert "no NVIDIA GPU" in main.editors["device"].itemText(main.editors["device"].findData("cuda"))
+        assert not main.is_field_enabled("gpu_memory_utilization")
+        assert main.is_field_enabled("kv_cache_memory_gib")
+        assert "of RAM" in load.estimate.text()
+    quant = load.quant_combo
+    assert quant.itemText(0) == "As in the checkpoint (Q4_1)"
+    assert quant.count() > 1 and not any(quant.model().item(i).isEnabled() for i in range(1, quant.count()))
+    assert load.quant_reason.text() == QUANT_REASON and not load.quant_reason.isHidden()
+
+
+def test_settings_are_kept_per_model(make_window, qtbot, tmp_path):
+    w = make_window(autoload=False)
+    w.ctx.core_factory = "tests.server.fake_engine:FakeCore"
+    load = w.panels["load"]
+    qtbot.waitUntil(lambda: load.model_combo.findData(EMBEDDED_KEY) >= 0, timeout=30_000)
+    load.select_key(EMBEDDED_KEY)
+    load.form.set_value("dtype", "float32")
+    load.form.set_value("max_model_len", 2048)
+    qtbot.mouseClick(load.load_button, Qt.LeftButton)  # loading saves the model's settings
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=60_000)
+
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + b"\0" * 60)
+    load.select_path(other)
+    assert load.form.values()["dtype"] == "auto" and load.form.values()["max_model_len"] is None
+    assert not load.model_warning.isHidden()  # not a readable model: said up front
+    load.select_key(EMBEDDED_KEY)
+    values = load.form.values()
+    assert values["dtype"] == "float32" and values["max_model_len"] == 2048
+    config = load.config()
+    assert config.model is None and config.dtype == "float32" and config.max_model_len == 2048
+
+
+def test_load_progress_success_and_saved_settings(make_window, qtbot):
+    w = make_window(autoload=False)
+    load = w.panels["load"]
+    qtbot.waitUntil(lambda: load.model_combo.findData(EMBEDDED_KEY) >= 0, timeout=30_000)
+    load.select_key(EMBEDDED_KEY)
+    load.form.set_value("max_num_seqs", 7)
+    w.ctx.core_factory = "tests.server.fake_engine:FakeCore"
+    qtbot.mouseClick(load.load_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=60_000)
+    assert "Loaded" in load.message.text() and load.message.objectName() == "okBox"
+    assert w.ctx.store.model_settings(EMBEDDED_KEY)["engine"]["max_num_seqs"] == 7
+    assert w.ctx.engine.config.max_num_seqs == 7
+    assert w.ctx.store.pref("last_model")["key"] == EMBEDDED_KEY
+    qtbot.mouseClick(load.unload_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "empty", timeout=30_000)
+    assert not w.chat.send_button.isEnabled()
+
+
+def test_failed_load_is_explained_in_place(make_window, qtbot, monkeypatch):
+    monkeypatch.setenv("KESTREL_FAKE", "load_error")
+    w = make_window(autoload=False)
+    w.ctx.core_factory = "tests.server.fake_engine:FakeCore"
+    load = w.panels["load"]
+    qtbot.mouseClick(load.load_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: bool(load.error_text()), timeout=60_000)
+    assert "broken.gguf: truncated" in load.error_text()
+    assert w.ctx.engine.state == "failed" and load.load_button.isEnabled()
+    assert "could not be loaded" in w.engine_label.text()
+
+
+def test_cancel_loading(make_window, qtbot, monkeypatch):
+    w = make_window(autoload=False)
+    w.ctx.core_factory = "tests.app.slow_core:SlowLoadingCore"
+    load = w.panels["load"]
+    qtbot.mouseClick(load.load_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "loading" and not load.cancel_button.isHidden(), timeout=30_000)
+    assert not load.progress.isHidden()
+    qtbot.mouseClick(load.cancel_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "empty", timeout=30_000)
+    assert "cancelled" in load.message.text()
+    assert load.progress.isHidden()

@@ -1,0 +1,140 @@
+"""Model facts without torch: the GGUF header reader against the engine's, support checks that mirror the
+engine's lists, the library over a Hugging Face cache (and deleting from it), and the fit estimate."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from app import fit
+from app.gguf_header import GGUFHeaderError, read_gguf_header
+from app.library import delete_entry, deletion_size, scan_library
+from app.model_inspect import GGUF_ARCHITECTURES, GGUF_TENSOR_TYPES, inspect_model
+
+
+def test_gguf_header_matches_the_engine(smollm2_gguf):
+    from engine.loader.gguf import gguf_hf_config, gguf_quantization
+    from engine.loader.gguf_file import GGUFFile
+
+    ours = read_gguf_header(smollm2_gguf)
+    theirs = GGUFFile(smollm2_gguf)
+    assert ours.quantization == gguf_quantization(theirs) == "Q4_1"
+    cfg = gguf_hf_config(theirs)
+    shape = fit.ModelShape.from_gguf_metadata(ours.metadata, ours.vocab_size)
+    assert (shape.num_layers, shape.num_attention_heads, shape.num_kv_heads, shape.head_dim, shape.hidden_size,
+            shape.vocab_size) == (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                                  cfg["head_dim"], cfg["hidden_size"], cfg["vocab_size"])
+    assert ours.num_params == sum(int(__import__("math").prod(t.shape)) for t in theirs.tensors.values())
+
+
+def test_support_lists_mirror_the_engine():
+    from engine.loader.gguf import GGUF_ARCHITECTURES as ENGINE_ARCHS
+    from engine.loader.gguf import SUPPORTED_QTYPES
+
+    assert GGUF_ARCHITECTURES == ENGINE_ARCHS
+    assert GGUF_TENSOR_TYPES == {q.name for q in SUPPORTED_QTYPES}
+
+
+def test_inspect_gguf_directory_and_broken_files(smollm2_gguf, tiny_model_dir, tmp_path):
+    f = inspect_model(smollm2_gguf)
+    assert f.supported and f.format == "gguf" and f.architecture == "LlamaForCausalLM"
+    assert f.context_length == 8192 and 130e6 < f.num_params < 140e6
+    d = inspect_model(tiny_model_dir("qwen3"))
+    assert d.supported and d.architecture == "Qwen3ForCausalLM" and d.num_params > 0
+    assert d.generation_config["top_k"] == 20
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)
+    b = inspect_model(bad)
+    assert not b.supported and "bad.gguf" in b.reason
+    with pytest.raises(GGUFHeaderError):
+        read_gguf_header(bad)
+    gptq = tmp_path / "gptq"
+    gptq.mkdir()
+    cfg = json.loads((tiny_model_dir("llama") / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (gptq / "config.json").write_text(json.dumps(cfg))
+    (gptq / "model.safetensors").write_bytes((tiny_model_dir("llama") / "model.safetensors").read_bytes())
+    g = inspect_model(gptq)
+    assert not g.supported and g.quantization == "GPTQ" and "cannot be loaded yet" in g.reason
+    other = tmp_path / "mamba"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"]}))
+    (other / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    m = inspect_model(other)
+    assert not m.supported and "MambaForCausalLM" in m.reason
+
+
+def _hf_repo(cache, repo_id, files: dict[str, bytes], commit="c0ffee"):
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snap = repo / "snapshots" / commit
+    for name, data in files.items():
+        blob = repo / "blobs" / f"blob-{abs(hash(name))}"
+        blob.parent.mkdir(exist_ok=True)
+        blob.write_bytes(data)
+        (snap / name).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(blob, (snap / name).parent), snap / name)
+    return repo
+
+
+def test_library_scans_the_cache_the_models_folder_and_added_files(smollm2_gguf, tiny_model_dir, tmp_path):
+    cache, models = tmp_path / "hub", tmp_path / "models"
+    models.mkdir()
+    gguf = smollm2_gguf.read_bytes()
+    _hf_repo(cache, "org/two-quants", {"m-Q4_1.gguf": gguf, "m-Q8_0.gguf": gguf[:1000], "README.md": b"hi"})
+    tiny = tiny_model_dir("llama")
+    _hf_repo(cache, "org/tiny", {p.name: p.read_bytes() for p in tiny.iterdir() if p.is_file()})
+    (models / "local.gguf").write_bytes(gguf)
+    loose = tmp_path / "elsewhere.gguf"
+    loose.write_bytes(gguf)
+    entries = scan_library(cache, models, [str(loose), str(tmp_path / "gone.gguf")])
+    by_name = {e.name: e for e in entries}
+    assert set(by_name) == {"SmolLM2-135M-Instruct.Q4_1", "org/two-quants · m-Q4_1.gguf",
+                            "org/two-quants · m-Q8_0.gguf", "org/tiny", "local", "elsewhere"}
+    assert by_name["SmolLM2-135M-Instruct.Q4_1"].source == "embedded" and not by_name[
+        "SmolLM2-135M-Instruct.Q4_1"].deletable
+    assert by_name["org/tiny"].model_ref.endswith("snapshots/c0ffee") and by_name["org/tiny"].facts.supported
+    assert by_name["org/two-quants · m-Q4_1.gguf"].key == "hf:org/two-quants/m-Q4_1.gguf"
+    assert by_name["elsewhere"].source == "added" and not by_name["elsewhere"].deletable
+    assert not by_name["org/two-quants · m-Q8_0.gguf"].facts.supported  # truncated header
+
+    # deleting one GGUF of a repo frees its blob only; the last one takes the repo with it
+    q4 = by_name["org/two-quants · m-Q4_1.gguf"]
+    assert deletion_size(q4, cache) == len(gguf)
+    assert delete_entry(q4, cache) == len(gguf)
+    left = {e.name for e in scan_library(cache, models, [])}
+    assert "org/two-quants · m-Q4_1.gguf" not in left and "org/two-quants · m-Q8_0.gguf" in left
+    q8 = by_name["org/two-quants · m-Q8_0.gguf"]
+    assert delete_entry(q8, cache) == 1000 + 2  # with README.md: the whole repo goes
+    assert not (cache / "models--org--two-quants").exists()
+    freed = delete_entry(by_name["org/tiny"], cache)
+    assert freed == sum(p.stat().st_size for p in tiny.iterdir() if p.is_file())
+    assert delete_entry(by_name["local"], cache) == len(gguf) and not (models / "local.gguf").exists()
+    with pytest.raises(PermissionError):
+        delete_entry(by_name["elsewhere"], cache)
+    assert loose.exists()
+
+
+def test_fit_estimate():
+    # Llama-3-8B-like: 32 layers, 8 KV heads of 128
+    shape = fit.ModelShape(num_layers=32, num_attention_heads=32, num_kv_heads=8, head_dim=128, hidden_size=4096,
+                           vocab_size=128256, max_context=8192)
+    assert shape.kv_bytes_per_token(2) == 2 * 32 * 8 * 128 * 2 == 131072
+    weights = fit.weights_in_memory(8_030_000_000, "bfloat16", 4_900_000_000, keeps_quantized=False)
+    assert weights == 16_060_000_000
+    assert fit.weights_in_memory(8_030_000_000, "bfloat16", 4_900_000_000, keeps_quantized=True) == 4_900_000_000
+    gpu16 = int(16 * fit.GIB * 0.9)  # a 16 GiB card, 90% for the engine
+    one = fit.estimate(weights, shape, 8192, 1, "bfloat16", gpu16)
+    assert one.kv_cache == 131072 * 8192 == fit.GIB and one.fits is False
+    two = fit.estimate(weights, shape, 8192, 2, "bfloat16", gpu16)
+    assert two.weights == weights // 2 and two.kv_cache == fit.GIB // 2 and two.fits is True
+    eight = fit.estimate(weights, shape, 8192, 16, "bfloat16", None)
+    assert eight.kv_cache == 2 * 32 * 1 * 128 * 2 * 8192  # 8 KV heads over 16 ranks: replicated, 1 per rank
+    assert eight.fits is None
+    assert fit.tp_choices(8, shape) == [1, 2, 4, 8] and fit.tp_choices(0) == [1]
+    odd = fit.ModelShape(30, 9, 3, 64, 576, 49152)
+    assert fit.tp_choices(8, odd) == [1]
+    assert "per GPU" in two.describe() and fit.gib(1.5 * fit.GIB) == "1.5 GiB"

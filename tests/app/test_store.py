@@ -1,0 +1,57 @@
+"""The SQLite store: conversations, messages, search, settings per model, preferences."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from app.store import NEW_TITLE, Store
+
+
+def test_conversations_and_messages(tmp_path):
+    s = Store(tmp_path / "k.sqlite3")
+    a = s.create_conversation()
+    assert a.title == NEW_TITLE
+    m1 = s.add_message(a.id, "user", "Tell me about 100% cotton_shirts")
+    m2 = s.add_message(a.id, "assistant", "They breathe.", ttft=0.5, tokens_per_s=12.0, num_tokens=3,
+                       finish_reason="stop", model="m")
+    b = s.create_conversation("Other", system_prompt="Be brief.")
+    assert [c.id for c in s.conversations()] == [b.id, a.id]
+    s.add_message(a.id, "user", "more")  # touching a conversation moves it up
+    assert [c.id for c in s.conversations()] == [a.id, b.id]
+    got = s.messages(a.id)
+    assert [m.content for m in got] == ["Tell me about 100% cotton_shirts", "They breathe.", "more"]
+    assert got[1].ttft == 0.5 and got[1].num_tokens == 3 and got[1].finish_reason == "stop"
+    # search: titles and contents, LIKE wildcards taken literally
+    assert [c.id for c in s.conversations("100%")] == [a.id]
+    assert [c.id for c in s.conversations("n_s")] == [a.id]
+    assert s.conversations("0%c") == []
+    assert [c.id for c in s.conversations("other")] == [b.id]
+    s.delete_messages_from(a.id, m2.id)
+    assert [m.id for m in s.messages(a.id)] == [m1.id]
+    s.rename_conversation(a.id, "  ")
+    assert s.conversation(a.id).title == NEW_TITLE
+    s.set_system_prompt(b.id, "Be kind.")
+    assert s.conversation(b.id).system_prompt == "Be kind."
+    s.delete_conversation(a.id)
+    assert s.conversation(a.id) is None and s.messages(a.id) == []
+    s.close()
+    s2 = Store(tmp_path / "k.sqlite3")
+    assert [c.title for c in s2.conversations()] == ["Other"]
+
+
+def test_settings_and_prefs(tmp_path):
+    s = Store(tmp_path / "k.sqlite3")
+    assert s.model_settings("x") == {}
+    s.update_model_settings("x", engine={"dtype": "float32"})
+    s.update_model_settings("x", sampling={"temperature": 0.2})
+    assert s.model_settings("x") == {"engine": {"dtype": "float32"}, "sampling": {"temperature": 0.2}}
+    assert s.model_settings("y") == {}
+    s.set_pref("last_model", {"key": "k"})
+    assert s.pref("last_model") == {"key": "k"} and s.pref("nope", 3) == 3
+
+
+def test_database_is_private(tmp_path):
+    Store(tmp_path / "k.sqlite3")
+    if os.name == "posix":
+        assert stat.S_IMODE((tmp_path / "k.sqlite3").stat().st_mode) == 0o600
