@@ -19,7 +19,8 @@ def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--temperature", type=float, default=None, help="0 for greedy (default: the model's)")
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    if "--seed" not in p._option_string_actions:  # EngineConfig's --seed (engine parsers) serves both
+        p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
 
 
@@ -31,7 +32,7 @@ def _sampling_params(args, generation_config: dict):
         return v if v is not None else generation_config.get(name, default)
 
     return SamplingParams(max_tokens=args.max_tokens, temperature=pick("temperature", 0.7),
-                          top_p=pick("top_p", 1.0), top_k=pick("top_k", 0), seed=args.seed,
+                          top_p=pick("top_p", 1.0), top_k=pick("top_k", 0), seed=getattr(args, "seed", None),
                           ignore_eos=args.ignore_eos)
 
 
@@ -99,6 +100,18 @@ def cmd_bench(args) -> int:
     return bench_offline(args)
 
 
+def cmd_serve(args) -> int:
+    from engine.server.serve import main as serve_main
+
+    return serve_main(args)
+
+
+def cmd_bench_http(args) -> int:
+    from engine.bench.serving import main as bench_http
+
+    return bench_http(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kestrel", description="Local LLM inference workstation")
     sub = parser.add_subparsers(dest="command")
@@ -116,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     bo = _engine_parser(bsub, "offline", "Offline prefill/decode throughput, side by side with llama.cpp")
     offline_args(bo)
     bo.set_defaults(func=cmd_bench)
+    from engine.bench.serving import add_args as http_args
+    bh = _engine_parser(bsub, "http-vs-offline",
+                        "The same requests offline and through the HTTP server, in one run: tokens/s and ratio")
+    http_args(bh)
+    bh.set_defaults(func=cmd_bench_http)
+    from engine.server.args import add_serve_args
+    s = _engine_parser(sub, "serve", "Serve the model over an OpenAI-compatible HTTP API")
+    add_serve_args(s)
+    s.set_defaults(func=cmd_serve)
     return parser
 
 
@@ -125,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        args = parser.parse_args(["chat"])
+    if not getattr(args, "command", None):  # plain `kestrel`: the desktop app (imported only here)
+        from app.main import main as app_main
+
+        return app_main([])
     from engine.errors import KestrelError
 
     try:

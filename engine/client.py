@@ -1,0 +1,693 @@
+"""EngineClient: the asyncio face of the engine process. The GUI and the OpenAI server both use it, so one
+loaded model serves both. No server or Qt imports here; torch is not imported in the client's process.
+
+API (all coroutines run on the event loop the client was started on; from another thread use
+``asyncio.run_coroutine_threadsafe(coro, client.loop)``)::
+
+    client = await EngineClient.start(EngineConfig(model=None, dtype="float32"),
+                                      on_progress=lambda stage, detail: ...)   # waits until loaded
+    client.info                        # ModelInfo: name, path, max_model_len, dtype, device, vocab_size,
+                                       # generation_config, has_chat_template, num_kv_blocks, block_size, ...
+    async for d in client.generate(prompt="Hi", params=SamplingParams(max_tokens=32)):
+        d.index, d.text, d.token_ids, d.logprobs, d.finished, d.finish_reason, d.time, d.metrics
+    # or, with control over the request:
+    stream = await client.add_request(messages=[{"role": "user", "content": "Hi"}], params=SamplingParams(n=2))
+    n_prompt = await stream.accepted()  # validated and queued by the engine (raises its typed error if not)
+    while batch := await stream.next_batch():  # every delta received so far, at least one; [] at the end
+        ...
+    stream.abort()                     # frees its KV blocks in the engine (also on leaving `async with stream`)
+    await client.abort(request_id)
+    await client.stats()               # EngineStats: running / waiting, KV use, free blocks, prefix-cache hit
+                                       # rate, prompt and generation tokens (totals and per second), recent steps
+    await client.health()              # None, or raises EngineDeadError saying why
+    client.is_alive, client.dead_reason, client.engine_pid
+    await client.tokenize(prompt=... | messages=...), await client.detokenize(ids),
+    await client.apply_chat_template(messages), await client.token_bytes()
+    client.add_listener(fn)            # fn(RequestRecord) for every finished sequence (engine.metrics)
+    client.recent_requests()           # the last RequestRecords (TTFT / TPOT plots)
+    await client.shutdown()            # stops the engine process; nothing is left behind
+
+Errors are engine.errors types: the engine's own (InvalidRequestError, PromptTooLongError, CheckpointError
+from a failed load, ...) are rebuilt on this side with their message. A dead engine (crash, kill, OOM) is
+noticed at once through a thread waiting on the process; every pending and later call then raises
+EngineDeadError (EngineShuttingDownError after shutdown()) instead of hanging.
+
+Timings: ``Delta.time`` is the engine's time.monotonic() at the end of the step that made it (the same clock
+as this process's time.monotonic() on Linux, macOS and Windows); a sequence's final delta carries the
+engine's RequestMetrics (queue time, TTFT, e2e, decode time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from engine import ipc
+from engine.config import EngineConfig
+from engine.errors import EngineDeadError, EngineShuttingDownError, InvalidRequestError, KestrelError
+from engine.ipc import Delta, EngineStats, ModelInfo
+from engine.metrics import RequestRecord
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Delta", "EngineClient", "EngineStats", "ModelInfo", "RequestRecord", "RequestStream", "fan_out"]
+
+_ids = itertools.count()
+
+
+def fan_out(params: SamplingParams) -> list[SamplingParams]:
+    """n > 1 becomes n single-sample children; a seeded request gives child i the seed + i
+    (the rule of engine.llm.fan_out, so HTTP and offline runs of a seeded request agree)."""
+    if params.n == 1:
+        return [params]
+    return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            for i in range(params.n)]
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class RequestStream:
+    """The deltas of one request (all its n samples), in arrival order. Iterate it, or call next_batch()."""
+
+    def __init__(self, client: EngineClient, request_id: str, child_ids: list[str], arrival: float):
+        self.client = client
+        self.request_id = request_id
+        self.child_ids = child_ids
+        self.n = len(child_ids)
+        self.arrival = arrival  # time.monotonic() when the request was made
+        self.num_prompt_tokens: int | None = None
+        self._items: collections.deque[Delta] = collections.deque()
+        self._event = asyncio.Event()
+        self._accepted = asyncio.Event()
+        self._error: BaseException | None = None
+        self._unfinished = set(child_ids)
+        self._records = {cid: RequestRecord(request_id=cid, index=i, arrival=arrival)
+                         for i, cid in enumerate(child_ids)}
+        self.aborted = False
+
+    # -- fed by the client ------------------------------------------------------------------
+    def _on_accepted(self, num_prompt_tokens: int) -> None:
+        self.num_prompt_tokens = num_prompt_tokens
+        self._accepted.set()
+
+    def _push(self, d: Delta, index: int) -> RequestRecord | None:
+        d.index = index
+        self._items.append(d)
+        self._event.set()
+        rec = self._records[d.request_id]
+        n = len(d.token_ids)
+        if n:
+            if rec.first_token is None:
+                rec.first_token = d.time
+            elif rec.last_token is not None:
+                gap = (d.time - rec.last_token) / n
+                rec.itl.extend([gap] * n)
+            rec.last_token = d.time
+        rec.num_output_tokens = d.num_output_tokens
+        if d.finished:
+            self._unfinished.discard(d.request_id)
+            rec.num_prompt_tokens = d.num_prompt_tokens
+            rec.num_cached_tokens = d.num_cached_tokens
+            rec.finished = d.time
+            rec.finish_reason = d.finish_reason
+            m = d.metrics
+            if m is not None:
+                rec.queue_time = m.queue_time
+                rec.engine_ttft = m.ttft
+                rec.engine_e2e = m.e2e
+            if not self._unfinished:
+                self._accepted.set()
+            return rec
+        return None
+
+    def _fail(self, err: BaseException) -> None:
+        if self._error is None:
+            self._error = err
+        self._unfinished.clear()
+        self._accepted.set()
+        self._event.set()
+
+    # -- consumer side --------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished and not self._items
+
+    async def accepted(self) -> int:
+        """Wait until the engine has validated and queued the request; returns the prompt's token count.
+        Raises the engine's typed error (e.g. PromptTooLongError) if it refused it."""
+        await self._accepted.wait()
+        if self.num_prompt_tokens is None and self._error is not None:
+            raise self._error
+        return self.num_prompt_tokens or 0
+
+    async def next_batch(self) -> list[Delta]:
+        """Every delta received so far (at least one); [] once all samples have finished. Raises
+        EngineDeadError if the engine dies, or the engine's error if it refused the request."""
+        while not self._items:
+            if self._error is not None:
+                raise self._error
+            if not self._unfinished:
+                return []
+            self._event.clear()
+            await self._event.wait()
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Delta]:
+        while batch := await self.next_batch():
+            for d in batch:
+                yield d
+
+    def abort(self) -> None:
+        """Stop the request's unfinished samples; the engine frees their KV blocks."""
+        if self._unfinished and self._error is None:
+            self.aborted = True
+            ids = list(self._unfinished)
+            self._unfinished.clear()
+            self.client._forget(self)
+            self.client._abort_nowait(ids)
+        self._event.set()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.abort()
+
+
+class EngineClient:
+    def __init__(self) -> None:  # use `await EngineClient.start(...)`
+        self.info: ModelInfo | None = None
+        self.config: EngineConfig | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._proc: subprocess.Popen | None = None
+        self._ctx: zmq.Context | None = None
+        self._in: zmq.Socket | None = None  # plain socket: sends never wait
+        self._out: zmq.asyncio.Socket | None = None
+        self._ipc_dir: str | None = None
+        self._enc = ipc.encoder()
+        self._dec = ipc.client_decoder()
+        self._streams: dict[str, tuple[RequestStream, int]] = {}  # child id -> (stream, index)
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._dead: EngineDeadError | None = None
+        self._closing = False
+        self._closed = False
+        self._fatal: ipc.ErrorInfo | None = None
+        self._exited: asyncio.Future | None = None
+        self._reader: asyncio.Task | None = None
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
+        self._threads: list[threading.Thread] = []
+        self._listeners: list[Callable[[RequestRecord], None]] = []
+        self._recent: collections.deque[RequestRecord] = collections.deque(maxlen=512)
+        self._token_bytes: list[bytes] | None = None
+
+    # ------------------------------------------------------------------------------------------------
+    # start
+
+    @classmethod
+    async def start(cls, config: EngineConfig | None = None, *, core_factory: str | None = None,
+                    on_progress: Callable[[str, str], None] | None = None, log_level: int | None = None,
+                    startup_timeout: float | None = None) -> EngineClient:
+        """Start the engine process and wait until its model is loaded. A load failure raises its typed
+        error (ModelNotFoundError, CheckpointError, ...); a process that dies while loading raises
+        EngineDeadError with the end of its error output. ``core_factory`` ("module:callable", taking the
+        EngineConfig) replaces EngineCore, for tests."""
+        self = cls()
+        self.config = config or EngineConfig()
+        self.loop = asyncio.get_running_loop()
+        try:
+            await self._spawn(core_factory, log_level)
+            await asyncio.wait_for(self._wait_ready(on_progress), startup_timeout)
+        except BaseException:
+            await self._cleanup(kill=True)
+            raise
+        self._reader = self.loop.create_task(self._read_loop(), name="engine-client-reader")
+        return self
+
+    async def _spawn(self, core_factory: str | None, log_level: int | None) -> None:
+        self._ctx = zmq.Context(1)
+        actx = zmq.asyncio.Context(self._ctx)  # shadows the same context
+        self._in = self._ctx.socket(zmq.PUSH)
+        self._in.setsockopt(zmq.LINGER, 0)
+        self._in.setsockopt(zmq.SNDHWM, 0)
+        self._out = actx.socket(zmq.PULL)
+        self._out.setsockopt(zmq.LINGER, 0)
+        self._out.setsockopt(zmq.RCVHWM, 0)
+        if zmq.has("ipc") and os.name == "posix":
+            self._ipc_dir = tempfile.mkdtemp(prefix="kestrel-")  # mode 0700: only this user can connect
+            in_addr = f"ipc://{self._ipc_dir}/in"
+            out_addr = f"ipc://{self._ipc_dir}/out"
+            self._in.bind(in_addr)
+            self._out.bind(out_addr)
+        else:
+            in_addr = f"tcp://127.0.0.1:{self._in.bind_to_random_port('tcp://127.0.0.1')}"
+            out_addr = f"tcp://127.0.0.1:{self._out.bind_to_random_port('tcp://127.0.0.1')}"
+        boot = {
+            "config": dataclasses.asdict(self.config),
+            "input": in_addr,
+            "output": out_addr,
+            "ipc_dir": self._ipc_dir,
+            "core_factory": core_factory,
+            "log_level": log_level if log_level is not None else logging.getLogger().getEffectiveLevel(),
+        }
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([root, *sys.path[1:], env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.engine_process", json.dumps(boot)],
+            stdin=subprocess.PIPE, stdout=None, stderr=subprocess.PIPE, env=env, close_fds=True)
+        self._exited = self.loop.create_future()
+        for target, name in ((self._watch_process, "engine-watch"), (self._relay_stderr, "engine-stderr")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        _live_clients.add(self)
+
+    def _watch_process(self) -> None:
+        """Block until the engine process exits, then tell the loop (at once: no polling)."""
+        proc, loop = self._proc, self.loop
+        code = proc.wait()
+        try:
+            loop.call_soon_threadsafe(self._on_exit, code)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    def _relay_stderr(self) -> None:
+        """Copy the engine's stderr to ours, keeping its last lines for error messages."""
+        stream = self._proc.stderr
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            self._stderr_tail.append(line.rstrip("\n"))
+            try:
+                sys.stderr.write(line)
+            except Exception:  # our stderr is closed (e.g. a GUI without a console)
+                pass
+        stream.close()
+
+    async def _wait_ready(self, on_progress) -> None:
+        while True:
+            recv = asyncio.ensure_future(self._out.recv(copy=False))
+            done, _ = await asyncio.wait({recv, self._exited}, return_when=asyncio.FIRST_COMPLETED)
+            if recv not in done:
+                recv.cancel()
+                await asyncio.sleep(0.2)  # let the stderr relay catch the last lines
+                tail = "\n".join(list(self._stderr_tail)[-12:])
+                raise EngineDeadError(
+                    f"The engine process exited while loading the model ({describe_exit(self._exited.result())})."
+                    + (f"\n{tail}" if tail else ""))
+            msg = self._dec.decode(recv.result().buffer)
+            if isinstance(msg, ipc.Progress):
+                if on_progress is not None:
+                    on_progress(msg.stage, msg.detail)
+            elif isinstance(msg, ipc.Ready):
+                self.info = msg.info
+                return
+            elif isinstance(msg, ipc.LoadFailed):
+                raise ipc.error_from_info(msg.error)
+
+    # ------------------------------------------------------------------------------------------------
+    # state
+
+    @property
+    def is_alive(self) -> bool:
+        return self._dead is None and not self._closing and self._proc is not None and self._proc.poll() is None
+
+    @property
+    def dead_reason(self) -> str | None:
+        return None if self._dead is None else str(self._dead)
+
+    @property
+    def engine_pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._closing:
+            raise EngineShuttingDownError("The engine is shutting down.")
+
+    async def health(self) -> None:
+        """Raises EngineDeadError (saying why) unless the engine process is running."""
+        self._check()
+        if self._proc.poll() is not None:  # exited, the watcher's news not yet handled
+            raise EngineDeadError(f"The engine process exited ({describe_exit(self._proc.returncode)}).")
+
+    # ------------------------------------------------------------------------------------------------
+    # requests
+
+    async def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
+                          messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
+                          request_id: str | None = None) -> RequestStream:
+        """Queue one request (n samples as params.n says) and return its stream. Give a prompt (text or
+        token ids), ``prompt_token_ids`` or chat ``messages``; tokenizing and the chat template happen in
+        the engine process."""
+        self._check()
+        params = params or SamplingParams()
+        if isinstance(prompt, (list, tuple)):
+            prompt_token_ids, prompt = list(prompt), None
+        if prompt is None and prompt_token_ids is None and messages is None:
+            raise InvalidRequestError("Give a prompt, prompt token ids or chat messages.", param="prompt")
+        rid = request_id or f"req-{next(_ids)}"
+        children = fan_out(params)
+        child_ids = [f"{rid}#{i}" if len(children) > 1 else rid for i in range(len(children))]
+        if any(c in self._streams for c in child_ids):
+            raise InvalidRequestError(f"A request with id {rid!r} is already running.", param="request_id")
+        msg = ipc.AddRequest(child_ids, children, prompt, prompt_token_ids, messages)
+        try:
+            data = self._enc.encode(msg)
+        except (UnicodeEncodeError, OverflowError, TypeError) as e:
+            raise InvalidRequestError(f"The request cannot be sent to the engine: {e}.") from None
+        stream = RequestStream(self, rid, child_ids, time.monotonic())
+        for i, cid in enumerate(child_ids):
+            self._streams[cid] = (stream, i)
+        try:
+            self._send_raw(data)
+        except BaseException:
+            self._forget(stream)
+            raise
+        return stream
+
+    async def generate(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
+                       messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
+                       request_id: str | None = None) -> AsyncIterator[Delta]:
+        """The request's deltas as they come (``d.index`` tells the sample). Leaving the loop early (break,
+        cancellation, an exception) aborts the request: at once inside ``contextlib.aclosing(...)``,
+        otherwise when asyncio finalizes the abandoned generator (the next loop iteration or so)."""
+        stream = await self.add_request(prompt, params, messages=messages, prompt_token_ids=prompt_token_ids,
+                                        request_id=request_id)
+        try:
+            while batch := await stream.next_batch():
+                for d in batch:
+                    yield d
+        finally:
+            stream.abort()
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request by the id given to (or returned by) add_request."""
+        for cid, (stream, _) in list(self._streams.items()):
+            if stream.request_id == request_id:
+                stream.abort()
+                return
+
+    def _forget(self, stream: RequestStream) -> None:
+        for cid in stream.child_ids:
+            entry = self._streams.get(cid)
+            if entry is not None and entry[0] is stream:
+                del self._streams[cid]
+
+    def _abort_nowait(self, child_ids: list[str]) -> None:
+        if self._dead is None and not self._closed and self._in is not None:
+            try:
+                self._send_raw(self._enc.encode(ipc.Abort(child_ids)))
+            except KestrelError:
+                pass
+
+    def _send_raw(self, data: bytes) -> None:
+        self._check()
+        try:
+            self._in.send(data, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:  # no peer: the engine is gone
+            raise EngineDeadError(f"The engine is not reachable ({e}).") from None
+
+    # ------------------------------------------------------------------------------------------------
+    # calls
+
+    async def _call(self, method: str, **args: Any) -> Any:
+        self._check()
+        call_id = next(self._call_ids)
+        fut = self.loop.create_future()
+        self._calls[call_id] = fut
+        try:
+            self._send_raw(self._enc.encode(ipc.Call(call_id, method, args)))
+        except (UnicodeEncodeError, OverflowError, TypeError) as e:
+            self._calls.pop(call_id, None)
+            raise InvalidRequestError(f"The request cannot be sent to the engine: {e}.") from None
+        except BaseException:
+            self._calls.pop(call_id, None)
+            raise
+        try:
+            return await fut
+        finally:
+            self._calls.pop(call_id, None)
+
+    async def stats(self, recent: int = 32) -> EngineStats:
+        """Running / waiting requests, KV-cache use, prefix-cache hits, token rates, recent steps."""
+        return ipc.msgspec.convert(await self._call("stats", recent=recent), EngineStats)
+
+    async def ping(self) -> float:
+        """Round trip to the engine loop (waits for the current step to finish); returns seconds."""
+        t0 = time.monotonic()
+        await self._call("ping")
+        return time.monotonic() - t0
+
+    async def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+                       add_special_tokens: bool = True, add_generation_prompt: bool = True) -> list[int]:
+        return await self._call("tokenize", prompt=prompt, messages=messages, add_special_tokens=add_special_tokens,
+                                add_generation_prompt=add_generation_prompt)
+
+    async def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return await self._call("detokenize", token_ids=list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    async def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return await self._call("apply_chat_template", messages=messages,
+                                add_generation_prompt=add_generation_prompt)
+
+    async def token_bytes(self) -> list[bytes]:
+        """The UTF-8 bytes of every token id (fetched once, then cached)."""
+        if self._token_bytes is None:
+            self._token_bytes = await self._call("token_bytes")
+        return self._token_bytes
+
+    async def reset_prefix_cache(self) -> None:
+        await self._call("reset_prefix_cache")
+
+    # ------------------------------------------------------------------------------------------------
+    # metrics hooks
+
+    def add_listener(self, fn: Callable[[RequestRecord], None]) -> None:
+        """Call ``fn(record)`` (on the loop) for every sequence that finishes normally."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[RequestRecord], None]) -> None:
+        self._listeners.remove(fn)
+
+    def recent_requests(self) -> list[RequestRecord]:
+        return list(self._recent)
+
+    # ------------------------------------------------------------------------------------------------
+    # the reader
+
+    async def _read_loop(self) -> None:
+        sock = self._out
+        dec = self._dec
+        try:
+            while True:
+                frame = await sock.recv(copy=False)
+                self._dispatch(dec.decode(frame.buffer))
+        except asyncio.CancelledError:
+            raise
+        except zmq.ZMQError:
+            if not self._closing:
+                self._mark_dead(EngineDeadError("The connection to the engine process broke."))
+        except Exception as e:
+            log.exception("engine client reader failed")
+            self._mark_dead(EngineDeadError(f"The engine client failed ({type(e).__name__}: {e})."))
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, ipc.StepOutput):
+            streams = self._streams
+            for cid, n_prompt in msg.accepted:
+                entry = streams.get(cid)
+                if entry is not None:
+                    entry[0]._on_accepted(n_prompt)
+            for cid, info in msg.errors:
+                entry = streams.pop(cid, None)
+                if entry is not None:
+                    entry[0]._fail(ipc.error_from_info(info))
+            t = msg.time
+            for d in msg.deltas:
+                entry = streams.get(d.request_id)
+                if entry is None:
+                    continue  # aborted here already
+                d.time = t
+                rec = entry[0]._push(d, entry[1])
+                if d.finished:
+                    del streams[d.request_id]
+                    if rec is not None and d.finish_reason != "abort":
+                        self._recent.append(rec)
+                        for fn in self._listeners:
+                            try:
+                                fn(rec)
+                            except Exception:
+                                log.exception("request listener failed")
+        elif isinstance(msg, ipc.Reply):
+            fut = self._calls.pop(msg.call_id, None)
+            if fut is not None and not fut.done():
+                if msg.error is not None:
+                    fut.set_exception(ipc.error_from_info(msg.error))
+                else:
+                    fut.set_result(msg.result)
+        elif isinstance(msg, ipc.Fatal):
+            self._fatal = msg.error
+
+    def _on_exit(self, code: int) -> None:
+        if self._exited is not None and not self._exited.done():
+            self._exited.set_result(code)
+        if self._closing or self._dead is not None:
+            return
+        reason = f"The engine process exited unexpectedly ({describe_exit(code)})"
+        if self._fatal is not None:
+            reason += f": {self._fatal.type}: {self._fatal.message}"
+        else:
+            tail = [ln for ln in self._stderr_tail if ln.strip()]
+            if tail:
+                reason += f"; its last output: {tail[-1]}"
+        self._mark_dead(EngineDeadError(reason + ". Reload the model to continue."))
+
+    def _mark_dead(self, err: EngineDeadError) -> None:
+        if self._dead is None:
+            self._dead = err
+            log.error("%s", err)
+        self._fail_all(err)
+
+    def _fail_all(self, err: BaseException) -> None:
+        streams = {id(s): s for s, _ in self._streams.values()}
+        self._streams.clear()
+        for s in streams.values():
+            s._fail(err)
+        calls = list(self._calls.values())
+        self._calls.clear()
+        for fut in calls:
+            if not fut.done():
+                fut.set_exception(err)
+
+    # ------------------------------------------------------------------------------------------------
+    # shutdown
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine (pending requests fail with EngineShuttingDownError) and release everything:
+        the process, its sockets and their directory. Safe to call twice and after a crash."""
+        if self._closed:
+            return
+        self._closing = True
+        self._fail_all(EngineShuttingDownError("The engine is shutting down."))
+        proc = self._proc
+        if proc is not None and proc.poll() is None and self._dead is None:
+            try:
+                self._in.send(self._enc.encode(ipc.Shutdown()), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            try:
+                await asyncio.wait_for(asyncio.shield(self._exited), timeout)
+            except asyncio.TimeoutError:
+                log.warning("the engine did not stop within %.0f s; terminating it", timeout)
+        await self._cleanup(kill=True)
+
+    async def _cleanup(self, kill: bool) -> None:
+        self._closing = True
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None and kill:
+                proc.terminate()
+                for _ in range(50):
+                    if proc.poll() is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                if proc.poll() is None:
+                    proc.kill()
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+            while proc.poll() is None:
+                await asyncio.sleep(0.02)
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):
+                pass
+        for t in self._threads:
+            t.join(timeout=2)
+        self._close_sync()
+
+    def _close_sync(self) -> None:
+        """Release sockets and files; kill the process if it still runs (atexit path)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closing = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc is not None and proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        for sock in (self._in, self._out):
+            if sock is not None:
+                sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        if self._ipc_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        _live_clients.discard(self)
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.shutdown()
+
+
+_live_clients: weakref.WeakSet[EngineClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_engines_at_exit() -> None:
+    for client in list(_live_clients):
+        try:
+            client._close_sync()
+        except Exception:  # at exit, nothing more to do
+            pass

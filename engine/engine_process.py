@@ -1,0 +1,340 @@
+"""The engine process: builds the EngineCore and serves it over the engine.ipc protocol.
+
+Started by engine.client.EngineClient as ``python -m engine.engine_process BOOTSTRAP_JSON`` (a fresh
+interpreter, so torch's state is clean; unlike multiprocessing's spawn this starts no resource-tracker
+process that would outlive a shutdown and does not re-run the parent's __main__).
+
+The loop: drain every waiting message (add / abort / call / shutdown), run one ``core.step()`` while there is
+work, and push that step's deltas to the client as one message. It blocks on the socket only when idle and
+never sleeps while there is work. Its standard input is a pipe from the client: when it reaches end of file
+(the client process died, however it died) the engine exits at once. SIGINT is ignored: Ctrl-C in a terminal
+reaches the whole process group, and the client decides when the engine stops.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+
+import zmq
+
+from engine import ipc
+from engine.errors import InvalidRequestError, KestrelError
+
+log = logging.getLogger("engine.engine_process")
+
+DEFAULT_CORE_FACTORY = "engine.core.core:EngineCore"
+RATE_WINDOW_S = 10.0
+
+
+_core = None  # the running core, for the parent-death path
+
+
+def _watch_parent(ipc_dir: str | None) -> None:
+    """Exit the process when the client's end of our stdin closes (the client died, however it died)."""
+    try:
+        fd = sys.stdin.fileno()
+        while os.read(fd, 65536):  # raw reads: no buffered-reader lock to trip interpreter shutdown
+            pass
+    except Exception:  # any failure to read means the parent is gone
+        log.debug("stdin watch ended", exc_info=True)
+    if ipc_dir:
+        import shutil
+
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+    core = _core
+    if core is not None and hasattr(core, "shutdown"):  # tensor-parallel workers: best effort, bounded
+        t = threading.Thread(target=core.shutdown, daemon=True)
+        t.start()
+        t.join(3)
+    os._exit(3)
+
+
+def _shutdown_core(core) -> None:
+    if hasattr(core, "shutdown"):
+        try:
+            core.shutdown()
+        except Exception:
+            log.exception("engine core shutdown failed")
+
+
+def _factory(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def model_info(core, load_time: float) -> ipc.ModelInfo:
+    ckpt = getattr(core, "checkpoint", None)
+    mc = getattr(core, "model_config", None)
+    tok = getattr(core, "tokenizer", None)
+    runner = getattr(core, "runner", None)
+    path = getattr(ckpt, "path", None)
+    name = getattr(ckpt, "name", None) or (path.name if path is not None else "model")
+    cfg = core.config
+    return ipc.ModelInfo(
+        name=str(name),
+        path=str(path or ""),
+        architecture=getattr(mc, "architecture", "") or "",
+        format=getattr(ckpt, "format", "") or "",
+        quantization=getattr(ckpt, "quantization", None),
+        max_model_len=int(core.max_model_len),
+        dtype=str(getattr(runner, "dtype", "")).removeprefix("torch."),
+        device=str(getattr(runner, "device", "")),
+        vocab_size=int(getattr(mc, "vocab_size", 0) or (len(tok) if tok is not None else 0)),
+        num_kv_blocks=int(core.blocks.num_blocks),
+        block_size=int(core.blocks.block_size),
+        has_chat_template=bool(getattr(tok, "chat_template", None)),
+        generation_config=dict(getattr(ckpt, "generation_config", None) or {}),
+        bos_token_id=getattr(tok, "bos_token_id", None),
+        eos_token_ids=sorted(int(i) for i in getattr(core, "eos_token_ids", ()) or ()),
+        tensor_parallel_size=int(getattr(cfg, "tensor_parallel_size", 1) or 1),
+        engine_pid=os.getpid(),
+        load_time=load_time,
+    )
+
+
+def token_bytes(tokenizer) -> list[bytes]:
+    """The UTF-8 bytes each token id stands for (OpenAI's logprobs ``bytes``), for byte-level BPE
+    (GPT-2 / Llama 3 / Qwen / SmolLM), SentencePiece byte fallback (<0xNN>, '▁') and anything else
+    through decode()."""
+    from engine.tokenizer import _bytes_to_unicode
+
+    inverse = {c: b for b, c in _bytes_to_unicode().items()}
+    vocab_size = len(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(vocab_size)))
+    special = getattr(tokenizer, "all_special_ids", frozenset())
+    byte_level = sum(1 for p in pieces if p and ("Ġ" in p or "Ċ" in p)) > 10
+    out: list[bytes] = []
+    for i, piece in enumerate(pieces):
+        if piece is None:
+            out.append(b"")
+        elif i in special:
+            out.append(piece.encode("utf-8"))
+        elif byte_level and all(c in inverse for c in piece):
+            out.append(bytes(inverse[c] for c in piece))
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            out.append(bytes([int(piece[3:5], 16)]))
+        elif "▁" in piece:
+            out.append(piece.replace("▁", " ").encode("utf-8"))
+        else:
+            out.append(tokenizer.decode([i], skip_special_tokens=False).encode("utf-8"))
+    return out
+
+
+class EngineServer:
+    """The loop around one core. ``core`` is an EngineCore or anything with its interface."""
+
+    def __init__(self, core, pull: zmq.Socket, push: zmq.Socket):
+        self.core = core
+        self.pull = pull
+        self.push = push
+        self.enc = ipc.encoder()
+        self.dec = ipc.engine_decoder()
+        self.poller = zmq.Poller()
+        self.poller.register(pull, zmq.POLLIN)
+        self.running = True
+        self._rates: deque[tuple[float, int, int]] = deque()
+        self._token_bytes: list[bytes] | None = None
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        core = self.core
+        while self.running:
+            busy = core.has_unfinished()
+            if not busy:
+                self.poller.poll()  # idle: block until a message comes
+            deltas: list = []
+            accepted: list = []
+            errors: list = []
+            self._drain(deltas, accepted, errors)
+            if not self.running:
+                break
+            if core.has_unfinished():
+                deltas.extend(core.step())
+                self._sample_rates()
+            if deltas or accepted or errors:
+                self.push.send(self.enc.encode(ipc.StepOutput(time.monotonic(), deltas, accepted, errors)),
+                               copy=False)
+
+    def _drain(self, deltas: list, accepted: list, errors: list) -> None:
+        while True:
+            try:
+                frame = self.pull.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            msg = self.dec.decode(frame.buffer)
+            if isinstance(msg, ipc.AddRequest):
+                self._add(msg, accepted, errors)
+            elif isinstance(msg, ipc.Abort):
+                deltas.extend(self.core.abort(msg.request_ids))
+            elif isinstance(msg, ipc.Call):
+                self._call(msg)
+            elif isinstance(msg, ipc.Shutdown):
+                self.running = False
+                return
+
+    def _add(self, msg: ipc.AddRequest, accepted: list, errors: list) -> None:
+        core = self.core
+        added: list[str] = []
+        try:
+            ids = msg.prompt_token_ids
+            if ids is None:
+                ids = core.tokenize_prompt(msg.prompt, msg.messages)
+            for cid, params in zip(msg.child_ids, msg.params):
+                core.add_request(cid, msg.prompt, params, prompt_token_ids=ids)
+                added.append(cid)
+        except Exception as e:
+            if added:
+                core.abort(added)
+            err = e if isinstance(e, KestrelError) else _as_request_error(e)
+            info = ipc.error_to_info(err)
+            errors.extend((cid, info) for cid in msg.child_ids)
+            return
+        accepted.extend((cid, len(ids)) for cid in msg.child_ids)
+
+    # -- calls ------------------------------------------------------------------------------
+    def _call(self, msg: ipc.Call) -> None:
+        try:
+            fn = getattr(self, "call_" + msg.method, None)
+            if fn is None:
+                raise KestrelError(f"The engine has no call {msg.method!r}.")
+            reply = ipc.Reply(msg.call_id, fn(**msg.args))
+        except Exception as e:
+            err = e if isinstance(e, KestrelError) else _as_request_error(e)
+            reply = ipc.Reply(msg.call_id, None, ipc.error_to_info(err))
+        self.push.send(self.enc.encode(reply), copy=False)
+
+    def call_ping(self) -> str:
+        return "pong"
+
+    def call_stats(self, recent: int = 32) -> dict:
+        """The core's EngineStats (every field, tensor-parallel traffic included) plus prefix-cache counts,
+        token rates and the time; the client reads it as ipc.EngineStats."""
+        s = self.core.stats(recent)
+        blocks = self.core.blocks
+        p_rate, g_rate = self._current_rates()
+        out = dict(vars(s))
+        out.update(prefix_cache_queries=int(getattr(blocks, "prefix_queries", 0)),
+                   prefix_cache_hits=int(getattr(blocks, "prefix_hits", 0)),
+                   prompt_tokens_per_s=p_rate, generation_tokens_per_s=g_rate, time=time.monotonic())
+        return out
+
+    def call_tokenize(self, prompt=None, messages=None, add_special_tokens: bool = True,
+                      add_generation_prompt: bool = True) -> list[int]:
+        tok = self.core.tokenizer
+        if messages is not None:
+            return list(tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                tokenize=True))
+        if not isinstance(prompt, str):
+            raise InvalidRequestError("Give 'prompt' (a string) or 'messages'.", param="prompt")
+        return tok.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def call_detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        vocab = len(self.core.tokenizer)
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"Token id {bad} is out of the vocabulary (0..{vocab - 1}).", param="tokens")
+        return self.core.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def call_apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        return self.core.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                       tokenize=False)
+
+    def call_token_bytes(self) -> list[bytes]:
+        if self._token_bytes is None:
+            self._token_bytes = token_bytes(self.core.tokenizer)
+        return self._token_bytes
+
+    def call_reset_prefix_cache(self) -> bool:
+        self.core.blocks.reset_prefix_cache()
+        return True
+
+    # -- throughput over the last seconds ------------------------------------------------------
+    def _sample_rates(self) -> None:
+        now = time.monotonic()
+        r = self._rates
+        r.append((now, self.core.prompt_tokens_total, self.core.generation_tokens_total))
+        while len(r) > 2 and r[1][0] < now - RATE_WINDOW_S:
+            r.popleft()
+
+    def _current_rates(self) -> tuple[float, float]:
+        r = self._rates
+        if len(r) < 2:
+            return 0.0, 0.0
+        now = time.monotonic()
+        t0, p0, g0 = r[0]
+        _, p1, g1 = r[-1]
+        span = max(now - t0, 1e-3)
+        return (p1 - p0) / span, (g1 - g0) / span
+
+
+def _as_request_error(e: Exception) -> KestrelError:
+    """A non-Kestrel exception while taking a request: bad input the checks missed is the client's fault
+    (400), anything else is ours (500)."""
+    if isinstance(e, (ValueError, TypeError, KeyError, IndexError, UnicodeError, OverflowError)):
+        return InvalidRequestError(f"Invalid request ({type(e).__name__}: {e}).")
+    err = KestrelError(f"Internal engine error ({type(e).__name__}: {e}).")
+    return err
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    boot = json.loads(argv[0])
+    logging.basicConfig(level=boot.get("log_level", logging.WARNING),
+                        format="%(levelname)s %(name)s [engine]: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(boot.get("ipc_dir"),), name="parent-watch", daemon=True).start()
+
+    ctx = zmq.Context(1)
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.connect(boot["input"])
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 2000)
+    push.setsockopt(zmq.SNDHWM, 0)
+    push.connect(boot["output"])
+    enc = ipc.encoder()
+    try:
+        push.send(enc.encode(ipc.Progress("loading", str(boot["config"].get("model") or "default model"))))
+        from engine.config import EngineConfig
+
+        config = EngineConfig(**boot["config"])
+        t0 = time.monotonic()
+        core = _factory(boot.get("core_factory") or DEFAULT_CORE_FACTORY)(config)
+        info = model_info(core, time.monotonic() - t0)
+    except BaseException as e:
+        log.debug("load failed", exc_info=True)
+        push.send(enc.encode(ipc.LoadFailed(ipc.error_to_info(e, with_traceback=not isinstance(e, KestrelError)))))
+        push.close()
+        ctx.term()
+        return 1
+    global _core
+    _core = core
+    push.send(enc.encode(ipc.Ready(info)))
+    server = EngineServer(core, pull, push)
+    code = 0
+    try:
+        server.run()
+    except BaseException as e:  # tell the client why before dying
+        log.exception("engine loop failed")
+        try:
+            push.send(enc.encode(ipc.Fatal(ipc.error_to_info(e, with_traceback=True))))
+        except Exception:
+            log.debug("could not report the failure", exc_info=True)
+        code = 1
+    _shutdown_core(core)
+    pull.close()
+    push.close()
+    ctx.term()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The wire between EngineClient and the engine process: message types and their msgpack encoding.
+
+Transport: two ZeroMQ PUSH/PULL pipes (client -> engine: requests; engine -> client: outputs and replies)
+over a Unix-domain socket in a private temporary directory (TCP on 127.0.0.1 where there are none).
+Why ZeroMQ + msgspec rather than multiprocessing pipes + pickle:
+- zmq frames messages, queues them in its own I/O thread (the engine never blocks on a slow client and a
+  send costs microseconds), integrates with asyncio (zmq.asyncio) and with a plain poller in the engine
+  loop, and will carry the same protocol to worker processes or another host later;
+- msgspec encodes dataclasses and Structs to msgpack several times faster than pickle and decodes into
+  typed Structs with validation; unlike pickle it never runs code named by the peer.
+No shared memory is used, so nothing outlives the processes but the socket files, which the client
+removes with their directory.
+
+Every message is one msgpack frame holding a tagged Struct (``array_like`` for compactness). One engine
+step's outputs for all requests travel as one ``StepOutput``.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import msgspec
+
+from engine.sampling_params import SamplingParams
+
+# ------------------------------------------------------------------------------------------------
+# outputs as the client sees them (field names follow engine.outputs / engine.layers.sampler so the
+# engine can send its dataclasses as they are)
+
+
+class TokenLogprob(msgspec.Struct):
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []  # (token id, logprob), best first
+
+
+class RequestMetrics(msgspec.Struct):
+    """Engine-side timings of one finished request (seconds; time.monotonic clock of the host)."""
+
+    arrival_time: float = 0.0
+    queue_time: float | None = None  # arrival in the engine -> first scheduled
+    ttft: float | None = None  # arrival in the engine -> first token
+    e2e: float | None = None  # arrival in the engine -> finished
+    decode_time: float | None = None  # first token -> last token
+    num_preemptions: int = 0
+
+
+class Delta(msgspec.Struct):
+    """What one sequence gained in one engine step (engine.outputs.RequestDelta on the wire), plus
+    ``index`` (which of the request's n samples) and ``time`` (the engine's clock at the end of the step
+    that produced it: per-token timestamps for TTFT / inter-token latency plots)."""
+
+    request_id: str = ""
+    token_ids: list[int] = []
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    metrics: RequestMetrics | None = None
+    index: int = 0
+    time: float = 0.0
+
+
+class StepStats(msgspec.Struct):
+    time: float
+    duration: float
+    num_running: int
+    num_waiting: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    kv_usage: float
+
+
+class CommStepStats(msgspec.Struct):
+    time: float
+    calls: int
+    link_bytes: int
+    payload_bytes: int
+    seconds: float
+
+
+class EngineStats(msgspec.Struct):
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0  # share of KV blocks in use, 0..1
+    num_kv_blocks: int = 0
+    num_free_blocks: int = 0
+    prefix_cache_hit_rate: float = 0.0  # over all lookups so far, by tokens
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, tokens found
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    prompt_tokens_per_s: float = 0.0  # over the last few seconds
+    generation_tokens_per_s: float = 0.0
+    num_preemptions: int = 0
+    recent_steps: list[StepStats] = []
+    time: float = 0.0  # engine clock when taken
+    # tensor parallelism (engine.core.core.EngineStats; TP size 1: zeros)
+    tp_size: int = 1
+    comm_strategy: str | None = None
+    comm_calls_total: int = 0
+    comm_bytes_total: int = 0  # bytes over the interconnect since start
+    comm_payload_bytes_total: int = 0
+    comm_time_total: float = 0.0
+    comm_by_strategy: dict[str, Any] = {}
+    comm_table: list[Any] | None = None
+    recent_comm_steps: list[CommStepStats] = []
+
+
+class ModelInfo(msgspec.Struct):
+    name: str
+    path: str
+    architecture: str = ""
+    format: str = ""
+    quantization: str | None = None
+    max_model_len: int = 0
+    dtype: str = ""
+    device: str = ""
+    vocab_size: int = 0
+    num_kv_blocks: int = 0
+    block_size: int = 0
+    has_chat_template: bool = False
+    generation_config: dict[str, Any] = {}
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = []
+    tensor_parallel_size: int = 1
+    engine_pid: int = 0
+    load_time: float = 0.0
+
+
+class ErrorInfo(msgspec.Struct):
+    """An exception on the wire: rebuilt on the other side as the same engine.errors class."""
+
+    type: str
+    message: str
+    attrs: dict[str, Any] = {}
+    traceback: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# client -> engine
+
+
+class AddRequest(msgspec.Struct, tag="add", array_like=True):
+    """One request with n samples: child i runs as ``child_ids[i]`` with ``params[i]``. The prompt is
+    tokenized (or the chat template applied) once, in the engine process, where the tokenizer lives."""
+
+    child_ids: list[str]
+    params: list[SamplingParams]
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+
+
+class Abort(msgspec.Struct, tag="abort", array_like=True):
+    request_ids: list[str]
+
+
+class Call(msgspec.Struct, tag="call", array_like=True):
+    """A request/reply call: stats, tokenize, detokenize, apply_chat_template, token_bytes, ping."""
+
+    call_id: int
+    method: str
+    args: dict[str, Any] = {}
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+ClientMessage = AddRequest | Abort | Call | Shutdown
+
+# ------------------------------------------------------------------------------------------------
+# engine -> client
+
+
+class Progress(msgspec.Struct, tag="progress", array_like=True):
+    stage: str  # "loading" | "building" | ...
+    detail: str = ""
+
+
+class Ready(msgspec.Struct, tag="ready", array_like=True):
+    info: ModelInfo
+
+
+class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):
+    error: ErrorInfo
+
+
+class StepOutput(msgspec.Struct, tag="step", array_like=True):
+    time: float
+    deltas: list[Delta] = []
+    accepted: list[tuple[str, int]] = []  # (child id, number of prompt tokens) of requests just admitted
+    errors: list[tuple[str, ErrorInfo]] = []  # (child id, why it was refused)
+
+
+class Reply(msgspec.Struct, tag="reply", array_like=True):
+    call_id: int
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+class Fatal(msgspec.Struct, tag="fatal", array_like=True):
+    """The engine loop failed and the process is about to exit."""
+
+    error: ErrorInfo
+
+
+EngineMessage = Progress | Ready | LoadFailed | StepOutput | Reply | Fatal
+
+
+def _enc_hook(obj: Any) -> Any:
+    # numpy / torch scalars sneaking into outputs
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def encoder() -> msgspec.msgpack.Encoder:
+    return msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+
+
+def client_decoder() -> msgspec.msgpack.Decoder:
+    """Decodes what the engine sends."""
+    return msgspec.msgpack.Decoder(EngineMessage)
+
+
+def engine_decoder() -> msgspec.msgpack.Decoder:
+    """Decodes what the client sends."""
+    return msgspec.msgpack.Decoder(ClientMessage)
+
+
+# ------------------------------------------------------------------------------------------------
+# exceptions across the process boundary
+
+_PRIMITIVE = (str, int, float, bool, type(None))
+
+
+def error_to_info(err: BaseException, with_traceback: bool = False) -> ErrorInfo:
+    attrs = {k: v for k, v in vars(err).items() if isinstance(v, _PRIMITIVE) and not k.startswith("_")}
+    tb = "".join(traceback.format_exception(err)) if with_traceback else None
+    return ErrorInfo(type(err).__name__, str(err), attrs, tb)
+
+
+def error_from_info(info: ErrorInfo) -> Exception:
+    """The engine.errors class named in ``info`` (its message and attributes restored); anything else
+    becomes a KestrelError (status 500) that names the original type."""
+    from engine import errors
+
+    cls = getattr(errors, info.type, None)
+    if isinstance(cls, type) and issubclass(cls, errors.KestrelError):
+        err = cls.__new__(cls)
+        Exception.__init__(err, info.message)
+        err.__dict__.update(info.attrs)
+        if isinstance(err, errors.InvalidRequestError) and not hasattr(err, "param"):
+            err.param = None
+        return err
+    err = errors.KestrelError(f"{info.type}: {info.message}" if info.message else info.type)
+    err.original_type = info.type
+    if info.traceback:
+        err.remote_traceback = info.traceback
+    return err

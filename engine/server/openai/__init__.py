@@ -1,0 +1,1 @@
+"""OpenAI-compatible API: app (FastAPI factory), protocol (models), serving_chat / serving_completions."""

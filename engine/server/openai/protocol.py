@@ -1,0 +1,283 @@
+"""Request and response models of the OpenAI-compatible API (pydantic; they also make /openapi.json).
+
+Requests accept unknown fields at the parsing stage (``extra="allow"``) so that the server, not pydantic,
+answers them: a field the engine cannot honour gets a 400 that names it (``unsupported_fields``), while
+harmless OpenAI fields (``user``, ``stream_options``, ``store: false``, ``metadata``, ``service_tier``,
+``parallel_tool_calls`` without tools, ...) are accepted. Type errors are 422; values out of range are 400 (engine.sampling_params names them). Non-finite floats
+(NaN, Infinity) are refused by the models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.errors import InvalidRequestError
+
+
+class _Request(BaseModel):
+    # unknown fields are parsed, then refused (400) or accepted by check_fields; the schema documents none
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, json_schema_extra={"additionalProperties": False})
+
+
+def _f(default: Any = None, description: str | None = None, **schema: Any) -> Any:
+    """A field whose bounds are documented in the schema but checked by the server (400 naming the field,
+    not pydantic's 422)."""
+    return Field(default, description=description, json_schema_extra=schema or None)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ------------------------------------------------------------------------------------------------
+# requests
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = False
+
+
+class ContentPart(_Request):
+    type: str = _f("text", "Only text parts", enum=["text"])
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: str = _f(..., "'developer' reads as 'system'", enum=["system", "user", "assistant", "developer"])
+    content: str | list[ContentPart | str] | None = _f(None, "Text, or a list of text parts (joined by newlines)")
+    name: str | None = None
+
+
+class _SamplingFields(_Request):
+    model: str | None = Field(None, description="The served model name (see GET /v1/models); optional")
+    temperature: float | None = _f(None, "0 for greedy; default: the model's or 1.0", minimum=0)
+    top_p: float | None = _f(None, "Nucleus sampling mass", exclusiveMinimum=0, maximum=1)
+    top_k: int | None = _f(None, "Keep the k most likely tokens; -1 or 0 disables", minimum=-1)
+    min_p: float | None = _f(None, "Drop tokens below min_p times the top probability", minimum=0, maximum=1)
+    presence_penalty: float | None = _f(None, None, minimum=-2, maximum=2)
+    frequency_penalty: float | None = _f(None, None, minimum=-2, maximum=2)
+    repetition_penalty: float | None = _f(None, "1 disables", exclusiveMinimum=0)
+    seed: int | None = _f(None, "Sample i of n uses seed + i", minimum=-(2**63), maximum=2**63 - 129)
+    stop: str | list[str] | None = _f(None, "Stop strings (not in the output)", minLength=1)
+    stop_token_ids: list[int] | None = None
+    n: int | None = _f(1, "Samples per prompt", minimum=1, maximum=128)
+    logit_bias: dict[str, float] | None = _f(None, "Token id (as a string) -> bias in [-100, 100]")
+    ignore_eos: bool | None = False
+    min_tokens: int | None = _f(0, "Generate at least this many tokens before a stop", minimum=0)
+    include_stop_str_in_output: bool | None = False
+    skip_special_tokens: bool | None = True
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = _f(..., "system / user / assistant messages", minItems=1)
+    max_tokens: int | None = _f(None, "Deprecated in OpenAI's API: max_completion_tokens", minimum=1)
+    max_completion_tokens: int | None = _f(None, "Default: up to the context length", minimum=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = _f(None, "With logprobs: true", minimum=0, maximum=20)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="A string, a list of strings, token ids, or a list of token-id lists")
+    max_tokens: int | None = _f(16, None, minimum=1)
+    logprobs: int | None = _f(None, "Top logprobs per token", minimum=0, maximum=20)
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TokenizeRequest(_Request):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = True
+    add_generation_prompt: bool | None = True
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]
+
+
+# ------------------------------------------------------------------------------------------------
+# what the engine cannot honour
+
+# field -> (value(s) that are harmless, why anything else is refused)
+_HARMLESS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((None, []), "tool calling is not supported"),
+    "tool_choice": ((None, "none", "auto"), "tool calling is not supported"),
+    "parallel_tool_calls": ((None, True, False), ""),
+    "functions": ((None, []), "function calling is not supported"),
+    "function_call": ((None, "none", "auto"), "function calling is not supported"),
+    "response_format": ((None, {"type": "text"}), "structured output (response_format) is not supported"),
+    "store": ((None, False), "stored completions are not supported"),
+    "metadata": ((), ""),  # only meaningful with store
+    "service_tier": ((None, "auto", "default"), "service tiers are not supported"),
+    "modalities": ((None, ["text"]), "only text output is supported"),
+    "audio": ((None,), "audio output is not supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "reasoning_effort": ((None,), "reasoning effort is not supported"),
+    "web_search_options": ((None,), "web search is not supported"),
+    "verbosity": ((None,), "verbosity is not supported"),
+    "prompt_cache_key": ((), ""),  # a routing hint: harmless
+    "safety_identifier": ((), ""),  # like `user`
+}
+
+
+def _unsupported(name: str, value: Any) -> str | None:
+    if name not in _HARMLESS:
+        return f"Unknown parameter: '{name}'."
+    allowed, why = _HARMLESS[name]
+    if not allowed or value in allowed:
+        return None
+    return f"Unsupported value for '{name}': {why}."
+
+
+def check_fields(req: BaseModel, where: str = "") -> None:
+    """400 naming the first field (at any depth of the request) the engine cannot honour."""
+    for name, value in (req.model_extra or {}).items():
+        msg = _unsupported(name, value)
+        if msg is not None:
+            raise InvalidRequestError(msg, param=where + name)
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise InvalidRequestError("Unsupported value for 'echo': echoing the prompt is not supported.",
+                                      param="echo")
+        if req.suffix:
+            raise InvalidRequestError("Unsupported value for 'suffix': insertion (suffix) is not supported.",
+                                      param="suffix")
+        if req.best_of is not None and req.best_of != (req.n or 1):
+            raise InvalidRequestError("Unsupported value for 'best_of': only best_of == n is supported.",
+                                      param="best_of")
+    if getattr(req, "stream_options", None) is not None:
+        for name in req.stream_options.model_extra or {}:
+            if name != "continuous_usage_stats" or req.stream_options.model_extra[name]:
+                raise InvalidRequestError(f"Unknown parameter: 'stream_options.{name}'.",
+                                          param=f"stream_options.{name}")
+        if not req.stream:
+            raise InvalidRequestError("'stream_options' is only allowed when 'stream' is true.",
+                                      param="stream_options")
+
+
+# ------------------------------------------------------------------------------------------------
+# responses (documentation: the handlers build the JSON directly, for speed)
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(_Response):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
+class PromptTokensDetails(_Response):
+    cached_tokens: int = 0
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class AssistantMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "kestrel"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(_Response):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(_Response):
+    prompt: str
+
+
+class ErrorDetail(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorDetail
+
+
+class HealthResponse(_Response):
+    status: str
+    reason: str | None = None
+
+
+class VersionResponse(_Response):
+    version: str

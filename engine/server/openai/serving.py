@@ -1,0 +1,321 @@
+"""What the chat and completions handlers share: the served-model context, request -> SamplingParams,
+streams of several prompts merged, logprobs in OpenAI's shapes, SSE with client-disconnect detection."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.errors import InvalidRequestError, KestrelError
+from engine.sampling_params import SamplingParams
+from engine.server.openai.errors import ModelNotServedError, kestrel_error_parts
+
+if TYPE_CHECKING:
+    from engine.client import Delta, EngineClient, RequestStream
+    from engine.metrics import PrometheusMetrics
+
+MAX_N = 128  # samples per prompt
+MAX_CHOICES = 256  # prompts x n per HTTP request
+_INT64 = (-(2**63), 2**63 - 1)
+
+_json = msgspec.json.Encoder()
+
+
+@dataclass
+class ServerContext:
+    client: EngineClient
+    served_model_names: list[str]
+    metrics: PrometheusMetrics | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    _token_strs: list[str] | None = None
+    _token_bytes: list[bytes] | None = None
+
+    @property
+    def info(self):
+        return self.client.info
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.served_model_names:
+            raise ModelNotServedError(model, self.served_model_names)
+
+    def response_model(self, model: str | None) -> str:
+        return model or self.served_model_names[0]
+
+    async def token_tables(self) -> tuple[list[str], list[bytes]]:
+        if self._token_strs is None:
+            tb = await self.client.token_bytes()
+            self._token_bytes = tb
+            self._token_strs = [b.decode("utf-8", "replace") for b in tb]
+        return self._token_strs, self._token_bytes
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def encode_json(obj: Any) -> bytes:
+    return _json.encode(obj)
+
+
+# ------------------------------------------------------------------------------------------------
+# request -> SamplingParams
+
+
+def _check_int(name: str, value: int | None, lo: int = _INT64[0], hi: int = _INT64[1]) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise InvalidRequestError(f"Invalid value for '{name}': must be in [{lo}, {hi}].", param=name)
+
+
+def sampling_params(ctx: ServerContext, req, *, max_tokens: int | None, max_tokens_name: str,
+                    logprobs: int | None) -> SamplingParams:
+    gen = ctx.info.generation_config or {}
+    vocab = ctx.info.vocab_size
+
+    def pick(value, key: str, default):
+        if value is not None:
+            return value
+        v = gen.get(key)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+    n = 1 if req.n is None else req.n
+    _check_int("n", n, 1, MAX_N)
+    _check_int(max_tokens_name, max_tokens, 1, _INT64[1])
+    if max_tokens is not None and max_tokens > ctx.info.max_model_len:
+        raise InvalidRequestError(
+            f"Invalid value for '{max_tokens_name}': {max_tokens} is more than the model's context length "
+            f"({ctx.info.max_model_len} tokens).", param=max_tokens_name)
+    min_tokens = req.min_tokens or 0
+    _check_int("min_tokens", min_tokens, 0, ctx.info.max_model_len)
+    _check_int("seed", req.seed, _INT64[0], _INT64[1] - n)
+    top_k = pick(req.top_k, "top_k", 0)
+    _check_int("top_k", top_k, -1, _INT64[1])
+    if top_k >= vocab > 0:
+        top_k = 0  # keeps every token: the same as no top-k
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stop_ids = list(req.stop_token_ids or [])
+    for t in stop_ids:
+        _check_int("stop_token_ids", t)
+    bias = None
+    if req.logit_bias:
+        bias = {}
+        for k, v in req.logit_bias.items():
+            try:
+                tid = int(k)
+            except ValueError:
+                raise InvalidRequestError(f"Invalid key in 'logit_bias': {k!r} is not a token id.",
+                                          param="logit_bias") from None
+            if not 0 <= tid < vocab:
+                raise InvalidRequestError(f"Invalid key in 'logit_bias': token id {tid} is out of the "
+                                          f"vocabulary (0..{vocab - 1}).", param="logit_bias")
+            bias[tid] = v
+    return SamplingParams(
+        n=n, max_tokens=max_tokens, min_tokens=min_tokens,
+        temperature=float(pick(req.temperature, "temperature", 1.0)),
+        top_p=float(pick(req.top_p, "top_p", 1.0)), top_k=int(top_k),
+        min_p=float(pick(req.min_p, "min_p", 0.0)),
+        repetition_penalty=float(pick(req.repetition_penalty, "repetition_penalty", 1.0)),
+        presence_penalty=float(req.presence_penalty or 0.0), frequency_penalty=float(req.frequency_penalty or 0.0),
+        seed=req.seed, stop=stop, stop_token_ids=stop_ids, ignore_eos=bool(req.ignore_eos), logprobs=logprobs,
+        logit_bias=bias, include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        skip_special_tokens=req.skip_special_tokens is not False)
+
+
+def check_text(value: str, param: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError(f"'{param}' is not valid Unicode text (it holds a lone surrogate).",
+                                  param=param) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# streams
+
+
+async def start_streams(client: EngineClient, prompts: list[dict], params: SamplingParams
+                        ) -> list[RequestStream]:
+    """One engine request per prompt (keyword arguments of add_request); waits until the engine has
+    accepted them all, so a refusal (prompt too long, ...) becomes an error response, not a broken stream."""
+    streams: list[RequestStream] = []
+    try:
+        for p in prompts:
+            streams.append(await client.add_request(params=params, **p))
+        for s in streams:
+            await s.accepted()
+    except BaseException:
+        for s in streams:
+            s.abort()
+        raise
+    return streams
+
+
+async def batches(streams: list[RequestStream], n: int) -> AsyncIterator[list[Delta]]:
+    """Deltas of all streams as they come, in batches; ``d.index`` becomes the choice index
+    (prompt number x n + sample)."""
+    if len(streams) == 1:
+        s = streams[0]
+        while batch := await s.next_batch():
+            yield batch
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s: RequestStream) -> None:
+        try:
+            while batch := await s.next_batch():
+                if i:
+                    for d in batch:
+                        d.index += i * n
+                queue.put_nowait(batch)
+        except BaseException as e:
+            queue.put_nowait(e)
+            return
+        queue.put_nowait(None)
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            out: list = []
+            while True:
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    out.extend(item)
+                if queue.empty():
+                    break
+                item = queue.get_nowait()
+            if out:
+                yield out
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def abort_all(streams: list[RequestStream]) -> None:
+    for s in streams:
+        s.abort()
+
+
+# ------------------------------------------------------------------------------------------------
+# logprobs
+
+
+def chat_logprobs(ctx: ServerContext, lps, top_n: int) -> list[dict]:
+    strs, bts = ctx._token_strs, ctx._token_bytes
+    out = []
+    for lp in lps:
+        tops = [{"token": strs[t], "logprob": v, "bytes": list(bts[t])} for t, v in lp.top[:top_n]]
+        out.append({"token": strs[lp.token_id], "logprob": lp.logprob, "bytes": list(bts[lp.token_id]),
+                    "top_logprobs": tops})
+    return out
+
+
+def completion_logprobs(ctx: ServerContext, lps, top_n: int, offset: int) -> tuple[dict, int]:
+    strs = ctx._token_strs
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        s = strs[lp.token_id]
+        tokens.append(s)
+        values.append(lp.logprob)
+        top = {strs[t]: v for t, v in lp.top[:top_n]}
+        top.setdefault(s, lp.logprob)
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}, offset
+
+
+# ------------------------------------------------------------------------------------------------
+# responses
+
+
+def usage(streams: list[RequestStream], completion_tokens: int, cached: int) -> dict:
+    prompt = sum(s.num_prompt_tokens or 0 for s in streams)
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def sse_error(err: BaseException) -> bytes:
+    if isinstance(err, KestrelError):
+        _, body = kestrel_error_parts(err)
+    else:
+        body = {"error": {"message": f"Internal server error ({type(err).__name__}).", "type": "internal_error",
+                          "param": None, "code": None}}
+    return b"data: " + encode_json(body) + b"\n\ndata: [DONE]\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events that stop (and so abort the engine request, through the body iterator's
+    cleanup) as soon as the client disconnects, whatever the ASGI server's spec version: uvicorn's h11
+    protocol drops writes to a closed connection silently, so waiting for a failed write is not enough."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content, on_close=None, **kw):
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(content, headers=headers, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    finally:
+                        tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            if self.on_close is not None:
+                self.on_close()
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def until_disconnect(request: Request, work: Awaitable[Response]) -> Response:
+    """Run ``work``; if the client disconnects first, cancel it (its cleanup aborts the engine requests)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
+    return Response(status_code=499)

@@ -1,0 +1,143 @@
+"""POST /v1/completions: a prompt as a string, a list of strings, token ids or a list of token-id lists;
+choice index = prompt number x n + sample, as OpenAI numbers them."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from engine.errors import InvalidRequestError
+from engine.server.openai import serving as S
+from engine.server.openai.protocol import CompletionRequest, check_fields
+
+
+def prompts_of(req: CompletionRequest, vocab: int) -> list[dict]:
+    """add_request keyword arguments, one per prompt."""
+    p = req.prompt
+    if isinstance(p, str):
+        items: list = [p]
+    elif not p:
+        raise InvalidRequestError("The prompt is empty.", param="prompt")
+    elif isinstance(p[0], int):
+        items = [p]
+    else:
+        items = list(p)
+    out = []
+    for i, item in enumerate(items):
+        where = "prompt" if len(items) == 1 else f"prompt[{i}]"
+        if isinstance(item, str):
+            if not item:
+                raise InvalidRequestError(f"'{where}' is empty.", param="prompt")
+            S.check_text(item, where)
+            out.append({"prompt": item})
+        else:
+            if not item:
+                raise InvalidRequestError(f"'{where}' is empty.", param="prompt")
+            bad = next((t for t in item if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequestError(f"Token id {bad} in '{where}' is out of the vocabulary (0..{vocab - 1}).",
+                                          param="prompt")
+            out.append({"prompt_token_ids": list(item)})
+    return out
+
+
+async def create_completion(ctx: S.ServerContext, req: CompletionRequest, raw: Request) -> Response:
+    ctx.check_model(req.model)
+    check_fields(req)
+    prompts = prompts_of(req, ctx.info.vocab_size)
+    top_n = req.logprobs
+    if top_n is not None and not 0 <= top_n <= 20:
+        raise InvalidRequestError("Invalid value for 'logprobs': must be in [0, 20].", param="logprobs")
+    params = S.sampling_params(ctx, req, max_tokens=req.max_tokens, max_tokens_name="max_tokens", logprobs=top_n)
+    if len(prompts) * params.n > S.MAX_CHOICES:
+        raise InvalidRequestError(f"Too many choices: {len(prompts)} prompts x n={params.n} is more than "
+                                  f"{S.MAX_CHOICES}.", param="n")
+    if top_n is not None:
+        await ctx.token_tables()
+    streams = await S.start_streams(ctx.client, prompts, params)
+    rid = S.new_id("cmpl")
+    model = ctx.response_model(req.model)
+    n_choices = len(prompts) * params.n
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return S.SSEResponse(_stream(ctx, streams, params.n, n_choices, rid, model, top_n, include_usage),
+                             on_close=lambda: S.abort_all(streams))
+    return await S.until_disconnect(raw, _full(ctx, streams, params.n, n_choices, rid, model, top_n))
+
+
+async def _full(ctx, streams, n, n_choices, rid, model, top_n: int | None) -> Response:
+    texts: list[list[str]] = [[] for _ in range(n_choices)]
+    lps: list[list] = [[] for _ in range(n_choices)]
+    finish: list[tuple] = [(None, None, 0)] * n_choices
+    cached = 0
+    try:
+        async for batch in S.batches(streams, n):
+            for d in batch:
+                i = d.index
+                if d.text:
+                    texts[i].append(d.text)
+                if d.logprobs:
+                    lps[i].extend(d.logprobs)
+                if d.finished:
+                    finish[i] = (d.finish_reason, d.stop_reason, d.num_output_tokens)
+                    cached = max(cached, d.num_cached_tokens)
+    finally:
+        S.abort_all(streams)
+    choices = []
+    for i in range(n_choices):
+        reason, stop, _ = finish[i]
+        logprobs = S.completion_logprobs(ctx, lps[i], top_n, 0)[0] if top_n is not None else None
+        choices.append({"index": i, "text": "".join(texts[i]), "logprobs": logprobs, "finish_reason": reason,
+                        "stop_reason": stop})
+    body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": S.usage(streams, sum(f[2] for f in finish), cached)}
+    return Response(S.encode_json(body), media_type="application/json")
+
+
+async def _stream(ctx, streams, n, n_choices, rid, model, top_n: int | None, include_usage: bool):
+    created = int(time.time())
+    enc = S.encode_json
+    head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+    if include_usage:
+        head["usage"] = None
+    offsets = [0] * n_choices
+    completion_tokens = 0
+    cached = 0
+    try:
+        async for batch in S.batches(streams, n):
+            out = []
+            merged: dict[int, list] = {}
+            for d in batch:
+                m = merged.get(d.index)
+                if m is None:
+                    merged[d.index] = [d.text, list(d.logprobs) if d.logprobs else None, d]
+                else:
+                    m[0] += d.text
+                    if d.logprobs:
+                        m[1] = (m[1] or []) + d.logprobs
+                    m[2] = d
+            for i, (text, lps, last) in merged.items():
+                if not last.finished and not text and not (top_n is not None and lps):
+                    continue
+                logprobs = None
+                if top_n is not None:
+                    logprobs, offsets[i] = S.completion_logprobs(ctx, lps or [], top_n, offsets[i])
+                choice = {"index": i, "text": text, "logprobs": logprobs,
+                          "finish_reason": last.finish_reason if last.finished else None}
+                if last.finished:
+                    choice["stop_reason"] = last.stop_reason
+                    completion_tokens += last.num_output_tokens
+                    cached = max(cached, last.num_cached_tokens)
+                out.append(b"data: " + enc({**head, "choices": [choice]}) + b"\n\n")
+            if out:
+                yield b"".join(out)
+        if include_usage:
+            yield b"data: " + enc({**head, "choices": [], "usage": S.usage(streams, completion_tokens, cached)}) \
+                + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    except Exception as e:
+        yield S.sse_error(e)
+    finally:
+        S.abort_all(streams)
