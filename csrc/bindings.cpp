@@ -14,6 +14,12 @@
 
 namespace py = pybind11;
 
+#ifdef KESTREL_WITH_COMM
+namespace kestrel::comm {
+void bind(py::module_& m);  // csrc/comm/bind_comm.cpp: host all-reduce, int8 kernels (tensor parallelism)
+}
+#endif
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Kestrel native kernels (CPU: AVX-512 / AVX2 / scalar dispatch with OpenMP; CUDA when built with it)";
   using release = py::call_guard<py::gil_scoped_release>;
@@ -29,9 +35,15 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("cpu_isa", &kestrel::cpu::isa_name, "ISA level the CPU dispatcher uses now: scalar, avx2 or avx512");
   m.def("force_isa", &kestrel::cpu::force_isa, py::arg("name"),
-        "Force the CPU ISA level ('scalar', 'avx2', 'avx512') or go back to the best one ('auto'). "
+        "Force the CPU ISA level ('scalar', 'avx2', 'avx512'; 'avx512bf16': avx512 with the bf16 dot product in "
+        "the linear kernels) or go back to the best one ('auto'). "
         "Raises ValueError for a level this build or CPU lacks. KESTREL_CPU_ISA sets the level at import.");
   m.def("available_isas", &kestrel::cpu::available_isas, "ISA levels usable on this CPU with this build");
+  m.def("linear_isa", &kestrel::cpu::linear_isa,
+        "ISA level the CPU linear kernels use now: scalar, avx2, avx512 or avx512bf16 (AVX-512 with vdpbf16ps "
+        "for bfloat16). force_isa('avx512bf16') selects it (other kernels then run at 'avx512'); "
+        "force_isa('avx512') turns the bf16 dot product off");
+  m.def("linear_isas", &kestrel::cpu::linear_isas, "Levels the linear kernels can be forced to here");
   m.def("set_num_threads", &kestrel::cpu::set_num_threads, py::arg("n"), "Threads the CPU kernels may use");
   m.def("get_num_threads", &kestrel::cpu::get_num_threads);
 
@@ -50,12 +62,22 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key_s0"), py::arg("key_s1"), py::arg("value"), py::arg("value_s0"), py::arg("value_s1"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("slot_mapping"), py::arg("T"), py::arg("num_kv_heads"),
         py::arg("head_size"), py::arg("num_slots"));
+  m.def("linear", &kestrel::cpu::linear, release(), py::arg("dtype"), py::arg("out"), py::arg("out_stride"),
+        py::arg("x"), py::arg("x_stride"), py::arg("weight"), py::arg("bias"), py::arg("M"), py::arg("N"),
+        py::arg("K"));
   m.def("paged_decode_attention", &kestrel::cpu::paged_decode_attention, release(), py::arg("dtype"),
         py::arg("out"), py::arg("out_s0"), py::arg("out_s1"), py::arg("q"), py::arg("q_s0"), py::arg("q_s1"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("bt_stride"),
         py::arg("max_blocks_per_seq"), py::arg("context_lens"), py::arg("B"), py::arg("num_heads"),
         py::arg("num_kv_heads"), py::arg("head_size"), py::arg("block_size"), py::arg("num_blocks"),
         py::arg("scale"));
+
+#ifdef KESTREL_WITH_COMM
+  m.attr("has_comm") = true;
+  kestrel::comm::bind(m);
+#else
+  m.attr("has_comm") = false;
+#endif
 
 #ifdef KESTREL_WITH_CUDA
   m.def("cuda_runtime_info", &kestrel::cuda::runtime_info);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,6 +18,8 @@
 #include <omp.h>
 #endif
 
+#include "gemm.h"
+#include "gemm_pool.h"
 #include "kernels.h"
 #include "types.h"
 
@@ -45,6 +48,42 @@ bool cpu_has_avx512() {
 #endif
 }
 
+bool cpu_has_avx512bf16() {
+#if defined(KESTREL_X86_VARIANTS) && defined(KESTREL_HAVE_AVX512BF16)
+  __builtin_cpu_init();
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+// "avx512bf16" is the "avx512" level plus the AVX512_BF16 extension, which only the linear kernels use
+// (vdpbf16ps); every other kernel runs its "avx512" version there.
+std::string base_level(const std::string& name) { return name == "avx512bf16" ? "avx512" : name; }
+
+const LinearTable* linear_for(const std::string& name) {
+#if defined(KESTREL_X86_VARIANTS)
+#if defined(KESTREL_HAVE_AVX512BF16)
+  if (name == "avx512bf16") return cpu_has_avx512bf16() ? linear_table_avx512bf16() : nullptr;
+#endif
+  if (name == "avx512") return cpu_has_avx512() ? linear_table_avx512() : nullptr;
+  if (name == "avx2") return cpu_has_avx2() ? linear_table_avx2() : nullptr;
+#endif
+  if (name == "scalar") return linear_table_scalar();
+  return nullptr;
+}
+
+const LinearTable* best_linear() {
+#if defined(KESTREL_X86_VARIANTS)
+#if defined(KESTREL_HAVE_AVX512BF16)
+  if (cpu_has_avx512bf16()) return linear_table_avx512bf16();
+#endif
+  if (cpu_has_avx512()) return linear_table_avx512();
+  if (cpu_has_avx2()) return linear_table_avx2();
+#endif
+  return linear_table_scalar();
+}
+
 const KernelTable* table_for(const std::string& name) {
 #if defined(KESTREL_X86_VARIANTS)
   if (name == "avx512") return cpu_has_avx512() ? table_avx512() : nullptr;
@@ -65,21 +104,42 @@ const KernelTable* best_table() {
 const KernelTable* initial_table() {
   const char* env = std::getenv("KESTREL_CPU_ISA");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return best_table();
-  if (const KernelTable* t = table_for(env)) return t;
+  if (const KernelTable* t = table_for(base_level(env))) {
+    if (linear_for(env) != nullptr) return t;
+  }
   std::fprintf(stderr,
                "kestrel: KESTREL_CPU_ISA=%s is not a level this build and CPU support "
-               "(scalar, avx2, avx512); using the best available one\n",
+               "(scalar, avx2, avx512, avx512bf16); using the best available one\n",
                env);
   return best_table();
 }
 
+const LinearTable* initial_linear() {
+  const char* env = std::getenv("KESTREL_CPU_ISA");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return best_linear();
+  if (table_for(base_level(env)) != nullptr) {
+    if (const LinearTable* l = linear_for(env)) return l;
+  }
+  return best_linear();  // initial_table() reports it
+}
+
 std::atomic<const KernelTable*> g_table{nullptr};
+std::atomic<const LinearTable*> g_linear{nullptr};
 
 const KernelTable& K() {
   const KernelTable* t = g_table.load(std::memory_order_acquire);
   if (t == nullptr) {
     t = initial_table();
     g_table.store(t, std::memory_order_release);
+  }
+  return *t;
+}
+
+const LinearTable& KL() {
+  const LinearTable* t = g_linear.load(std::memory_order_acquire);
+  if (t == nullptr) {
+    t = initial_linear();
+    g_linear.store(t, std::memory_order_release);
   }
   return *t;
 }
@@ -165,18 +225,29 @@ std::string isa_name() { return K().name; }
 void force_isa(const std::string& name) {
   if (name == "auto" || name.empty()) {
     g_table.store(best_table(), std::memory_order_release);
+    g_linear.store(best_linear(), std::memory_order_release);
     return;
   }
-  const KernelTable* t = table_for(name);
-  if (t == nullptr) {
+  const KernelTable* t = table_for(base_level(name));
+  const LinearTable* l = linear_for(name);
+  if (t == nullptr || l == nullptr) {
     throw std::invalid_argument("CPU ISA level '" + name +
                                 "' is not available here (this build and CPU support: " + [] {
                                   std::string s;
-                                  for (auto& n : available_isas()) s += (s.empty() ? "" : ", ") + n;
+                                  for (auto& n : linear_isas()) s += (s.empty() ? "" : ", ") + n;
                                   return s;
                                 }() + ")");
   }
   g_table.store(t, std::memory_order_release);
+  g_linear.store(l, std::memory_order_release);
+}
+
+std::string linear_isa() { return KL().name; }
+
+std::vector<std::string> linear_isas() {
+  std::vector<std::string> v = available_isas();
+  if (cpu_has_avx512bf16()) v.push_back("avx512bf16");
+  return v;
 }
 
 std::vector<std::string> available_isas() {
@@ -277,6 +348,114 @@ void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_
       }
     }
   });
+}
+
+// y = x @ W^T + b. The per-ISA kernels (gemm_*.cpp) do all M rows for a range of output columns; this
+// splits N across threads in chunks aligned to the kernel's block / panel width:
+//  - GEMV regime (decode): chunks taken one at a time by the threads of the linear pool (gemm_pool.h:
+//    the caller never waits for a worker that has not started, so a busy machine costs at most the
+//    second core's help, not a time slice per call: measured 3.5 MB GEMV 0.2 ms -> 8 ms and a decode
+//    step 4x slower with an OpenMP region on the loaded 2-core dev machine).
+//  - GEMM regime (prefill): an OpenMP region, one contiguous range per thread. Prefill interleaves the
+//    linears with OpenMP regions of torch (attention) and of the kernels above, whose idle workers
+//    spin for a while after each region; a separate pool's worker then finds its core taken and the
+//    linears ran at ~1.3 cores (prefill linears 421-469 ms against 291 ms with OMP_WAIT_POLICY=passive
+//    and 296 ms for torch's own GEMM, measured side by side on the quiet dev machine). Sharing libgomp's
+//    team avoids that.
+//
+// Threads: a linear is memory-bound at decode sizes (the weights are streamed once: ~20 GB/s from one
+// core of the dev machine, ~30 with two) and compute-bound for prefill. Use more than one when a single
+// thread would need more than kLinearMinUs by a rough estimate of both; smaller calls (a 0.6 MB decode
+// projection: ~30 us) stay on the calling thread.
+constexpr double kLinearBytesPerUs = 20e3;   // one core streaming weights from DRAM
+constexpr double kLinearFlopsPerUs = 100e3;  // one core, fp32-accumulated FMAs, well blocked
+constexpr double kLinearMinUs = 25.0;
+// Chunks: ~8 per thread (balance, and a preempted worker holds up the caller for one chunk at most),
+// between 64 KB and 1 MB of weights each (claims are atomics on a shared line; each chunk restarts a
+// weight stream).
+constexpr int64_t kLinearChunksPerThread = 8;
+constexpr double kLinearChunkMinBytes = 64 * 1024, kLinearChunkMaxBytes = 1024 * 1024;
+
+struct LinearJob {
+  const LinearTable* table;
+  const LinearParams* p;
+  int64_t cols;  // per chunk
+  std::atomic<bool> failed{false};
+};
+
+void linear_chunk(void* ctx, int64_t c) {
+  auto* job = static_cast<LinearJob*>(ctx);
+  const int64_t n0 = c * job->cols, n1 = std::min(job->p->N, n0 + job->cols);
+  try {
+    job->table->linear(*job->p, n0, n1);
+  } catch (...) {  // scratch allocation: reported by the caller once every chunk has finished
+    job->failed.store(true, std::memory_order_relaxed);
+  }
+}
+
+void linear(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_t w, uintptr_t bias, int64_t M,
+            int64_t N, int64_t K) {
+  check_dtype(dt);
+  check(M >= 0 && N >= 0 && K >= 0, "linear: sizes must be >= 0");
+  check(M <= 1 || os >= N, "linear: out's row stride must be >= N (rows must not overlap)");
+  (void)xs;  // x's rows may overlap (e.g. a broadcast x): they are only read
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: out = bias (or 0)
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t o = size_t(m * os + n);
+        switch (dt) {
+          case kFloat32: ptr<float>(out)[o] = bias ? ptr<const float>(bias)[n] : 0.f; break;
+          case kBFloat16: ptr<bf16_t>(out)[o] = bias ? ptr<const bf16_t>(bias)[n] : bf16_t{0}; break;
+          default: ptr<f16_t>(out)[o] = bias ? ptr<const f16_t>(bias)[n] : f16_t{0}; break;
+        }
+      }
+    }
+    return;
+  }
+  LinearParams p{dt, ptr<const void>(x), xs, ptr<const void>(w), ptr<const void>(bias), ptr<void>(out), os, M, N, K};
+  const LinearTable& L = KL();
+  const int64_t align = std::max<int64_t>(1, L.n_align(p));
+  const double row_bytes = double(K) * (dt == kFloat32 ? 4 : 2);
+  const double bytes = double(N) * row_bytes;
+  const double flops = 2.0 * double(M) * double(N) * double(K);
+  const double est_us = std::max(bytes / kLinearBytesPerUs, flops / kLinearFlopsPerUs);
+  int64_t nt = std::min<int64_t>(threads(), (N + align - 1) / align);
+  nt = std::min<int64_t>(nt, int64_t(est_us / kLinearMinUs));
+#ifdef _OPENMP
+  if (omp_in_parallel()) nt = 1;
+#endif
+  if (nt <= 1) {
+    L.linear(p, 0, N);
+    return;
+  }
+#ifdef _OPENMP
+  if (M > L.gemv_max_m) {
+    const int64_t chunks = (N + align - 1) / align;
+    bool failed = false;
+#pragma omp parallel num_threads(int(nt)) reduction(|| : failed)
+    {
+      const int64_t tid = omp_get_thread_num(), cnt = omp_get_num_threads();
+      const int64_t b = std::min(N, chunks * tid / cnt * align), e = std::min(N, chunks * (tid + 1) / cnt * align);
+      try {
+        if (b < e) L.linear(p, b, e);
+      } catch (...) {  // scratch allocation; exceptions must not leave the region
+        failed = true;
+      }
+    }
+    if (failed) throw std::bad_alloc();
+    return;
+  }
+#endif
+  const double chunk_bytes =
+      std::min(kLinearChunkMaxBytes, std::max(kLinearChunkMinBytes, bytes / double(kLinearChunksPerThread * nt)));
+  const int64_t blocks = std::max<int64_t>(1, int64_t(chunk_bytes / (row_bytes * double(align))));
+  LinearJob job;
+  job.table = &L;
+  job.p = &p;
+  job.cols = blocks * align;
+  pool_run(int(nt), (N + job.cols - 1) / job.cols, linear_chunk, &job);
+  if (job.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
 void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uintptr_t q, int64_t qs0, int64_t qs1,

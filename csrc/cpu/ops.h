@@ -11,8 +11,10 @@
 namespace kestrel::cpu {
 
 std::string isa_name();
-void force_isa(const std::string& name);  // "auto", "scalar", "avx2" or "avx512"
+void force_isa(const std::string& name);  // "auto", "scalar", "avx2", "avx512" or "avx512bf16"
 std::vector<std::string> available_isas();
+std::string linear_isa();                // level of the linear kernels: the above, or "avx512bf16"
+std::vector<std::string> linear_isas();  // available_isas() plus "avx512bf16" where the CPU has it
 void set_num_threads(int n);
 int get_num_threads();
 bool has_openmp();
@@ -28,6 +30,8 @@ void silu_and_mul(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int
 void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uintptr_t value, int64_t v_s0,
                        int64_t v_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T,
                        int64_t num_kv_heads, int64_t head_size, int64_t num_slots);
+void linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t weight,
+            uintptr_t bias, int64_t M, int64_t N, int64_t K);
 void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t out_s1, uintptr_t q, int64_t q_s0,
                             int64_t q_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables,
                             int64_t bt_stride, int64_t max_blocks_per_seq, uintptr_t context_lens, int64_t B,

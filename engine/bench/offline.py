@@ -59,14 +59,19 @@ def run_llamacpp(model_path: str, prompt: list[int], gen_len: int, threads: int,
     if llm is None:
         llm = Llama(model_path=model_path, n_ctx=len(prompt) + gen_len + 8, n_batch=512, n_threads=threads,
                     n_threads_batch=threads, verbose=False)
+    vocab = llm.n_vocab()
+
+    def last_logits():  # llama.cpp keeps the last position's logits after a decode
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
+
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(prompt)
     t1 = time.perf_counter()
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    for _ in range(gen_len - 1):
+    tok = int(np.argmax(last_logits()))
+    for _ in range(gen_len - 1):  # greedy, as the engine runs
         llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(last_logits()))
     t2 = time.perf_counter()
     return {"prefill_s": t1 - t0, "prefill_tok_s": len(prompt) / (t1 - t0), "decode_s": t2 - t1,
             "decode_tok_s": (gen_len - 1) / (t2 - t1)}, llm

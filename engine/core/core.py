@@ -35,6 +35,17 @@ class StepStats:
 
 
 @dataclass
+class CommStepStats:
+    """Tensor-parallel traffic of one step on rank 0 (recent_comm_steps parallels recent_steps)."""
+
+    time: float
+    calls: int  # all-reduces / all-gathers
+    link_bytes: int  # bytes moved over the interconnect by rank 0 (the strategy's algorithm)
+    payload_bytes: int  # size of the reduced tensors
+    seconds: float  # time in communication
+
+
+@dataclass
 class _Tracked:
     request: Request
     detok: object
@@ -55,6 +66,16 @@ class EngineStats:
     generation_tokens_total: int
     num_preemptions: int
     recent_steps: list[StepStats] = field(default_factory=list)
+    # tensor parallelism (tp_size 1: all zero / None)
+    tp_size: int = 1
+    comm_strategy: str | None = None  # as requested (auto, nccl, int8, host, overlap)
+    comm_calls_total: int = 0
+    comm_bytes_total: int = 0  # bytes over the interconnect (link bytes) since start: the GUI plots its rate
+    comm_payload_bytes_total: int = 0
+    comm_time_total: float = 0.0
+    comm_by_strategy: dict = field(default_factory=dict)  # name -> {calls, payload_bytes, link_bytes, seconds}
+    comm_table: list | None = None  # auto's start-up micro-benchmark (per size: latency by strategy, choice)
+    recent_comm_steps: list[CommStepStats] = field(default_factory=list)
 
 
 class EngineCore:
@@ -75,8 +96,22 @@ class EngineCore:
             # attention here is full; within the window that is exactly what the model computes
             log.warning("context length capped at the sliding window of %d tokens", mc.sliding_window)
             max_len = mc.sliding_window
-        self.runner = ModelRunner(config, mc, self.checkpoint.weights, max_len, self.checkpoint.config.torch_dtype,
-                                  tp or SINGLE)
+        self.executor = None  # tensor parallelism: rank 0 lives here, the workers in their processes
+        if tp is None and config.tensor_parallel_size > 1:
+            from engine.parallel.executor import TPExecutor
+
+            self.executor = TPExecutor(config, self.checkpoint, max_len)
+            tp = self.executor.tp
+        try:
+            self.runner = ModelRunner(config, mc, self.checkpoint.weights, max_len,
+                                      self.checkpoint.config.torch_dtype, tp or SINGLE,
+                                      defer_kv=self.executor is not None)
+            if self.executor is not None:
+                self.executor.attach(self.runner)
+        except BaseException:
+            if self.executor is not None:
+                self.executor.shutdown()
+            raise
         capacity = self.runner.num_blocks * config.block_size
         if capacity < max_len:
             log.warning("KV cache holds %d tokens: context length capped from %d", capacity, max_len)
@@ -90,6 +125,7 @@ class EngineCore:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.recent_steps: deque[StepStats] = deque(maxlen=256)
+        self.recent_comm_steps: deque[CommStepStats] = deque(maxlen=256)
 
     # -- requests -----------------------------------------------------------------------
     def tokenize_prompt(self, prompt=None, messages=None, add_special_tokens: bool = True) -> list[int]:
@@ -164,6 +200,9 @@ class EngineCore:
             deltas.append(self._append(self.requests[req.request_id], tok, lp, now))
         self.recent_steps.append(StepStats(now, now - t0, len(self.scheduler.running), len(self.scheduler.waiting),
                                            n_prefill, n_decode, self.blocks.usage))
+        if self.executor is not None:
+            d = self.executor.comm.stats.step_delta()
+            self.recent_comm_steps.append(CommStepStats(now, d.calls, d.link_bytes, d.payload_bytes, d.seconds))
         return [d for d in deltas if d is not None]
 
     def _append(self, tr: _Tracked, tok: int, lp, now: float) -> RequestDelta | None:
@@ -250,12 +289,25 @@ class EngineCore:
             self.blocks.free_request(req)
         return torch.cat(chunks)
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (no-op at TP=1). Also done at garbage collection and exit."""
+        if self.executor is not None:
+            self.executor.shutdown()
+
     # -- stats --------------------------------------------------------------------------
     def stats(self, recent: int = 32) -> EngineStats:
         b = self.blocks
-        return EngineStats(
+        st = EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             kv_usage=b.usage, num_kv_blocks=b.num_blocks, num_free_blocks=b.num_free_blocks,
             prefix_cache_hit_rate=(b.prefix_hits / b.prefix_queries) if b.prefix_queries else 0.0,
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
             num_preemptions=self.scheduler.num_preemptions, recent_steps=list(self.recent_steps)[-recent:])
+        if self.executor is not None:
+            c = self.executor.comm_stats()
+            st.tp_size, st.comm_strategy = c["tp_size"], c["comm_strategy"]
+            st.comm_calls_total, st.comm_bytes_total = c["calls"], c["link_bytes"]
+            st.comm_payload_bytes_total, st.comm_time_total = c["payload_bytes"], c["seconds"]
+            st.comm_by_strategy, st.comm_table = c["by_strategy"], c["table"]
+            st.recent_comm_steps = list(self.recent_comm_steps)[-recent:]
+        return st

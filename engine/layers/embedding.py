@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine import ops
 from engine.parallel.context import TPContext
 
 
@@ -36,8 +37,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Each rank computes logits for its vocab slice; they are gathered on every rank."""
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.weight)
+        local = ops.linear(hidden, self.weight)  # the largest GEMV of a decode step (vocab x hidden)
         if self.tp.size == 1:
             return local
-        full = self.tp.all_gather_last_dim(local)
+        # equal shards for the gather: pad to ceil(V / size) columns, trim below
+        full = self.tp.all_gather_last_dim(local, pad_to=-(-self.vocab_size // self.tp.size))
         return full[..., : self.vocab_size]

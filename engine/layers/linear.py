@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from engine import ops
 from engine.parallel.context import TPContext
 
 
@@ -19,7 +19,9 @@ class _Linear(torch.nn.Module):
         self.bias = _param((out_features,), dtype) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        # engine.ops.linear: native GEMV / GEMM on CPU (torch's F.linear is pathological there at decode
+        # sizes), F.linear on CUDA.
+        return ops.linear(x, self.weight, self.bias)
 
     def _copy_rows(self, parts: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> None:
         """Fill the weight (and bias) from row blocks stacked in order."""
@@ -97,4 +99,4 @@ class RowParallelLinear(_Linear):
         self.weight.data.copy_(w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(F.linear(x, self.weight))
+        return self.tp.all_reduce(ops.linear(x, self.weight))

@@ -8,11 +8,13 @@ dtypes: float32, bfloat16, float16; arithmetic is fp32 inside the kernels. The r
 of the pure-torch references in ``engine.ops.reference`` (which documents them).
 
 If engine._C cannot be imported (a source tree that was never built), the functions fall back to the
-references; that is logged as a warning and ``native_available()`` returns False. Set
+references (``linear`` to torch's F.linear, which has the same semantics and is much faster than the
+fp32 reference); that is logged as a warning and ``native_available()`` returns False. Set
 KESTREL_REQUIRE_NATIVE=1 to make a missing native module an ImportError instead.
 
 CPU: the dispatcher picks AVX-512, AVX2 or scalar kernels at import (``cpu_isa()``); KESTREL_CPU_ISA
-forces a level. CUDA tensors need a build with the CUDA toolkit (``engine._C.has_cuda``).
+forces a level ("avx512bf16": AVX-512 plus the bf16 dot product, used by ``linear``; ``linear_isa()``).
+CUDA tensors need a build with the CUDA toolkit (``engine._C.has_cuda``); ``linear`` hands them to torch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import warnings
 
 import torch
+import torch.nn.functional as F
 
 from engine.ops import reference
 
@@ -30,12 +33,14 @@ __all__ = [
     "fused_add_rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "linear",
     "reshape_and_cache",
     "paged_decode_attention",
     "native_available",
     "cuda_available",
     "cpu_isa",
     "available_isas",
+    "linear_isa",
     "set_num_threads",
     "reference",
 ]
@@ -77,6 +82,12 @@ def cpu_isa() -> str:
 
 def available_isas() -> list[str]:
     return list(_C.available_isas()) if _C is not None else []
+
+
+def linear_isa() -> str:
+    """The level the CPU linear kernels use: cpu_isa(), or 'avx512bf16' (AVX-512 with the bf16 dot product
+    vdpbf16ps) where the CPU has it; 'reference' without _C."""
+    return _C.linear_isa() if _C is not None else "reference"
 
 
 def set_num_threads(n: int) -> None:
@@ -328,6 +339,99 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
         if not (x.is_cpu and out.is_cpu):
             _not_cpu("silu_and_mul", x, out)
         _C.silu_and_mul(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], T, inter)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# linear (GEMM / GEMV)
+
+# Rows of x (M) from which a CPU call goes to torch's F.linear instead of the native kernel, per dtype
+# (None: never). Measured side by side on the 2-core EPYC dev machine (torch 2.13 with oneDNN / MKL;
+# SmolLM2 shapes K 576 / 1536, N 576 ... 49152; M 1 ... 512): per core (thread CPU time, so the shared
+# machine's load does not count) the native kernel was faster or on par at every M: decode GEMV
+# (M <= 16, weights from DRAM) 1.2-2.2x, bf16 prefill GEMM (M = 512) ~200 GFLOP/s against torch's
+# ~190-200 (~90% of this core's vdpbf16ps peak), fp32 ~105 against ~85-92 GFLOP/s, fp16 ~4-5x at
+# M >= 16 (torch has no fast fp16 path on this CPU).
+# With 2 threads torch's OpenMP regions are the fragile ones on a loaded machine (one descheduled
+# thread stalls the call for a time slice). So no M is routed to torch; re-measure on other CPUs
+# (python -m engine.ops.bench) before setting one.
+_LINEAR_TORCH_MIN_M = {torch.float32: None, torch.bfloat16: None, torch.float16: None}
+
+
+def _torch_linear(x, weight, bias, out):
+    if out is None:
+        return F.linear(x, weight, bias)
+    if x.dim() != 2:
+        return out.copy_(F.linear(x, weight, bias))
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
+
+
+def _validate_linear(op, x, weight, bias, out) -> None:
+    _check_dtype(op, "x", x)
+    _check_shape(op, "x", x, (None, None))
+    _check_last_contiguous(op, "x", x)
+    M, K = x.shape
+    _check_dtype(op, "weight", weight, x.dtype)
+    _check_shape(op, "weight", weight, (None, K))
+    _check_contiguous(op, "weight", weight)
+    N = weight.shape[0]
+    if bias is not None:
+        _check_dtype(op, "bias", bias, x.dtype)
+        _check_shape(op, "bias", bias, (N,))
+        _check_contiguous(op, "bias", bias)
+    if out is not None:
+        _check_dtype(op, "out", out, x.dtype)
+        _check_shape(op, "out", out, (M, N))
+        _check_last_contiguous(op, "out", out)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight^T + bias, like F.linear: x [..., K] (rows may be strided, last dim contiguous),
+    weight [N, K] contiguous, bias [N] or None, all of one dtype; fp32 accumulation, one rounding.
+
+    Returns `out`: a new [..., N] tensor unless given (then [M, N] for a 2-D x, rows may be strided;
+    for x with more dims, a tensor that views as [M, N]). CPU calls run the native GEMV (decode, M <= 16)
+    / GEMM kernels on up to set_num_threads() threads (fewer when the call is small); CUDA tensors (and
+    CPU calls without engine._C, or at an M routed by _LINEAR_TORCH_MIN_M) go to torch's F.linear."""
+    shape = x.shape
+    if len(shape) != 2:
+        if len(shape) < 1:
+            _fail("linear", f"x must have at least 1 dim, got {list(shape)}")
+        lead = shape[:-1]
+        out2 = None if out is None else out.view(-1, weight.shape[0])
+        y = linear(x.reshape(-1, shape[-1]), weight, bias, out2)
+        return y.view(*lead, weight.shape[0]) if out is None else out
+    if _C is None or not x.is_cpu:
+        return _torch_linear(x, weight, bias, out)
+    dtype = x.dtype
+    dt = _DTYPE_CODE.get(dtype)
+    ws = weight.shape
+    xs = x.stride()
+    if (dt is None or weight.dtype != dtype or len(ws) != 2 or ws[1] != shape[1] or (xs[1] != 1 and shape[1] > 1)
+            or not weight.is_contiguous()
+            or (bias is not None and (bias.dtype != dtype or bias.shape != (ws[0],) or not bias.is_contiguous()))):
+        _validate_linear("linear", x, weight, bias, out)
+    M, K = shape
+    N = ws[0]
+    if not (weight.is_cpu and (bias is None or bias.is_cpu)):
+        _not_cpu("linear", x, weight, *(() if bias is None else (bias,)))
+    min_m = _LINEAR_TORCH_MIN_M[dtype]
+    if min_m is not None and M >= min_m:
+        return _torch_linear(x, weight, bias, out)
+    if out is None:
+        out = torch.empty(M, N, dtype=dtype)
+        os0 = N
+    else:
+        if out.dtype != dtype or out.shape != (M, N) or (out.stride()[1] != 1 and N > 1):
+            _validate_linear("linear", x, weight, bias, out)
+        if not out.is_cpu:
+            _not_cpu("linear", x, weight, out)
+        os0 = out.stride()[0]
+    _C.linear(dt, out.data_ptr(), os0, x.data_ptr(), xs[0], weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+              M, N, K)
     return out
 
 

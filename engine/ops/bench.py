@@ -14,6 +14,7 @@ import platform
 import time
 
 import torch
+import torch.nn.functional as F
 
 from engine import ops
 from engine.ops import reference
@@ -77,6 +78,13 @@ def _cases(dtype: torch.dtype, device: str, ctx: int, batch: int):
     k3, v3 = k.view(1, nkv, hd), v.view(1, nkv, hd)
     yield ("reshape_and_cache T=1 3x64", (lambda: ops.reshape_and_cache(k3, v3, kc, vc, slots)),
            (lambda: reference.reshape_and_cache(k3, v3, kc, vc, slots)))
+    # linear: the torch column is F.linear in the dtype (what the layers called before ops.linear); the
+    # weights stay in cache between calls here, unlike in a model step (one pass over 270 MB).
+    for k_in, n_out, what in ((H, (nh + 2 * nkv) * hd, "qkv"), (H, 2 * I, "gate_up"), (I, H, "down"),
+                              (H, 49152, "lm_head")):
+        xl, wl = rnd(batch, k_in), rnd(n_out, k_in)
+        yield (f"linear M={batch} {k_in}->{n_out} ({what})", (lambda xl=xl, wl=wl: ops.linear(xl, wl)),
+               (lambda xl=xl, wl=wl: F.linear(xl, wl)))
     bt = torch.randperm(nb - 1, generator=g)[: batch * blocks_per_seq].view(batch, -1).int().to(device)
     cl = torch.full((batch,), ctx, dtype=torch.int32, device=device)
     qd = rnd(batch, nh, hd)

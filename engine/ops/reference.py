@@ -12,6 +12,7 @@ the same points the kernels round:
 - fused add + RMSNorm stores ``residual = dtype(x + residual)`` first and normalises that stored value.
 - SiLU-and-mul rounds the activation before the product: ``dtype(dtype(silu(gate)) * up)``.
 - rotary embedding and attention compute in fp32 and round once at the end.
+- linear computes ``x @ W^T + b`` in fp32 and rounds once at the end (after the bias).
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def rotary_embedding(
     cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)
     q.copy_(_rotate(q, cos, sin, head_size, is_neox))
     k.copy_(_rotate(k, cos, sin, head_size, is_neox))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K], weight [N, K], bias [N] or None -> [..., N] = x @ weight^T + bias."""
+    b = None if bias is None else bias.float()
+    return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ CPU_DEFAULT_KV_GIB = 2.0
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, weights, max_model_len: int,
-                 checkpoint_dtype: str | None = None, tp: TPContext = SINGLE):
+                 checkpoint_dtype: str | None = None, tp: TPContext = SINGLE, defer_kv: bool = False):
         self.config = config
         self.model_config = model_config
         self.device = resolve_device(config.device)
@@ -47,6 +47,8 @@ class ModelRunner:
         self.tp = tp
         if self.device.type == "cpu":
             threads = config.num_threads or physical_cores()
+            if tp.size > 1:  # tensor parallelism on the CPU: the ranks share the cores
+                threads = max(1, threads // tp.size)
             torch.set_num_threads(threads)
             ops.set_num_threads(threads)
         self.block_size = config.block_size
@@ -55,8 +57,9 @@ class ModelRunner:
             self.model = cls(model_config, self.dtype, tp, max_model_len)
         self.model.load_weights(weights)
         self.model.eval()
-        self.num_blocks = self._num_kv_blocks()
-        self._allocate_kv_cache()
+        if not defer_kv:  # TP: the executor decides the number of blocks for all ranks (allocate_kv)
+            self.num_blocks = self._num_kv_blocks()
+            self._allocate_kv_cache()
         self.generators: dict[str, torch.Generator] = {}
         self.sampler = Sampler(torch.Generator(device="cpu").manual_seed(config.seed))
         self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
@@ -78,6 +81,11 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         budget = total * self.config.gpu_memory_utilization - (total - free)
         return max(1, int(budget * 0.9) // per_block)
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """Allocate the KV cache with exactly num_blocks blocks (tensor parallelism: every rank the same)."""
+        self.num_blocks = num_blocks
+        self._allocate_kv_cache()
 
     def _allocate_kv_cache(self) -> None:
         attn0 = self.model.layers[0].self_attn.attn
@@ -142,8 +150,13 @@ class ModelRunner:
     def run(self, inp: StepInputs) -> torch.Tensor | None:
         """Forward pass of one step on this rank; float32 logits at inp.logit_rows (all rows if None).
         Every TP rank runs this with the same inputs."""
+        if self.tp.size > 1:
+            return self.tp.guard(self._run, inp)
+        return self._run(inp)
+
+    def _run(self, inp: StepInputs) -> torch.Tensor | None:
         input_ids, meta = self._tensors(inp)
-        hidden = self.model(input_ids, meta)
+        hidden = self.model(input_ids, meta) if self.tp.size == 1 else self.tp.forward(self.model, input_ids, meta)
         if inp.logit_rows is not None:
             if not inp.logit_rows:
                 return None

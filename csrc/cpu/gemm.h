@@ -1,0 +1,45 @@
+// Interface between the CPU dispatcher (dispatch.cpp: validation, threading) and the per-ISA linear
+// (GEMM / GEMV) translation units gemm_{scalar,avx2,avx512,avx512bf16}.cpp.
+//
+//   out[m, n] = dtype(sum_k x[m, k] * w[n, k] + bias[n])      fp32 accumulation, one rounding at the end
+//
+// A kernel computes the output columns [n0, n1) for all M rows, serially; the dispatcher splits N across
+// threads in chunks aligned to `n_align(M)`. Two regimes inside each kernel:
+//  - M <= gemv_max_m ("decode"): a memory-bound GEMV. Each weight row is streamed from memory once for
+//    all M rows of x (x stays in L1), several weight rows at a time, dot products along K in the vector
+//    lanes, a horizontal reduction at the end.
+//  - larger M ("prefill"): a register-blocked GEMM. Panels of NR vectors' worth of weight rows are packed
+//    (transposed to [k][n], per thread, per call: one pass over W, reused by all M rows) and an
+//    MR x (NR * lanes) micro-kernel broadcasts x elements against them.
+#pragma once
+
+#include <cstdint>
+
+namespace kestrel::cpu {
+
+struct LinearParams {
+  int dtype;            // of x, w, bias and out (types.h codes)
+  const void* x;        // [M, K], rows x_stride elements apart, last dim contiguous
+  int64_t x_stride;
+  const void* w;        // [N, K] contiguous
+  const void* bias;     // [N] or nullptr
+  void* out;            // [M, N], rows out_stride elements apart, last dim contiguous
+  int64_t out_stride;
+  int64_t M, N, K;
+};
+
+struct LinearTable {
+  const char* name;
+  void (*linear)(const LinearParams& p, int64_t n0, int64_t n1);
+  // Column-chunk alignment the dispatcher should use when splitting N for this M (a packed panel's width
+  // for the GEMM regime, a weight-row block for the GEMV regime).
+  int64_t (*n_align)(const LinearParams& p);
+  int64_t gemv_max_m;  // M at or below this runs the GEMV regime
+};
+
+const LinearTable* linear_table_scalar();
+const LinearTable* linear_table_avx2();
+const LinearTable* linear_table_avx512();
+const LinearTable* linear_table_avx512bf16();  // AVX-512 + AVX512_BF16 (vdpbf16ps for bfloat16 weights)
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,329 @@
+// Linear kernels for bfloat16 on AVX-512 + AVX512_BF16: vdpbf16ps multiplies 16 pairs of bf16 and adds
+// them into 16 fp32 lanes, so bf16 weights and x are used as they are, without widening. Compiled with
+// -mavx512bf16 (CMakeLists.txt) and dispatched only where __builtin_cpu_supports("avx512bf16"); float32
+// and float16 go to the plain AVX-512 kernels (gemm_avx512.cpp).
+//
+// This file does not include vec_avx512.h: its inline functions would be compiled here with
+// -mavx512bf16 and merged by the linker with the copies built for plain AVX-512. Everything below has
+// internal linkage.
+//
+// GEMV (small M): x rows are already bf16 pairs along K, exactly what vdpbf16ps takes: per 32 K elements,
+// NB weight-row vectors x MB x-row vectors, accumulators along K, reduced at the end (masked loads for
+// the K tail, so odd K needs no padding).
+// GEMM (large M): weight panels of 48 rows packed per KC slice as 32-bit words [k/2][48] (the pair
+// (w[n][2q], w[n][2q+1]) per column; zero-padded), x pairs broadcast from x's rows as they are
+// (vpbroadcastd); an 8 x 48 micro-kernel of 24 accumulators.
+//
+// Measured on the 2-core EPYC dev machine (one 512-bit vdpbf16ps per cycle, ~3.6 GHz: ~230 GFLOP/s per
+// core): the micro-kernel with its data in L1 runs at that rate (6x4, 12x2, 4x6 blockings: the same);
+// the whole GEMM at M = 512 at ~200 GFLOP/s per core; the GEMV at M = 1 streams weights at ~17-20 GB/s
+// from one core, the core's streaming limit there.
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "gemm.h"
+#include "gemm_pack_avx512.h"
+#include "types.h"
+
+namespace kestrel::cpu::avx512bf16 {
+namespace {
+
+constexpr int MR = 8;               // GEMM micro-kernel rows of x
+constexpr int NR = 3;               // GEMM micro-kernel vectors (16 weight rows each)
+constexpr int NC = NR * 16;         // panel width
+constexpr int64_t KC = 2048;        // K slice per packed panel (even): up to 48 x 2048 x 2 B = 192 KB, in L2
+                                    // (128 ... 2048 measured within noise; whole rows let the packing
+                                    // prefetch the next rows in memory order)
+constexpr int GEMV_MB = 4;          // GEMV rows of x per pass over a weight block
+constexpr int GEMV_NB = 4;          // GEMV weight rows per block (4 x 4 = 16 accumulators)
+constexpr int64_t GEMV_MAX_M = 16;  // M at or below this: the GEMV regime (crossover measured at M ~ 16-24)
+constexpr int64_t kGemvPrefetchBlocks = 2;
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+struct Scratch {
+  void* p = nullptr;
+  size_t n = 0;
+  ~Scratch() { std::free(p); }
+  template <class E>
+  E* get(size_t count) {
+    const size_t want = (count * sizeof(E) + 4095) & ~size_t(4095);
+    if (want > n) {
+      std::free(p);
+      p = std::aligned_alloc(64, want);
+      n = p ? want : 0;
+      if (p == nullptr) throw std::bad_alloc();
+    }
+    return static_cast<E*>(p);
+  }
+};
+
+inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+
+inline __mmask32 tail_mask32(int64_t n) { return n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1; }
+inline __mmask16 tail_mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+
+// fp32 -> bf16, round to nearest even, NaN kept (quiet); integer rounding rather than vcvtneps2bf16,
+// which flushes denormals, so results match the scalar conversion bit for bit.
+inline __m256i to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+inline __m512 load_bias(const bf16_t* b, int64_t n) {  // n (<= 16) bf16 as fp32, zero-filled
+  const __m256i h = _mm256_maskz_loadu_epi16(tail_mask16(n), b);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// r[j] = sum of the lanes of v[j], for 16 vectors (transposing reduction tree).
+inline __m512 transpose_sum(const __m512* v) {
+  __m512 t[8];
+  for (int k = 0; k < 8; ++k)
+    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  __m512 u[4];
+  for (int k = 0; k < 4; ++k) {
+    __m512d a = _mm512_castps_pd(t[2 * k]), b = _mm512_castps_pd(t[2 * k + 1]);
+    u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+inline float bf16_to_f32(bf16_t v) { return to_f32(v); }
+
+// ---------------------------------------------------------------------------------------------------
+// GEMV
+
+// pf (if not null): the weight block kGemvPrefetchBlocks ahead, prefetched into L2 in memory order (the
+// hardware prefetchers do not follow NB rows read side by side; see gemm_impl.h).
+template <int MB, int NB>
+inline void gemv_tile(const bf16_t* x, int64_t xs, const bf16_t* w, int64_t K, float* res, const char* pf) {
+  __m512 acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512i wv[NB];
+    if (pf != nullptr) {
+      for (int j = 0; j < NB; ++j) _mm_prefetch(pf + (k * NB + j * 32) * 2, _MM_HINT_T1);
+    }
+    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w + j * K + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m512i xv = _mm512_loadu_si512(x + i * xs + k);
+      for (int j = 0; j < NB; ++j) acc[i][j] = dp(acc[i][j], wv[j], xv);
+    }
+  }
+  if (k < K) {
+    const __mmask32 m = tail_mask32(K - k);
+    __m512i wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = _mm512_maskz_loadu_epi16(m, w + j * K + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m512i xv = _mm512_maskz_loadu_epi16(m, x + i * xs + k);
+      for (int j = 0; j < NB; ++j) acc[i][j] = dp(acc[i][j], wv[j], xv);
+    }
+  }
+  if constexpr (MB * NB == 16) {
+    __m512 flat[16];
+    for (int i = 0; i < MB; ++i)
+      for (int j = 0; j < NB; ++j) flat[i * NB + j] = acc[i][j];
+    _mm512_storeu_ps(res, transpose_sum(flat));
+  } else {
+    for (int i = 0; i < MB; ++i)
+      for (int j = 0; j < NB; ++j) res[i * NB + j] = _mm512_reduce_add_ps(acc[i][j]);
+  }
+}
+
+template <int NB>
+inline void gemv_rows(const LinearParams& p, int64_t n, const float* bias_f) {
+  const bf16_t* x = static_cast<const bf16_t*>(p.x);
+  const bf16_t* w = static_cast<const bf16_t*>(p.w) + n * p.K;
+  bf16_t* out = static_cast<bf16_t*>(p.out);
+  alignas(64) float res[GEMV_MB * NB > 16 ? GEMV_MB * NB : 16];
+  const char* pf = reinterpret_cast<const char*>(w + kGemvPrefetchBlocks * NB * p.K);
+  for (int64_t m0 = 0; m0 < p.M; m0 += GEMV_MB) {
+    const int64_t mb = imin(GEMV_MB, p.M - m0);
+    const bf16_t* xm = x + m0 * p.x_stride;
+    const char* pfm = m0 == 0 ? pf : nullptr;
+    switch (mb) {
+      case 1: gemv_tile<1, NB>(xm, p.x_stride, w, p.K, res, pfm); break;
+      case 2: gemv_tile<2, NB>(xm, p.x_stride, w, p.K, res, pfm); break;
+      case 3: gemv_tile<3, NB>(xm, p.x_stride, w, p.K, res, pfm); break;
+      default: gemv_tile<4, NB>(xm, p.x_stride, w, p.K, res, pfm); break;
+    }
+    for (int64_t i = 0; i < mb; ++i) {
+      bf16_t* o = out + (m0 + i) * p.out_stride + n;
+      for (int j = 0; j < NB; ++j) o[j] = from_f32<bf16_t>(res[i * NB + j] + bias_f[j]);
+    }
+  }
+}
+
+void gemv(const LinearParams& p, int64_t n0, int64_t n1) {
+  const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
+  float bf[GEMV_NB];
+  auto load_b = [&](int64_t nn, int cnt) {
+    for (int j = 0; j < cnt; ++j) bf[j] = bias ? bf16_to_f32(bias[nn + j]) : 0.f;
+  };
+  int64_t n = n0;
+  for (; n + GEMV_NB <= n1; n += GEMV_NB) {
+    load_b(n, GEMV_NB);
+    gemv_rows<GEMV_NB>(p, n, bf);
+  }
+  for (; n < n1; ++n) {
+    load_b(n, 1);
+    gemv_rows<1>(p, n, bf);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// GEMM
+
+// Weight rows [n, n + nc), columns [k0, k0 + kc) -> b[q][NC] 32-bit pairs (w[2q], w[2q+1]); the last
+// pair of an odd kc gets a zero high half; columns past nc are zero.
+inline void pack_panel(uint32_t* b, const bf16_t* w, int64_t K, int64_t n, int64_t nc, int64_t k0, int64_t kc) {
+  const int64_t q_full = kc / 2, q_all = (kc + 1) / 2;
+  int64_t c = 0;
+  // 16 rows at a time: 16 x 16 32-bit transposes.
+  // When the slice is whole rows (kc == K), the next 16 rows are the next 16 * K * 2 bytes: prefetch
+  // them into L2 in memory order, 16 lines per transpose (reading 16 rows side by side defeats the
+  // hardware prefetchers, as in the GEMV).
+  const bool pf = kc == K;
+  for (; c + 16 <= nc; c += 16) {
+    const char* src = reinterpret_cast<const char*>(w + (n + c) * K + k0);
+    const char* next = src + 16 * K * 2;
+    int64_t q = 0;
+    for (; q + 16 <= q_full; q += 16) {
+      if (pf) {
+        for (int i = 0; i < 16; ++i) _mm_prefetch(next + (q + i) * 64, _MM_HINT_T1);
+      }
+      transpose16x16_u32(src + q * 4, K * 2, b + q * NC + c, NC);
+    }
+    for (int64_t cc = c; cc < c + 16; ++cc) {
+      const uint16_t* s = reinterpret_cast<const uint16_t*>(w + (n + cc) * K + k0);
+      for (int64_t qq = q; qq < q_full; ++qq) b[qq * NC + cc] = uint32_t(s[2 * qq]) | (uint32_t(s[2 * qq + 1]) << 16);
+      if (q_all > q_full) b[q_full * NC + cc] = s[kc - 1];
+    }
+  }
+  for (; c < NC; ++c) {
+    if (c < nc) {
+      const uint16_t* s = reinterpret_cast<const uint16_t*>(w + (n + c) * K + k0);
+      for (int64_t q = 0; q < q_full; ++q) b[q * NC + c] = uint32_t(s[2 * q]) | (uint32_t(s[2 * q + 1]) << 16);
+      if (q_all > q_full) b[q_full * NC + c] = s[kc - 1];
+    } else {
+      for (int64_t q = 0; q < q_all; ++q) b[q * NC + c] = 0;
+    }
+  }
+}
+
+template <int MRr>
+inline void micro_kernel(const bf16_t* a, int64_t lda, const uint32_t* b, int64_t kc, float* c, bool first,
+                         bool last, bf16_t* out, int64_t os, const __m512* bias, int64_t nc) {
+  __m512 acc[MRr][NR];
+  for (int i = 0; i < MRr; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * NC + j * 16);
+  const int64_t q_full = kc / 2;
+  for (int64_t q = 0; q < q_full; ++q) {
+    __m512i bv[NR];
+    for (int j = 0; j < NR; ++j) bv[j] = _mm512_loadu_si512(b + q * NC + j * 16);
+    for (int i = 0; i < MRr; ++i) {
+      uint32_t pair;
+      std::memcpy(&pair, a + i * lda + 2 * q, 4);
+      const __m512i av = _mm512_set1_epi32(int(pair));
+      for (int j = 0; j < NR; ++j) acc[i][j] = dp(acc[i][j], av, bv[j]);
+    }
+  }
+  if (kc & 1) {
+    __m512i bv[NR];
+    for (int j = 0; j < NR; ++j) bv[j] = _mm512_loadu_si512(b + q_full * NC + j * 16);
+    for (int i = 0; i < MRr; ++i) {
+      const __m512i av = _mm512_set1_epi32(int(a[i * lda + kc - 1].bits));
+      for (int j = 0; j < NR; ++j) acc[i][j] = dp(acc[i][j], av, bv[j]);
+    }
+  }
+  if (!last) {
+    for (int i = 0; i < MRr; ++i)
+      for (int j = 0; j < NR; ++j) _mm512_storeu_ps(c + i * NC + j * 16, acc[i][j]);
+    return;
+  }
+  for (int j = 0; j < NR; ++j) {
+    const int64_t left = nc - j * 16;
+    if (left <= 0) break;
+    const __mmask16 m = tail_mask16(left);
+    for (int i = 0; i < MRr; ++i)
+      _mm256_mask_storeu_epi16(out + i * os + j * 16, m, to_bf16(_mm512_add_ps(acc[i][j], bias[j])));
+  }
+}
+
+template <int MRr>
+inline void micro_kernel_any(int64_t mr, const bf16_t* a, int64_t lda, const uint32_t* b, int64_t kc, float* c,
+                             bool first, bool last, bf16_t* out, int64_t os, const __m512* bias, int64_t nc) {
+  if constexpr (MRr > 0) {
+    if (mr == MRr) return micro_kernel<MRr>(a, lda, b, kc, c, first, last, out, os, bias, nc);
+    micro_kernel_any<MRr - 1>(mr, a, lda, b, kc, c, first, last, out, os, bias, nc);
+  }
+}
+
+void gemm(const LinearParams& p, int64_t n0, int64_t n1) {
+  static thread_local Scratch pbuf, cbuf;
+  const int64_t K = p.K, M = p.M;
+  uint32_t* b = pbuf.get<uint32_t>(size_t((KC / 2) * NC));
+  float* c = K > KC ? cbuf.get<float>(size_t(M * NC)) : nullptr;
+  const bf16_t* x = static_cast<const bf16_t*>(p.x);
+  const bf16_t* w = static_cast<const bf16_t*>(p.w);
+  const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
+  bf16_t* out = static_cast<bf16_t*>(p.out);
+  for (int64_t n = n0; n < n1; n += NC) {
+    const int64_t nc = imin(NC, n1 - n);
+    __m512 bv[NR];
+    for (int j = 0; j < NR; ++j)
+      bv[j] = (bias && nc > j * 16) ? load_bias(bias + n + j * 16, nc - j * 16) : _mm512_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+      const int64_t kc = imin(KC, K - k0);
+      pack_panel(b, w, K, n, nc, k0, kc);
+      const bool first = k0 == 0, last = k0 + kc == K;
+      for (int64_t m = 0; m < M; m += MR) {
+        micro_kernel_any<MR>(imin(MR, M - m), x + m * p.x_stride + k0, p.x_stride, b, kc, c ? c + m * NC : nullptr,
+                             first, last, out + m * p.out_stride + n, p.out_stride, bv, nc);
+      }
+    }
+  }
+}
+
+void linear_k(const LinearParams& p, int64_t n0, int64_t n1) {
+  if (p.dtype != kBFloat16) return linear_table_avx512()->linear(p, n0, n1);
+  if (p.M <= GEMV_MAX_M)
+    gemv(p, n0, n1);
+  else
+    gemm(p, n0, n1);
+}
+
+int64_t n_align_k(const LinearParams& p) {
+  if (p.dtype != kBFloat16) return linear_table_avx512()->n_align(p);
+  return p.M <= GEMV_MAX_M ? GEMV_NB : NC;
+}
+
+}  // namespace
+}  // namespace kestrel::cpu::avx512bf16
+
+namespace kestrel::cpu {
+
+const LinearTable* linear_table_avx512bf16() {
+  // gemv_max_m only steers the dispatcher's threading; float32 / float16 (the plain AVX-512 kernels)
+  // switch at the same M.
+  static const LinearTable t = {"avx512bf16", avx512bf16::linear_k, avx512bf16::n_align_k, avx512bf16::GEMV_MAX_M};
+  return &t;
+}
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,23 @@
+// A small work-sharing pool for the linear kernels' GEMV (decode) regime (gemm_pool.cpp).
+//
+// Why not an OpenMP parallel region: its closing barrier waits for every thread of the team, so when
+// another process holds the second core, a call that forks waits for the worker's next time slice
+// (measured on the shared 2-core dev machine: 3.5 MB GEMV 0.12 ms -> 8 ms; a decode step 4x slower
+// with 2 threads than with 1). Here the work is split into chunks that threads claim one at a time,
+// the caller from the front, the workers from the back (so each streams through contiguous weight
+// rows): the caller never waits for a worker that has not started (it takes the unclaimed chunks
+// itself), only for chunks a worker has claimed and is running. With free cores it behaves like a
+// static split; workers spin briefly between calls (a decode step issues ~120 of them back to back)
+// and then sleep. (The GEMM regime uses OpenMP instead: see linear() in dispatch.cpp.)
+#pragma once
+
+#include <cstdint>
+
+namespace kestrel::cpu {
+
+// Calls fn(ctx, c) once for each chunk c in [0, chunks), on the calling thread and up to threads - 1
+// pool workers; returns when all are done. Serial when threads <= 1, chunks <= 1, or the pool is busy
+// with another caller's job. fn must not throw.
+void pool_run(int threads, int64_t chunks, void (*fn)(void* ctx, int64_t chunk), void* ctx);
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,239 @@
+"""Run a function on every rank of a fresh communication group, each rank in its own process
+(tests and the comm benchmark; no model involved).
+
+    rows = run_group(2, "engine.parallel.testing:bench", {"sizes": [...], "dtype": "bfloat16"})
+
+Every rank: attach the group's segment, build a Communicator, connect (torch.distributed: gloo on CPU,
+NCCL on CUDA), call ``target(comm, **kwargs)``; the results come back in rank order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from engine.parallel.comm import reference
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def run_group(world: int, target: str, kwargs: dict | None = None, strategy: str = "host", device: str = "cpu",
+              timeout: float = 300.0, layout: dict | None = None, env: dict | None = None) -> list:
+    import torch.distributed as dist
+
+    from engine.parallel.comm.shm import Layout, Segment
+    from engine.parallel.executor import _write_msg, read_msg_fd
+
+    lay = Layout(world=world, **(layout or {}))
+    seg = Segment.create(lay)
+    store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
+    procs, fds = [], []
+    penv = dict(os.environ)
+    penv["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + (
+        os.pathsep + penv["PYTHONPATH"] if penv.get("PYTHONPATH") else "")
+    penv.setdefault("OMP_NUM_THREADS", "1")
+    penv.update(env or {})
+    try:
+        for rank in range(world):
+            r_fd, w_fd = os.pipe()
+            p = subprocess.Popen([sys.executable, "-m", "engine.parallel.testing"], stdin=subprocess.PIPE,
+                                 pass_fds=(seg.fd, w_fd), env=penv, close_fds=True)
+            os.close(w_fd)
+            procs.append(p)
+            fds.append(r_fd)
+            _write_msg(p.stdin, {"rank": rank, "world": world, "shm_fd": seg.fd, "status_fd": w_fd, "layout": lay,
+                                 "port": store.port, "target": target, "kwargs": kwargs or {},
+                                 "strategy": strategy, "device": device})
+        results = []
+        deadline = time.monotonic() + timeout
+        for rank, fd in enumerate(fds):
+            msg = _read_with_deadline(fd, deadline, read_msg_fd)
+            if msg is None:
+                rc = procs[rank].poll()
+                raise RuntimeError(f"rank {rank} returned nothing (exit code {rc})")
+            if "error" in msg:
+                raise RuntimeError(f"rank {rank} failed: {msg['error']}")
+            results.append(msg["result"])
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return results
+    finally:
+        seg.abort()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            if p.stdin:
+                p.stdin.close()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        seg.close()
+
+
+def _read_with_deadline(fd: int, deadline: float, reader):
+    import select
+
+    left = deadline - time.monotonic()
+    r, _, _ = select.select([fd], [], [], max(0.0, left))
+    if not r:
+        raise TimeoutError("a rank did not answer in time")
+    return reader(fd)
+
+
+def _main() -> None:
+    import importlib
+    import traceback
+
+    from engine.parallel.comm.group import Communicator
+    from engine.parallel.comm.shm import Segment
+    from engine.parallel.executor import _write_msg, read_msg_fd
+
+    boot = read_msg_fd(sys.stdin.fileno())
+    out = os.fdopen(boot["status_fd"], "wb", buffering=0)
+    comm = None
+    try:
+        device = torch.device(boot["device"])
+        if device.type == "cuda":
+            torch.cuda.set_device(boot["rank"])
+            device = torch.device("cuda", boot["rank"])
+        seg = Segment.attach(boot["shm_fd"], boot["layout"])
+        comm = Communicator(boot["rank"], boot["world"], device, boot["strategy"], seg, store_port=boot["port"])
+        comm.connect()
+        module, _, name = boot["target"].partition(":")
+        result = getattr(importlib.import_module(module), name)(comm, **boot["kwargs"])
+        _write_msg(out, {"result": result})
+    except BaseException as e:  # noqa: BLE001
+        _write_msg(out, {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
+    finally:
+        if comm is not None:
+            comm.close()
+    os._exit(0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# targets
+
+
+def bench(comm, sizes: list[int], dtype: str = "bfloat16", names: list[str] | None = None) -> list[dict]:
+    """Latency table (median us) of the strategies, as auto measures it."""
+    return comm.benchmark(_DTYPES[dtype], sizes, names)
+
+
+def _inputs(nelem: int, world: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
+    xs = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(seed * 1009 + r)
+        # mixed magnitudes: some groups tiny, some large, some exact zeros (int8 edge cases)
+        x = torch.randn(nelem, generator=g) * torch.exp(torch.randn(nelem, generator=g))
+        x[torch.rand(nelem, generator=g) < 0.01] = 0.0
+        xs.append(x.to(dtype))
+    return xs
+
+
+def check(comm, sizes: list[int], dtypes: list[str], names: list[str], seed: int = 0, async_too: bool = True
+          ) -> list[dict]:
+    """Every strategy's all-reduce on fresh random inputs against a float64 sum (within the strategy's
+    bound) and against its bit-exact torch reference where it has one; digests of every rank's result
+    (must agree across ranks); the input of every call is poisoned afterwards (in place)."""
+    rows = []
+    rank, world, dev = comm.rank, comm.world, comm.device
+    for name in names:
+        strat = comm.strategies[name]
+        for dt in dtypes:
+            dtype = _DTYPES[dt]
+            for i, n in enumerate(sizes):
+                xs = _inputs(n, world, dtype, seed + 7919 * i + 31 * len(name))
+                x = xs[rank].to(dev).clone()
+                y = strat.all_reduce(x)
+                if async_too and i % 2:  # every other size through the async path as well
+                    x2 = xs[rank].to(dev).clone()
+                    y2 = strat.all_reduce_async(x2).wait()
+                    same_async = torch.equal(y2.view(torch.uint8) if dtype != torch.float32 else y2,
+                                             y.view(torch.uint8) if dtype != torch.float32 else y)
+                else:
+                    same_async = True
+                yc = y.cpu()
+                ref64 = reference.float64_sum(xs)
+                bound = reference.error_bound(strat.bound, xs)
+                ratio = float(((yc.double() - ref64).abs() / bound).max())
+                if name == "host":
+                    bit = torch.equal(yc.view(-1).view(torch.uint8), reference.exact_all_reduce(xs).view(-1).view(
+                        torch.uint8))
+                elif name == "int8":
+                    bit = torch.equal(yc.view(-1).view(torch.uint8),
+                                      reference.int8_all_reduce(xs).view(-1).view(torch.uint8))
+                else:
+                    bit = None
+                digest = hashlib.sha1(yc.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                rows.append({"strategy": strat.name, "dtype": dt, "n": n, "err_ratio": ratio, "bit_exact": bit,
+                             "digest": digest, "same_async": same_async})
+    return rows
+
+
+def ping(comm, n: int = 200) -> dict:
+    """Barrier round trip through the host segment (the floor of any host collective)."""
+    hc = comm.transport.hc
+    for _ in range(10):
+        hc.barrier()
+    t = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        hc.barrier()
+        t.append(time.perf_counter() - t0)
+    t.sort()
+    return {"barrier_us": t[len(t) // 2] * 1e6}
+
+
+if __name__ == "__main__":
+    _main()
+
+
+def loop_latency(comm, name: str = "host", nbytes: int = 2048, n: int = 2000, dtype: str = "bfloat16") -> dict:
+    """Percentiles (us) of back-to-back all-reduces of one size with one strategy (CPU)."""
+    dt = _DTYPES[dtype]
+    x = torch.zeros(nbytes // torch.tensor([], dtype=dt).element_size(), dtype=dt)
+    s = comm.strategies[name]
+    t = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        s.all_reduce(x)
+        t.append(time.perf_counter() - t0)
+    t.sort()
+    return {"p10": t[n // 10] * 1e6, "p50": t[n // 2] * 1e6, "p90": t[9 * n // 10] * 1e6}
+
+
+def latency_table(comm, sizes: list[int], names: list[str] | None = None, dtype: str = "bfloat16",
+                  budget_s: float = 0.5) -> list[dict]:
+    """For every size, p10/p50/p90 (us) of back-to-back all-reduces with each strategy (same call counts on
+    every rank: the count depends on the size only)."""
+    names = names or [n for n in ("nccl", "host", "int8") if n in comm.strategies]
+    dt = _DTYPES[dtype]
+    esz = torch.tensor([], dtype=dt).element_size()
+    rows = []
+    for size in sizes:
+        n_calls = int(max(20, min(2000, budget_s / (2e-6 + size / 2e9))))
+        row = {"bytes": size, "calls": n_calls}
+        for name in names:
+            x = torch.zeros(size // esz, dtype=dt)
+            s = comm.strategies[name]
+            for _ in range(3):
+                s.all_reduce(x)
+            t = []
+            for _ in range(n_calls):
+                t0 = time.perf_counter()
+                s.all_reduce(x)
+                t.append(time.perf_counter() - t0)
+            t.sort()
+            row[s.name] = {"p10": round(t[n_calls // 10] * 1e6, 2), "p50": round(t[n_calls // 2] * 1e6, 2),
+                           "p90": round(t[9 * n_calls // 10] * 1e6, 2)}
+        rows.append(row)
+    return rows
