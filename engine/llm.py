@@ -28,6 +28,16 @@ class LLM:
         self.core = EngineCore(self.config)
         self.tokenizer = self.core.tokenizer
 
+    def close(self) -> None:
+        """Stop tensor-parallel workers now (otherwise at garbage collection or exit)."""
+        self.core.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _submit(self, prompt, params: SamplingParams, messages=None) -> RequestOutput:
         rid = f"llm-{next(_ids)}"
         ids = self.core.tokenize_prompt(prompt, messages)
