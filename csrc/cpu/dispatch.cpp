@@ -361,15 +361,16 @@ void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_
 //    spin for a while after each region; a separate pool's worker then finds its core taken and the
 //    linears ran at ~1.3 cores (prefill linears 421-469 ms against 291 ms with OMP_WAIT_POLICY=passive
 //    and 296 ms for torch's own GEMM, measured side by side on the quiet dev machine). Sharing libgomp's
-//    team avoids that.
+//    team avoids that (306 ms).
 //
 // Threads: a linear is memory-bound at decode sizes (the weights are streamed once: ~20 GB/s from one
-// core of the dev machine, ~30 with two) and compute-bound for prefill. Use more than one when a single
-// thread would need more than kLinearMinUs by a rough estimate of both; smaller calls (a 0.6 MB decode
-// projection: ~30 us) stay on the calling thread.
+// core of the dev machine, ~28 with two, which is what a plain streaming read gets there) and
+// compute-bound for prefill. Use more than one when a single thread would need more than kLinearMinUs
+// by a rough estimate of both: SmolLM2's smallest decode projection (576 x 576 bf16, 0.66 MB) went
+// 37 -> 32 us with two; tiny calls stay on the calling thread.
 constexpr double kLinearBytesPerUs = 20e3;   // one core streaming weights from DRAM
 constexpr double kLinearFlopsPerUs = 100e3;  // one core, fp32-accumulated FMAs, well blocked
-constexpr double kLinearMinUs = 25.0;
+constexpr double kLinearMinUs = 15.0;
 // Chunks: ~8 per thread (balance, and a preempted worker holds up the caller for one chunk at most),
 // between 64 KB and 1 MB of weights each (claims are atomics on a shared line; each chunk restarts a
 // weight stream).

@@ -32,9 +32,11 @@ constexpr int kIdxBits = 20;
 constexpr uint64_t kIdxMask = (uint64_t(1) << kIdxBits) - 1;
 constexpr uint64_t kGenMask = (uint64_t(1) << 24) - 1;
 // Workers keep spinning this long after their last chunk before they sleep: longer than the gaps
-// between the linear calls of one decode step (Python and the small kernels in between), shorter than
-// what a busy-waiting thread should take from a shared machine between steps.
-constexpr auto kSpin = std::chrono::microseconds(30);
+// between the linear calls of one decode step (Python and the small kernels in between: up to ~100 us;
+// waking a sleeping worker costs tens of us on the dev VM, where an idle vCPU halts), short next to a
+// step. Measured in a SmolLM2 bf16 decode step: with 30 us the gate_up GEMV took 175 us (20 GB/s),
+// with 500 us 126-143 us (25-28 GB/s). After kSpinYield the spin yields the core to anything runnable.
+constexpr auto kSpin = std::chrono::microseconds(500);
 constexpr auto kSpinYield = std::chrono::microseconds(5);
 
 inline uint64_t gen_of(uint64_t t) { return t >> (2 * kIdxBits); }

@@ -42,8 +42,15 @@ def _mask_stop_tokens(logits: torch.Tensor, req: Request) -> None:
         logits[ids] = float("-inf")
 
 
+def _finite(logits: torch.Tensor) -> torch.Tensor:
+    """Extreme but valid parameters (a temperature of 1e-5, a repetition penalty of 1e-30) overflow float32;
+    NaN becomes impossible (-inf) and +inf the largest float, so softmax stays defined."""
+    return torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
+
+
 def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     """logits of one row after temperature; returns probabilities with the filtered tokens at 0."""
+    logits = _finite(logits)
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -88,9 +95,13 @@ class Sampler:
             if needs_pen:
                 _penalize(row, req)
             if p.greedy:
-                tokens.append(int(torch.argmax(row)))
+                tokens.append(int(torch.argmax(_finite(row))))
                 continue
             probs = _filter(row / p.temperature, p.top_k, p.top_p, p.min_p)
+            if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+                # every token masked (or no finite logit at all): the best remaining token, not a crash
+                tokens.append(int(torch.argmax(_finite(row))))
+                continue
             gen = generators[i] or self.default_generator
             tokens.append(int(torch.multinomial(probs, 1, generator=gen)))
         lps: list[TokenLogprobs | None] = []

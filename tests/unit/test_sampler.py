@@ -109,3 +109,31 @@ def test_invalid_parameters_name_themselves(kw, param):
     with pytest.raises(InvalidRequestError) as e:
         SamplingParams(**kw)
     assert e.value.param == param and param in str(e.value)
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=1e-5 * 1.0001),                   # just above the greedy threshold: logits x 1e5
+    dict(temperature=1.0, repetition_penalty=1e-30),  # positive logits / 1e-30 -> +inf
+    dict(temperature=1.0, repetition_penalty=1e30),   # negative logits * 1e30 -> -inf
+    dict(temperature=1e-5 * 1.0001, repetition_penalty=1e-30, top_p=1e-9, min_p=1.0, top_k=2),
+    dict(temperature=2.0, logit_bias={i: -100.0 for i in range(V)}, min_tokens=4),
+    dict(temperature=0.0, repetition_penalty=1e-30),
+])
+def test_extreme_parameters_give_a_token_not_an_error(params):
+    """Valid but extreme values overflow float32; the sampler must still return a token in the vocabulary
+    (a crash here would take the engine process down with every other request)."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        logits = (torch.randn(V, generator=gen) * 30).tolist()
+        logits[trial % V] = 1e38  # near the top of float32
+        toks, _ = sample(logits, SamplingParams(**params), output=[1, 2, 3], prompt=range(V), n=2)
+        assert all(0 <= t < V for t in toks)
+
+
+def test_all_tokens_impossible_falls_back_to_argmax():
+    s = Sampler(torch.Generator().manual_seed(0))
+    req = Request("r", [1], SamplingParams(temperature=1.0), eos_token_ids=frozenset())
+    logits = torch.full((1, V), float("nan"))
+    logits[0, 3] = float("-inf")
+    t, _ = s(logits, [req], [None])
+    assert 0 <= t[0] < V
