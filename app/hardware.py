@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from engine.cpu_features import cpu_flags, cpu_has_native_bf16  # noqa: F401 - the panels import them from here
+
 
 @dataclass
 class GPUInfo:
@@ -41,22 +43,6 @@ class HardwareSnapshot:
     peer_matrix: list[list[str]] | None = None  # [i][j]: "X" on the diagonal, else e.g. "P2P · PIX"
     driver: str | None = None
     gpu_message: str = ""  # why there are no GPUs, in plain words
-
-
-def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_has_native_bf16() -> bool:
-    """What the engine checks to pick bfloat16 over float32 on the CPU for dtype "auto"."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def cpu_name() -> str:

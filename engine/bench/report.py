@@ -18,7 +18,8 @@ def _version(dist: str) -> str | None:
 def environment() -> dict:
     import torch
 
-    from engine.runner.device import cpu_flags, physical_cores
+    from engine.cpu_features import cpu_flags
+    from engine.runner.device import physical_cores
 
     cpu_name = platform.processor()
     try:

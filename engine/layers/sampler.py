@@ -1,8 +1,12 @@
-"""Sampling from the last-position logits of a batch of requests, each with its own parameters.
+"""Sampling the next token of every request in a batch, each with its own parameters, in whole-batch tensor
+operations on the logits' device: no per-request host synchronisation; the step's one transfer back is the
+chosen tokens (and logprobs when asked).
 
-Order: logit bias, min_tokens masking, repetition / presence / frequency penalties, then greedy
-argmax or temperature -> top-k -> top-p -> min-p -> draw (with the request's own generator when it
-has a seed). Logprobs are those of the model's raw distribution, as OpenAI and vLLM report them."""
+Order: logit bias, min_tokens masking (eos and stop ids), repetition / presence / frequency penalties; then greedy
+argmax, or temperature -> top-k -> softmax -> min-p -> top-p -> a draw. The draw is an exponential race
+(argmax of p / E with E ~ Exp(1), which picks token i with probability p_i), so a request with a seed draws its
+noise from its own generator and the others share the engine's. Logprobs are those of the model's raw
+distribution, as OpenAI and vLLM report them."""
 
 from __future__ import annotations
 
@@ -20,49 +24,47 @@ class TokenLogprobs:
     top: list[tuple[int, float]]  # (token id, logprob), best first
 
 
-def _penalize(logits: torch.Tensor, req: Request) -> None:
-    p = req.params
-    dev = logits.device
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(req.all_token_ids)), dtype=torch.long, device=dev)
-        vals = logits[seen]
-        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    if (p.presence_penalty or p.frequency_penalty) and req.output_token_ids:
-        out = torch.tensor(req.output_token_ids, dtype=torch.long, device=dev)
-        counts = torch.zeros_like(logits).index_add_(0, out, torch.ones_like(out, dtype=logits.dtype))
-        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """Extreme but valid parameters (a temperature of 1e-5, a repetition penalty of 1e-30) overflow float32:
+    NaN becomes impossible (-inf) and +inf the largest float, so softmax and argmax stay defined."""
+    return torch.nan_to_num(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max)
 
 
-def _mask_stop_tokens(logits: torch.Tensor, req: Request) -> None:
-    ids = set(req.params.stop_token_ids)
-    if not req.params.ignore_eos:
-        ids |= req.eos_token_ids
-    ids = [i for i in ids if 0 <= i < logits.shape[-1]]
-    if ids:
-        logits[ids] = float("-inf")
+def _rows_cols(pairs: list[tuple[int, list[int]]], vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, [token ids]) pairs -> index tensors for x[rows, cols], ids outside the vocabulary dropped."""
+    rows: list[int] = []
+    cols: list[int] = []
+    for r, ids in pairs:
+        ids = [t for t in ids if 0 <= t < vocab]
+        rows.extend([r] * len(ids))
+        cols.extend(ids)
+    return (torch.tensor(rows, dtype=torch.long, device=device),
+            torch.tensor(cols, dtype=torch.long, device=device))
 
 
-def _finite(logits: torch.Tensor) -> torch.Tensor:
-    """Extreme but valid parameters (a temperature of 1e-5, a repetition penalty of 1e-30) overflow float32;
-    NaN becomes impossible (-inf) and +inf the largest float, so softmax stays defined."""
-    return torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
+def _column(values: list[float], device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
 
 
-def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """logits of one row after temperature; returns probabilities with the filtered tokens at 0."""
-    logits = _finite(logits)
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if min_p > 0:
-        probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
-    if top_p < 1.0:
-        sorted_p, idx = torch.sort(probs, descending=True)
+def filtered_probs(x: torch.Tensor, params: list) -> torch.Tensor:
+    """Rows of processed logits and their SamplingParams -> the distribution each draws from: temperature,
+    top-k, softmax, min-p, top-p (the filtered tokens at 0)."""
+    dev = x.device
+    y = _finite(x / _column([p.temperature for p in params], dev))
+    vocab = y.shape[-1]
+    ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    if min(ks) < vocab:
+        kth = torch.topk(y, max(ks), dim=-1).values.gather(1, torch.tensor(ks, device=dev).unsqueeze(1) - 1)
+        y = y.masked_fill(y < kth, float("-inf"))
+    probs = torch.softmax(y, dim=-1)
+    if any(p.min_p > 0 for p in params):
+        floor = _column([p.min_p for p in params], dev) * probs.amax(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < floor, 0.0)
+    if any(p.top_p < 1.0 for p in params):
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         cum = torch.cumsum(sorted_p, dim=-1)
-        drop = (cum - sorted_p) > top_p * cum[-1]  # keep the smallest set reaching top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+        drop = (cum - sorted_p) > _column([p.top_p for p in params], dev) * cum[:, -1:]
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p.masked_fill(drop, 0.0))
     return probs
 
 
@@ -73,47 +75,92 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, reqs: list[Request], generators: list[torch.Generator | None]
                  ) -> tuple[list[int], list[TokenLogprobs | None]]:
         logits = logits.float()
-        want_lp = [r.params.logprobs is not None for r in reqs]
-        raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        tokens: list[int] = []
-        for i, req in enumerate(reqs):
-            p = req.params
-            row = logits[i]
-            touched = False
-            if p.logit_bias:
-                row = row.clone()
-                touched = True
-                ids = torch.tensor([t for t in p.logit_bias if 0 <= t < row.shape[-1]], dtype=torch.long)
-                if len(ids):
-                    row[ids] += torch.tensor([p.logit_bias[int(t)] for t in ids], dtype=row.dtype)
-            needs_mask = len(req.output_token_ids) < p.min_tokens
-            needs_pen = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-            if (needs_mask or needs_pen) and not touched:
-                row = row.clone()
-            if needs_mask:
-                _mask_stop_tokens(row, req)
-            if needs_pen:
-                _penalize(row, req)
-            if p.greedy:
-                tokens.append(int(torch.argmax(_finite(row))))
-                continue
-            probs = _filter(row / p.temperature, p.top_k, p.top_p, p.min_p)
-            if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
-                # every token masked (or no finite logit at all): the best remaining token, not a crash
-                tokens.append(int(torch.argmax(_finite(row))))
-                continue
-            gen = generators[i] or self.default_generator
-            tokens.append(int(torch.multinomial(probs, 1, generator=gen)))
-        lps: list[TokenLogprobs | None] = []
-        for i, req in enumerate(reqs):
-            if not want_lp[i]:
-                lps.append(None)
-                continue
-            row = raw_lp[i]
-            n = req.params.logprobs
-            top = []
-            if n:
-                v, ix = torch.topk(row, n)
-                top = list(zip(ix.tolist(), v.tolist()))
-            lps.append(TokenLogprobs(tokens[i], float(row[tokens[i]]), top))
-        return tokens, lps
+        x = self._process(logits, reqs)
+        tokens = torch.argmax(x, dim=-1)
+        draw = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if draw:
+            tokens = self._draw(x, reqs, draw, generators, tokens)
+        return self._finish(logits, reqs, tokens)
+
+    # -- logit processing ----------------------------------------------------------------------
+    def _process(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """Logits after bias, min_tokens masking and penalties (a copy when anything applies)."""
+        dev, vocab = logits.device, logits.shape[-1]
+        bias = [(i, r.params.logit_bias) for i, r in enumerate(reqs) if r.params.logit_bias]
+        masked = [(i, r) for i, r in enumerate(reqs) if len(r.output_token_ids) < r.params.min_tokens]
+        repeat = [(i, r) for i, r in enumerate(reqs) if r.params.repetition_penalty != 1.0]
+        counted = [(i, r) for i, r in enumerate(reqs)
+                   if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_token_ids]
+        if not (bias or masked or repeat or counted):
+            return _finite(logits)
+        x = logits.clone()
+        if bias:
+            rows, cols = _rows_cols([(i, list(b)) for i, b in bias], vocab, dev)
+            vals = [b[t] for _, b in bias for t in b if 0 <= t < vocab]
+            x.index_put_((rows, cols), torch.tensor(vals, dtype=x.dtype, device=dev), accumulate=True)
+        if masked:
+            stop = [(i, list(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else r.eos_token_ids)))
+                    for i, r in masked]
+            rows, cols = _rows_cols(stop, vocab, dev)
+            x[rows, cols] = float("-inf")
+        if repeat:
+            rows, cols = _rows_cols([(i, r.all_token_ids) for i, r in repeat], vocab, dev)
+            seen = torch.zeros_like(x, dtype=torch.bool)
+            seen[rows, cols] = True
+            penalty = torch.ones(len(reqs), 1, device=dev)
+            penalty[[i for i, _ in repeat]] = _column([r.params.repetition_penalty for _, r in repeat], dev)
+            x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+        if counted:
+            rows, cols = _rows_cols([(i, r.output_token_ids) for i, r in counted], vocab, dev)
+            counts = torch.zeros_like(x).index_put_((rows, cols), torch.ones_like(rows, dtype=x.dtype),
+                                                    accumulate=True)
+            freq = torch.zeros(len(reqs), 1, device=dev)
+            pres = torch.zeros(len(reqs), 1, device=dev)
+            idx = [i for i, _ in counted]
+            freq[idx] = _column([r.params.frequency_penalty for _, r in counted], dev)
+            pres[idx] = _column([r.params.presence_penalty for _, r in counted], dev)
+            x = x - freq * counts - pres * (counts > 0).to(x.dtype)
+        return _finite(x)
+
+    # -- drawing ---------------------------------------------------------------------------------
+    def _draw(self, x: torch.Tensor, reqs: list[Request], draw: list[int],
+              generators: list[torch.Generator | None], greedy_tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens drawn for the rows in ``draw``; the other rows keep their greedy token."""
+        probs = filtered_probs(x[draw], [reqs[i].params for i in draw])
+        noise = torch.empty_like(probs)
+        own = [j for j, i in enumerate(draw) if generators[i] is not None]
+        if len(own) < len(draw):
+            noise.exponential_(generator=self.default_generator)
+        for j in own:
+            noise[j].exponential_(generator=generators[draw[j]])
+        drawn = torch.argmax(probs / noise.clamp_min_(1e-30), dim=-1)
+        # a row whose every token was filtered out (or had no finite logit) keeps its best token, not a crash
+        usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
+        tokens = greedy_tokens.clone()
+        tokens[draw] = torch.where(usable, drawn, greedy_tokens[draw])
+        return tokens
+
+    # -- to the host -------------------------------------------------------------------------------
+    @staticmethod
+    def _finish(logits: torch.Tensor, reqs: list[Request], tokens: torch.Tensor
+                ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        want = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+        if not want:
+            return tokens.tolist(), [None] * len(reqs)
+        lp = torch.log_softmax(logits[want], dim=-1)
+        chosen = lp.gather(1, tokens[want].unsqueeze(1)).squeeze(1)
+        n_top = max(reqs[i].params.logprobs for i in want)
+        top_v, top_i = torch.topk(lp, n_top, dim=-1) if n_top else (lp[:, :0], lp[:, :0].long())
+        host = torch.cat([tokens.double(), chosen.double(), top_v.double().flatten(), top_i.double().flatten()]
+                         ).tolist()  # one transfer
+        b, w = len(reqs), len(want)
+        token_list = [int(t) for t in host[:b]]
+        chosen_l = host[b:b + w]
+        tv = host[b + w:b + w + w * n_top]
+        ti = host[b + w + w * n_top:]
+        out: list[TokenLogprobs | None] = [None] * b
+        for j, i in enumerate(want):
+            n = reqs[i].params.logprobs
+            top = [(int(ti[j * n_top + k]), tv[j * n_top + k]) for k in range(n)]
+            out[i] = TokenLogprobs(token_list[i], chosen_l[j], top)
+        return token_list, out

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
+from engine.cpu_features import cpu_flags, cpu_has_native_bf16  # noqa: F401 - re-exported
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_has_native_bf16() -> bool:
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def resolve_device(name: str) -> torch.device:

@@ -61,7 +61,7 @@ class ModelRunner:
             self.num_blocks = self._num_kv_blocks()
             self._allocate_kv_cache()
         self.generators: dict[str, torch.Generator] = {}
-        self.sampler = Sampler(torch.Generator(device="cpu").manual_seed(config.seed))
+        self.sampler = Sampler(torch.Generator(device=self.device).manual_seed(config.seed))
         self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
 
     # -- KV cache -------------------------------------------------------------------------
@@ -97,7 +97,7 @@ class ModelRunner:
     # -- per-request sampling state -----------------------------------------------------------
     def add_request(self, req: Request) -> None:
         if req.params.seed is not None:
-            self.generators[req.request_id] = torch.Generator(device="cpu").manual_seed(req.params.seed)
+            self.generators[req.request_id] = torch.Generator(device=self.device).manual_seed(req.params.seed)
 
     def remove_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)

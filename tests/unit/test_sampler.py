@@ -1,6 +1,7 @@
 """Sampler: each parameter does what it says, on synthetic logits."""
 
 import math
+import random
 
 import pytest
 import torch
@@ -137,3 +138,85 @@ def test_all_tokens_impossible_falls_back_to_argmax():
     logits[0, 3] = float("-inf")
     t, _ = s(logits, [req], [None])
     assert 0 <= t[0] < V
+
+
+# -- the batched sampler against the one-request-at-a-time reference (tests/unit/sampler_reference.py) ----------
+
+def _random_request(rng: random.Random, i: int, vocab: int) -> Request:
+    kw: dict = {"temperature": rng.choice([0.0, 0.3, 1.0, 1.7])}
+    if rng.random() < 0.4:
+        kw["top_k"] = rng.choice([1, 2, 5, vocab // 2, vocab + 10])
+    if rng.random() < 0.4:
+        kw["top_p"] = rng.choice([0.05, 0.5, 0.9])
+    if rng.random() < 0.3:
+        kw["min_p"] = rng.choice([0.01, 0.2])
+    if rng.random() < 0.3:
+        kw["repetition_penalty"] = rng.choice([0.7, 1.3, 2.0])
+    if rng.random() < 0.3:
+        kw["presence_penalty"], kw["frequency_penalty"] = rng.uniform(-2, 2), rng.uniform(-2, 2)
+    if rng.random() < 0.3:
+        kw["logit_bias"] = {rng.randrange(vocab + 5): rng.uniform(-100, 100) for _ in range(3)}
+    if rng.random() < 0.3:
+        kw["min_tokens"], kw["stop_token_ids"] = 5, [rng.randrange(vocab)]
+    if rng.random() < 0.3:
+        kw["logprobs"] = rng.choice([0, 1, 5])
+    req = Request(f"r{i}", [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))], SamplingParams(**kw),
+                  eos_token_ids=frozenset({0}))
+    req.output_token_ids = [rng.randrange(vocab) for _ in range(rng.randrange(0, 8))]
+    return req
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_batched_sampler_matches_reference(seed):
+    """Random batches of mixed parameters: the same greedy tokens, the same distribution for every drawing row,
+    the same logprobs, and every drawn token inside that distribution's support."""
+    from engine.layers.sampler import filtered_probs
+    from tests.unit.sampler_reference import ReferenceSampler, process_row, reference_probs
+
+    rng = random.Random(seed)
+    vocab = 64
+    reqs = [_random_request(rng, i, vocab) for i in range(rng.randrange(1, 9))]
+    logits = torch.randn(len(reqs), vocab, generator=torch.Generator().manual_seed(seed)) * 4
+    sampler = Sampler(torch.Generator().manual_seed(seed))
+    tokens, lps = sampler(logits, reqs, [None] * len(reqs))
+    ref_tokens, ref_lps = ReferenceSampler(torch.Generator().manual_seed(seed))(logits, reqs, [None] * len(reqs))
+    processed = sampler._process(logits, reqs)
+    for i, req in enumerate(reqs):
+        torch.testing.assert_close(processed[i], process_row(logits[i], req).nan_to_num(float("-inf")))
+        if req.params.greedy:
+            assert tokens[i] == ref_tokens[i]
+        else:
+            probs = filtered_probs(processed[i:i + 1], [req.params])[0]
+            torch.testing.assert_close(probs, reference_probs(logits[i], req), atol=1e-6, rtol=1e-5)
+            assert probs[tokens[i]] > 0
+        if ref_lps[i] is None:
+            assert lps[i] is None
+        else:
+            assert lps[i].token_id == tokens[i]
+            assert [t for t, _ in lps[i].top] == [t for t, _ in ref_lps[i].top]
+            assert lps[i].logprob == pytest.approx(float(torch.log_softmax(logits[i], -1)[tokens[i]]), abs=1e-5)
+
+
+def test_exponential_race_draws_with_the_right_frequencies():
+    target = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    n = 20000
+    logits = target.log().expand(n, 4).contiguous()
+    reqs = [Request(f"r{i}", [1], SamplingParams(temperature=1.0), eos_token_ids=frozenset()) for i in range(n)]
+    tokens, _ = Sampler(torch.Generator().manual_seed(0))(logits, reqs, [None] * n)
+    freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / n
+    assert torch.allclose(freq, target, atol=0.015), freq  # ~4.5 standard errors at n=20000
+
+
+def test_seeded_rows_do_not_depend_on_their_neighbours():
+    """A request with a seed gets the same tokens whatever else shares its batch."""
+    logits = torch.zeros(3, V)
+    seeded = Request("s", [1], SamplingParams(temperature=1.0, seed=5), eos_token_ids=frozenset())
+    other = Request("o", [1], SamplingParams(temperature=1.0), eos_token_ids=frozenset())
+    runs = []
+    for batch in ([seeded], [other, seeded, other]):
+        gen = torch.Generator().manual_seed(5)
+        s = Sampler(torch.Generator().manual_seed(len(batch)))
+        toks = [s(logits[:len(batch)], batch, [gen if r is seeded else None for r in batch])[0]
+                [batch.index(seeded)] for _ in range(10)]
+        runs.append(toks)
+    assert runs[0] == runs[1]

@@ -209,6 +209,38 @@ def abort_all(streams: list[RequestStream]) -> None:
         s.abort()
 
 
+@dataclass
+class Choice:
+    """One choice of a non-streamed response, gathered from its deltas."""
+    text: list[str] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    output_tokens: int = 0
+
+
+async def collect(streams: list[RequestStream], n: int, n_choices: int) -> tuple[list[Choice], int]:
+    """Runs the streams to the end; returns the choices and the number of prompt tokens served from the
+    prefix cache. The streams are aborted however this ends (a client gone, an engine error)."""
+    choices = [Choice() for _ in range(n_choices)]
+    cached = 0
+    try:
+        async for batch in batches(streams, n):
+            for d in batch:
+                c = choices[d.index]
+                if d.text:
+                    c.text.append(d.text)
+                if d.logprobs:
+                    c.logprobs.extend(d.logprobs)
+                if d.finished:
+                    c.finish_reason, c.stop_reason, c.output_tokens = d.finish_reason, d.stop_reason, \
+                        d.num_output_tokens
+                    cached = max(cached, d.num_cached_tokens)
+    finally:
+        abort_all(streams)
+    return choices, cached
+
+
 # ------------------------------------------------------------------------------------------------
 # logprobs
 

@@ -95,32 +95,12 @@ async def create_chat_completion(ctx: S.ServerContext, req: ChatCompletionReques
 
 
 async def _full(ctx, streams, n, rid, model, logprobs: bool, top_n: int) -> Response:
-    texts: list[list[str]] = [[] for _ in range(n)]
-    lps: list[list] = [[] for _ in range(n)]
-    finish: list[tuple] = [(None, None, 0)] * n
-    cached = 0
-    try:
-        async for batch in S.batches(streams, n):
-            for d in batch:
-                i = d.index
-                if d.text:
-                    texts[i].append(d.text)
-                if d.logprobs:
-                    lps[i].extend(d.logprobs)
-                if d.finished:
-                    finish[i] = (d.finish_reason, d.stop_reason, d.num_output_tokens)
-                    cached = max(cached, d.num_cached_tokens)
-    finally:
-        S.abort_all(streams)
-    choices = []
-    for i in range(n):
-        reason, stop, _ = finish[i]
-        choices.append({
-            "index": i, "message": {"role": "assistant", "content": "".join(texts[i])},
-            "logprobs": {"content": S.chat_logprobs(ctx, lps[i], top_n)} if logprobs else None,
-            "finish_reason": reason, "stop_reason": stop})
+    gathered, cached = await S.collect(streams, n, n)
+    choices = [{"index": i, "message": {"role": "assistant", "content": "".join(c.text)},
+                "logprobs": {"content": S.chat_logprobs(ctx, c.logprobs, top_n)} if logprobs else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for i, c in enumerate(gathered)]
     body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": S.usage(streams, sum(f[2] for f in finish), cached)}
+            "choices": choices, "usage": S.usage(streams, sum(c.output_tokens for c in gathered), cached)}
     return Response(S.encode_json(body), media_type="application/json")
 
 

@@ -68,31 +68,12 @@ async def create_completion(ctx: S.ServerContext, req: CompletionRequest, raw: R
 
 
 async def _full(ctx, streams, n, n_choices, rid, model, top_n: int | None) -> Response:
-    texts: list[list[str]] = [[] for _ in range(n_choices)]
-    lps: list[list] = [[] for _ in range(n_choices)]
-    finish: list[tuple] = [(None, None, 0)] * n_choices
-    cached = 0
-    try:
-        async for batch in S.batches(streams, n):
-            for d in batch:
-                i = d.index
-                if d.text:
-                    texts[i].append(d.text)
-                if d.logprobs:
-                    lps[i].extend(d.logprobs)
-                if d.finished:
-                    finish[i] = (d.finish_reason, d.stop_reason, d.num_output_tokens)
-                    cached = max(cached, d.num_cached_tokens)
-    finally:
-        S.abort_all(streams)
-    choices = []
-    for i in range(n_choices):
-        reason, stop, _ = finish[i]
-        logprobs = S.completion_logprobs(ctx, lps[i], top_n, 0)[0] if top_n is not None else None
-        choices.append({"index": i, "text": "".join(texts[i]), "logprobs": logprobs, "finish_reason": reason,
-                        "stop_reason": stop})
+    gathered, cached = await S.collect(streams, n, n_choices)
+    choices = [{"index": i, "text": "".join(c.text),
+                "logprobs": S.completion_logprobs(ctx, c.logprobs, top_n, 0)[0] if top_n is not None else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for i, c in enumerate(gathered)]
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": S.usage(streams, sum(f[2] for f in finish), cached)}
+            "choices": choices, "usage": S.usage(streams, sum(c.output_tokens for c in gathered), cached)}
     return Response(S.encode_json(body), media_type="application/json")
 
 
