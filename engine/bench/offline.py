@@ -1,5 +1,5 @@
 """`kestrel bench offline`: prefill and decode tokens/s of the engine, with llama.cpp (through
-llama-cpp-python, same GGUF, same threads, same prompt token ids) side by side in the same run."""
+llama-cpp-python in a child process: same GGUF, same threads, same prompt token ids) side by side in the same run."""
 
 from __future__ import annotations
 
@@ -52,31 +52,6 @@ def run_engine(llm, prompts: list[list[int]], gen_len: int) -> dict:
     }
 
 
-def run_llamacpp(model_path: str, prompt: list[int], gen_len: int, threads: int, llm=None) -> tuple[dict, object]:
-    import numpy as np
-    from llama_cpp import Llama
-
-    if llm is None:
-        llm = Llama(model_path=model_path, n_ctx=len(prompt) + gen_len + 8, n_batch=512, n_threads=threads,
-                    n_threads_batch=threads, verbose=False)
-    vocab = llm.n_vocab()
-
-    def last_logits():  # llama.cpp keeps the last position's logits after a decode
-        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
-
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(prompt)
-    t1 = time.perf_counter()
-    tok = int(np.argmax(last_logits()))
-    for _ in range(gen_len - 1):  # greedy, as the engine runs
-        llm.eval([tok])
-        tok = int(np.argmax(last_logits()))
-    t2 = time.perf_counter()
-    return {"prefill_s": t1 - t0, "prefill_tok_s": len(prompt) / (t1 - t0), "decode_s": t2 - t1,
-            "decode_tok_s": (gen_len - 1) / (t2 - t1)}, llm
-
-
 def _median(runs: list[dict]) -> dict:
     keys = runs[0].keys()
     return {k: statistics.median(r[k] for r in runs) for k in keys} | {
@@ -86,6 +61,7 @@ def _median(runs: list[dict]) -> dict:
 def main(args) -> int:
     import torch
 
+    from engine.bench.llamacpp_peer import run_in_child
     from engine.bench.report import environment
     from engine.cli import _load
 
@@ -105,7 +81,6 @@ def main(args) -> int:
         "results": [],
     }
     threads = torch.get_num_threads()
-    lcpp = None
     for batch in args.batch:
         prompts = _prompts(batch, args.prompt_len, vocab, seed=batch)
         run_engine(llm, [p[:32] for p in prompts], 4)  # warm-up
@@ -115,13 +90,11 @@ def main(args) -> int:
             if ckpt.format != "gguf":
                 row["llama.cpp"] = "skipped: llama.cpp needs a GGUF model"
             else:
-                runs = []
-                for _ in range(args.repeats):
-                    r, lcpp = run_llamacpp(str(ckpt.path), prompts[0], args.gen_len, threads, lcpp)
-                    runs.append(r)
-                row["llama.cpp"] = _median(runs)
-                row["ratio_vs_llama.cpp"] = {
-                    k: row["kestrel"][k] / row["llama.cpp"][k] for k in ("prefill_tok_s", "decode_tok_s")}
+                runs = run_in_child(str(ckpt.path), prompts[0], args.gen_len, threads, args.repeats)
+                row["llama.cpp"] = runs if isinstance(runs, str) else _median(runs)
+                if not isinstance(runs, str):
+                    row["ratio_vs_llama.cpp"] = {
+                        k: row["kestrel"][k] / row["llama.cpp"][k] for k in ("prefill_tok_s", "decode_tok_s")}
         report["results"].append(row)
         _print_row(row)
     if args.json:

@@ -30,6 +30,14 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max)
 
 
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without a host synchronisation (pinned staging, asynchronous copy)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _rows_cols(pairs: list[tuple[int, list[int]]], vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, [token ids]) pairs -> index tensors for x[rows, cols], ids outside the vocabulary dropped."""
     rows: list[int] = []
@@ -38,12 +46,11 @@ def _rows_cols(pairs: list[tuple[int, list[int]]], vocab: int, device) -> tuple[
         ids = [t for t in ids if 0 <= t < vocab]
         rows.extend([r] * len(ids))
         cols.extend(ids)
-    return (torch.tensor(rows, dtype=torch.long, device=device),
-            torch.tensor(cols, dtype=torch.long, device=device))
+    return _to_device(rows, torch.long, device), _to_device(cols, torch.long, device)
 
 
 def _column(values: list[float], device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+    return _to_device(values, torch.float32, device).unsqueeze(1)
 
 
 def filtered_probs(x: torch.Tensor, params: list) -> torch.Tensor:
@@ -54,7 +61,7 @@ def filtered_probs(x: torch.Tensor, params: list) -> torch.Tensor:
     vocab = y.shape[-1]
     ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     if min(ks) < vocab:
-        kth = torch.topk(y, max(ks), dim=-1).values.gather(1, torch.tensor(ks, device=dev).unsqueeze(1) - 1)
+        kth = torch.topk(y, max(ks), dim=-1).values.gather(1, _to_device(ks, torch.long, dev).unsqueeze(1) - 1)
         y = y.masked_fill(y < kth, float("-inf"))
     probs = torch.softmax(y, dim=-1)
     if any(p.min_p > 0 for p in params):
@@ -97,28 +104,24 @@ class Sampler:
         if bias:
             rows, cols = _rows_cols([(i, list(b)) for i, b in bias], vocab, dev)
             vals = [b[t] for _, b in bias for t in b if 0 <= t < vocab]
-            x.index_put_((rows, cols), torch.tensor(vals, dtype=x.dtype, device=dev), accumulate=True)
+            x.index_put_((rows, cols), _to_device(vals, x.dtype, dev), accumulate=True)
         if masked:
             stop = [(i, list(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else r.eos_token_ids)))
                     for i, r in masked]
             rows, cols = _rows_cols(stop, vocab, dev)
-            x[rows, cols] = float("-inf")
+            x.index_put_((rows, cols), x.new_full((), float("-inf")))  # a device scalar: no sync
         if repeat:
             rows, cols = _rows_cols([(i, r.all_token_ids) for i, r in repeat], vocab, dev)
             seen = torch.zeros_like(x, dtype=torch.bool)
-            seen[rows, cols] = True
-            penalty = torch.ones(len(reqs), 1, device=dev)
-            penalty[[i for i, _ in repeat]] = _column([r.params.repetition_penalty for _, r in repeat], dev)
+            seen.index_put_((rows, cols), seen.new_ones(()))
+            penalty = _column([r.params.repetition_penalty for r in reqs], dev)
             x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
         if counted:
             rows, cols = _rows_cols([(i, r.output_token_ids) for i, r in counted], vocab, dev)
             counts = torch.zeros_like(x).index_put_((rows, cols), torch.ones_like(rows, dtype=x.dtype),
                                                     accumulate=True)
-            freq = torch.zeros(len(reqs), 1, device=dev)
-            pres = torch.zeros(len(reqs), 1, device=dev)
-            idx = [i for i, _ in counted]
-            freq[idx] = _column([r.params.frequency_penalty for _, r in counted], dev)
-            pres[idx] = _column([r.params.presence_penalty for _, r in counted], dev)
+            freq = _column([r.params.frequency_penalty for r in reqs], dev)
+            pres = _column([r.params.presence_penalty for r in reqs], dev)
             x = x - freq * counts - pres * (counts > 0).to(x.dtype)
         return _finite(x)
 
@@ -126,7 +129,8 @@ class Sampler:
     def _draw(self, x: torch.Tensor, reqs: list[Request], draw: list[int],
               generators: list[torch.Generator | None], greedy_tokens: torch.Tensor) -> torch.Tensor:
         """Tokens drawn for the rows in ``draw``; the other rows keep their greedy token."""
-        probs = filtered_probs(x[draw], [reqs[i].params for i in draw])
+        rows = _to_device(draw, torch.long, x.device)
+        probs = filtered_probs(x.index_select(0, rows), [reqs[i].params for i in draw])
         noise = torch.empty_like(probs)
         own = [j for j, i in enumerate(draw) if generators[i] is not None]
         if len(own) < len(draw):
@@ -136,9 +140,8 @@ class Sampler:
         drawn = torch.argmax(probs / noise.clamp_min_(1e-30), dim=-1)
         # a row whose every token was filtered out (or had no finite logit) keeps its best token, not a crash
         usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
-        tokens = greedy_tokens.clone()
-        tokens[draw] = torch.where(usable, drawn, greedy_tokens[draw])
-        return tokens
+        greedy = greedy_tokens.index_select(0, rows)
+        return greedy_tokens.index_copy(0, rows, torch.where(usable, drawn, greedy))
 
     # -- to the host -------------------------------------------------------------------------------
     @staticmethod
