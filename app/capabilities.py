@@ -7,15 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 TP_REASON = "coming with tensor-parallel support"
-QUANT_REASON = "the engine has no on-the-fly quantization yet"
-ON_THE_FLY_QUANTIZATIONS = ("int8 (weight-only)", "fp8", "int4 (AWQ-style)")
 
 
 @dataclass(frozen=True)
 class Capabilities:
     tensor_parallel: bool = False
     comm_strategies: tuple[str, ...] = ()  # of EngineConfig.comm_strategy's choices
-    on_the_fly_quantization: tuple[str, ...] = ()
     keeps_quantized_weights: bool = False  # GGUF kept quantized in memory (else dequantized at load)
     notes: dict[str, str] = field(default_factory=dict)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+INT8_BYTES_PER_PARAM = 1 + 4 / 32  # --quantization int8: int8 weights plus an fp32 scale per 32
 GPU_OVERHEAD = 1.0 * GIB  # CUDA context, activations, sampler buffers (rough)
 CPU_OVERHEAD = 0.5 * GIB
 

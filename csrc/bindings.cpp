@@ -64,7 +64,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("head_size"), py::arg("num_slots"));
   m.def("linear", &kestrel::cpu::linear, release(), py::arg("dtype"), py::arg("out"), py::arg("out_stride"),
         py::arg("x"), py::arg("x_stride"), py::arg("weight"), py::arg("bias"), py::arg("M"), py::arg("N"),
-        py::arg("K"));
+        py::arg("K"), py::arg("w_scales") = 0,
+        "out = x @ weight^T + bias; with w_scales (fp32 [N, K/32]) weight is int8 [N, K], scaled per group of 32");
   m.def("paged_decode_attention", &kestrel::cpu::paged_decode_attention, release(), py::arg("dtype"),
         py::arg("out"), py::arg("out_s0"), py::arg("out_s1"), py::arg("q"), py::arg("q_s0"), py::arg("q_s1"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("bt_stride"),

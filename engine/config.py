@@ -102,6 +102,9 @@ class EngineConfig:
     dtype: str = _opt("Weights and activations dtype", default="auto",
                       choices=["auto", "float32", "bfloat16", "float16"])
     device: str = _opt("Device", default="auto", choices=["auto", "cpu", "cuda"])
+    quantization: str = _opt("Weights quantized while loading: none (the checkpoint's float weights, or its "
+                             "GGUF blocks dequantized to the dtype) or int8 (weight-only, one scale per 32 "
+                             "weights; CPU)", default="none", choices=["none", "int8"])
     max_model_len: int | None = _opt("Context length (default: the model's, capped at 8192)")
     block_size: int = _opt("KV-cache block size in tokens", default=16)
     kv_cache_memory_gib: float | None = _opt("KV-cache memory in GiB (CPU default 2; GPU default from "

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import fit
-from app.capabilities import ON_THE_FLY_QUANTIZATIONS, QUANT_REASON, TP_REASON
+from app.capabilities import TP_REASON
 from app.context import AppContext
 from app.hardware import cpu_has_native_bf16
 from app.library import EMBEDDED_KEY, LibraryEntry
@@ -32,10 +32,10 @@ from app.widgets.layouts import widget_of
 from app.workers.engine_worker import DEAD, EMPTY, LOADING, READY
 from engine.config import EngineConfig
 
-MAIN_FIELDS = ["dtype", "device", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_gib",
+MAIN_FIELDS = ["quantization", "dtype", "device", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_gib",
                "enable_prefix_caching", "tensor_parallel_size", "comm_strategy"]
 LABELS = {
-    "dtype": "Data type", "device": "Device", "max_model_len": "Context length",
+    "quantization": "Quantization", "dtype": "Data type", "device": "Device", "max_model_len": "Context length",
     "gpu_memory_utilization": "KV-cache memory share (GPU)", "kv_cache_memory_gib": "KV-cache memory (CPU)",
     "enable_prefix_caching": "Prefix caching", "tensor_parallel_size": "Tensor-parallel size",
     "comm_strategy": "Communication strategy", "block_size": "KV block size", "num_kv_blocks": "KV blocks",
@@ -45,6 +45,8 @@ LABELS = {
 CHOICE_LABELS = {
     "comm_strategy": {"auto": "Auto (measured at start-up)", "nccl": "NCCL", "int8": "Int8-quantized all-reduce",
                       "host": "Host (shared memory + SIMD)", "overlap": "Dual-stream overlap"},
+    "quantization": {"none": "None (float weights in the chosen dtype)",
+                     "int8": "Int8 weights, a scale per 32 (CPU)"},
     "dtype": {"auto": "Auto"}, "device": {"auto": "Auto", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"},
 }
 RANGES = {"max_model_len": (0, 1 << 20), "gpu_memory_utilization": (0.05, 0.99), "kv_cache_memory_gib": (0, 4096),
@@ -123,17 +125,9 @@ class LoadPanel(QWidget):
 
         opts = QGroupBox("Options")
         ol = QVBoxLayout(opts)
-        quant_row = QHBoxLayout()
-        self.quant_combo = QComboBox()
-        self.quant_combo.setToolTip("The checkpoint's own quantization, or one applied while loading")
-        quant_row.addWidget(self.quant_combo, 1)
-        self.quant_reason = QLabel(QUANT_REASON)
-        self.quant_reason.setObjectName("hint")
-        quant_row.addWidget(self.quant_reason, 1)
         names = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
         advanced = [n for n in names if n not in MAIN_FIELDS]
         self.form = ConfigFormPair(MAIN_FIELDS, advanced)
-        self.form.main.form.insertRow(0, "Quantization", widget_of(quant_row))
         ol.addWidget(self.form.main)
         self.advanced_toggle = QPushButton("Show advanced options")
         self.advanced_toggle.setCheckable(True)
@@ -252,14 +246,6 @@ class LoadPanel(QWidget):
         self.summary.setText("<br>".join(lines))
         self.model_warning.setText("" if facts.supported else f"Kestrel may not load this model: {facts.reason}")
         self.model_warning.setVisible(not facts.supported)
-        self.quant_combo.clear()
-        own = facts.quantization
-        self.quant_combo.addItem(f"As in the checkpoint ({own})" if own else "None (the checkpoint's float weights)")
-        for q in ON_THE_FLY_QUANTIZATIONS:
-            enabled = q in self.ctx.capabilities.on_the_fly_quantization
-            self.quant_combo.addItem(q if enabled else f"{q}  (unavailable)")
-            self.quant_combo.model().item(self.quant_combo.count() - 1).setEnabled(enabled)
-        self.quant_reason.setVisible(not self.ctx.capabilities.on_the_fly_quantization)
         saved = self.ctx.store.model_settings(e.key).get("engine", {})
         self.form.set_values(saved)
         self._apply_availability()
@@ -301,6 +287,9 @@ class LoadPanel(QWidget):
                 if c != "auto":
                     f.set_choice_enabled("comm_strategy", c, c in caps.comm_strategies, "not in this engine yet")
         on_gpu = self._device() == "cuda"
+        f.set_choice_enabled("quantization", "int8", not on_gpu, "the int8 kernels run on the CPU")
+        if on_gpu and f.values().get("quantization") == "int8":
+            f.set_value("quantization", "none")
         f.set_field_enabled("gpu_memory_utilization", on_gpu, "applies when the model runs on a GPU")
         f.set_field_enabled("kv_cache_memory_gib", not on_gpu, "applies when the model runs on the CPU")
 
@@ -326,15 +315,22 @@ class LoadPanel(QWidget):
             dtype = ("bfloat16" if cpu_has_native_bf16() else "float32") if device == "cpu" else "bfloat16"
         context = values.get("max_model_len") or min(facts.context_length or ENGINE_DEFAULT_CONTEXT_CAP,
                                                      ENGINE_DEFAULT_CONTEXT_CAP)
-        weights = fit.weights_in_memory(facts.num_params, dtype, facts.size_bytes,
-                                        self.ctx.capabilities.keeps_quantized_weights)
+        int8 = values.get("quantization") == "int8"
+        weights = (int(facts.num_params * fit.INT8_BYTES_PER_PARAM) if int8 and facts.num_params else
+                   fit.weights_in_memory(facts.num_params, dtype, facts.size_bytes,
+                                         self.ctx.capabilities.keeps_quantized_weights))
         if weights is None:
             self.estimate.setText("Not enough information about this model for an estimate.")
             return
         tp = values.get("tensor_parallel_size") or 1
         snap = self.ctx.hardware_snapshot
-        quant_note = ("" if self.ctx.capabilities.keeps_quantized_weights or not facts.quantization else
-                      f" The {facts.quantization} weights are dequantized to {dtype} when loaded.")
+        if int8:
+            quant_note = " Weights are quantized to int8 while loading (about half of bfloat16's bytes per token)."
+        elif facts.quantization and not self.ctx.capabilities.keeps_quantized_weights:
+            quant_note = (f" The {facts.quantization} weights are dequantized to {dtype} when loaded; int8 "
+                          "quantization keeps about half of that.")
+        else:
+            quant_note = ""
         if device == "cuda" and snap is not None and snap.gpus:
             util = values.get("gpu_memory_utilization") or 0.9
             cap = min(g.memory_total or 0 for g in snap.gpus[:tp]) * util

@@ -145,7 +145,8 @@ class PerformancePanel(QWidget):
         self.waiting.add(t, stats.num_waiting)
         self.kv.add(t, 100.0 * stats.kv_usage)
         comm = getattr(stats, "comm_bytes_total", None)  # the engine counts all-reduce bytes with TP > 1
-        if comm is not None:
+        tp = self.ctx.engine.info.tensor_parallel_size if self.ctx.engine.info else 1
+        if comm is not None and tp > 1:  # TP = 1 reports 0 bytes: no line (the note says why)
             if self._last_comm is not None and t > self._last_comm[0]:
                 rate = (comm - self._last_comm[1]) / (t - self._last_comm[0]) / 1e6
                 self.allreduce.add(t, max(rate, 0.0))

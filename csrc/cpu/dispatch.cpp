@@ -51,7 +51,7 @@ bool cpu_has_avx512() {
 bool cpu_has_avx512bf16() {
 #if defined(KESTREL_X86_VARIANTS) && defined(KESTREL_HAVE_AVX512BF16)
   __builtin_cpu_init();
-  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
 #else
   return false;
 #endif
@@ -395,9 +395,10 @@ void linear_chunk(void* ctx, int64_t c) {
 }
 
 void linear(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_t w, uintptr_t bias, int64_t M,
-            int64_t N, int64_t K) {
+            int64_t N, int64_t K, uintptr_t w_scales) {
   check_dtype(dt);
   check(M >= 0 && N >= 0 && K >= 0, "linear: sizes must be >= 0");
+  check(w_scales == 0 || K % kQ8Group == 0, "linear: int8 weights need K to be a multiple of 32");
   check(M <= 1 || os >= N, "linear: out's row stride must be >= N (rows must not overlap)");
   (void)xs;  // x's rows may overlap (e.g. a broadcast x): they are only read
   if (M == 0 || N == 0) return;
@@ -414,10 +415,11 @@ void linear(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_
     }
     return;
   }
-  LinearParams p{dt, ptr<const void>(x), xs, ptr<const void>(w), ptr<const void>(bias), ptr<void>(out), os, M, N, K};
+  LinearParams p{dt, ptr<const void>(x), xs, ptr<const void>(w), ptr<const void>(bias), ptr<void>(out), os, M, N, K,
+                 ptr<const float>(w_scales)};
   const LinearTable& L = KL();
   const int64_t align = std::max<int64_t>(1, L.n_align(p));
-  const double row_bytes = double(K) * (dt == kFloat32 ? 4 : 2);
+  const double row_bytes = w_scales ? double(K) * (1.0 + 4.0 / kQ8Group) : double(K) * (dt == kFloat32 ? 4 : 2);
   const double bytes = double(N) * row_bytes;
   const double flops = 2.0 * double(M) * double(N) * double(K);
   const double est_us = std::max(bytes / kLinearBytesPerUs, flops / kLinearFlopsPerUs);

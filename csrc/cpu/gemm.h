@@ -11,6 +11,9 @@
 //  - larger M ("prefill"): a register-blocked GEMM. Panels of NR vectors' worth of weight rows are packed
 //    (transposed to [k][n], per thread, per call: one pass over W, reused by all M rows) and an
 //    MR x (NR * lanes) micro-kernel broadcasts x elements against them.
+// Weights are either of the activation dtype or int8 with a scale per group of 32 along K (LinearParams);
+// int8 weights are widened to fp32 and scaled in registers (GEMV) or while packing (GEMM), so they halve
+// the bytes a decode step streams against bfloat16.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +29,12 @@ struct LinearParams {
   void* out;            // [M, N], rows out_stride elements apart, last dim contiguous
   int64_t out_stride;
   int64_t M, N, K;
+  // int8 weights (weight-only quantization): w is int8 [N, K] and w_scales fp32 [N, K / kQ8Group], one scale
+  // per group of kQ8Group consecutive weights of a row (w = q * scale); nullptr for weights of `dtype`.
+  const float* w_scales = nullptr;
 };
+
+constexpr int64_t kQ8Group = 32;
 
 struct LinearTable {
   const char* name;

@@ -107,13 +107,50 @@ inline void x_to_f32(float* dst, int64_t Kp, const T* x, int64_t xs, int64_t M, 
   }
 }
 
+// Weights as the kernels read them (k a multiple of W unless said otherwise):
+// DenseW: rows of T. Q8W: int8 rows, one fp32 scale per kQ8Group along K (K a multiple of kQ8Group, so a
+// vector never straddles two groups and there is no K tail).
+template <class T>
+struct DenseW {
+  const T* w;
+  int64_t K;
+  static constexpr int64_t kElem = int64_t(sizeof(T));
+  static constexpr bool kF32 = sizeof(T) == 4;
+  R load(int64_t n, int64_t k) const { return Vec::load(w + n * K + k); }
+  R load_part(int64_t n, int64_t k, int64_t cnt) const { return gemm::load_part(w + n * K + k, cnt); }
+  float at(int64_t n, int64_t k) const { return to_f32(w[n * K + k]); }
+  const char* row(int64_t n) const { return reinterpret_cast<const char*>(w + n * K); }
+};
+
+struct Q8W {
+  const int8_t* q;
+  const float* s;
+  int64_t K;
+  static constexpr int64_t kElem = 1;
+  static constexpr bool kF32 = false;
+  R load(int64_t n, int64_t k) const {
+    const int64_t i = n * K + k;
+    return Vec::mul(Vec::load(q + i), Vec::set1(s[i / kQ8Group]));
+  }
+  R load_part(int64_t n, int64_t k, int64_t cnt) const {  // unused (no K tail); kept for the generic code
+    alignas(64) float tmp[W] = {};
+    for (int64_t t = 0; t < cnt && t < W; ++t) tmp[t] = at(n, k + t);
+    return Vec::load(tmp);
+  }
+  float at(int64_t n, int64_t k) const {
+    const int64_t i = n * K + k;
+    return float(q[i]) * s[i / kQ8Group];
+  }
+  const char* row(int64_t n) const { return reinterpret_cast<const char*>(q + n * K); }
+};
+
 // ---------------------------------------------------------------------------------------------------
 // GEMV
 
 // res[i * NB + j] = dot(xf row i, w row j) for i < MB, j < NB. pf (if not null): a weight block further
 // on, prefetched into L2 in memory order while this one is read (see kGemvPrefetchBlocks).
-template <class T, int MB, int NB>
-inline void gemv_tile(const float* xf, int64_t ldx, const T* w, int64_t K, float* res, const char* pf) {
+template <class WV, int MB, int NB>
+inline void gemv_tile(const float* xf, int64_t ldx, const WV& w, int64_t n, int64_t K, float* res, const char* pf) {
   R acc[MB][NB];
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = Vec::zero();
@@ -121,9 +158,9 @@ inline void gemv_tile(const float* xf, int64_t ldx, const T* w, int64_t K, float
   for (; k + W <= K; k += W) {
     R wv[NB];
     if (pf != nullptr) {
-      for (int j = 0; j < NB; ++j) __builtin_prefetch(pf + (k * NB + j * W) * int64_t(sizeof(T)), 0, 2);
+      for (int j = 0; j < NB; ++j) __builtin_prefetch(pf + (k * NB + j * W) * WV::kElem, 0, 2);
     }
-    for (int j = 0; j < NB; ++j) wv[j] = Vec::load(w + j * K + k);
+    for (int j = 0; j < NB; ++j) wv[j] = w.load(n + j, k);
     for (int i = 0; i < MB; ++i) {
       const R xv = Vec::load(xf + i * ldx + k);
       for (int j = 0; j < NB; ++j) acc[i][j] = Vec::fma(wv[j], xv, acc[i][j]);
@@ -131,7 +168,7 @@ inline void gemv_tile(const float* xf, int64_t ldx, const T* w, int64_t K, float
   }
   if (k < K) {  // x is zero-padded to a multiple of W: only the weight rows need care
     R wv[NB];
-    for (int j = 0; j < NB; ++j) wv[j] = load_part(w + j * K + k, K - k);
+    for (int j = 0; j < NB; ++j) wv[j] = w.load_part(n + j, k, K - k);
     for (int i = 0; i < MB; ++i) {
       const R xv = Vec::load(xf + i * ldx + k);
       for (int j = 0; j < NB; ++j) acc[i][j] = Vec::fma(wv[j], xv, acc[i][j]);
@@ -150,21 +187,20 @@ inline void gemv_tile(const float* xf, int64_t ldx, const T* w, int64_t K, float
   }
 }
 
-template <class T, int NB>
-inline void gemv_rows(const LinearParams& p, const float* xf, int64_t Kp, int64_t n, float* bias_f) {
-  const T* w = static_cast<const T*>(p.w) + n * p.K;
+template <class T, class WV, int NB>
+inline void gemv_rows(const LinearParams& p, const WV& w, const float* xf, int64_t Kp, int64_t n, float* bias_f) {
   T* out = static_cast<T*>(p.out);
   float res[GEMV_MB * NB];
-  const char* pf = reinterpret_cast<const char*>(w + kGemvPrefetchBlocks * NB * p.K);
+  const char* pf = w.row(n + kGemvPrefetchBlocks * NB);  // a prefetch past the end does not fault
   for (int64_t m0 = 0; m0 < p.M; m0 += GEMV_MB) {
     const int64_t mb = imin(GEMV_MB, p.M - m0);
     const float* xm = xf + m0 * Kp;
     const char* pfm = m0 == 0 && W > 1 ? pf : nullptr;
     switch (mb) {
-      case 1: gemv_tile<T, 1, NB>(xm, Kp, w, p.K, res, pfm); break;
-      case 2: gemv_tile<T, 2, NB>(xm, Kp, w, p.K, res, pfm); break;
-      case 3: if constexpr (GEMV_MB >= 3) gemv_tile<T, 3, NB>(xm, Kp, w, p.K, res, pfm); break;
-      case 4: if constexpr (GEMV_MB >= 4) gemv_tile<T, 4, NB>(xm, Kp, w, p.K, res, pfm); break;
+      case 1: gemv_tile<WV, 1, NB>(xm, Kp, w, n, p.K, res, pfm); break;
+      case 2: gemv_tile<WV, 2, NB>(xm, Kp, w, n, p.K, res, pfm); break;
+      case 3: if constexpr (GEMV_MB >= 3) gemv_tile<WV, 3, NB>(xm, Kp, w, n, p.K, res, pfm); break;
+      case 4: if constexpr (GEMV_MB >= 4) gemv_tile<WV, 4, NB>(xm, Kp, w, n, p.K, res, pfm); break;
     }
     for (int64_t i = 0; i < mb; ++i) {
       T* o = out + (m0 + i) * p.out_stride + n;
@@ -173,8 +209,8 @@ inline void gemv_rows(const LinearParams& p, const float* xf, int64_t Kp, int64_
   }
 }
 
-template <class T>
-void gemv(const LinearParams& p, int64_t n0, int64_t n1) {
+template <class T, class WV>
+void gemv(const LinearParams& p, const WV& w, int64_t n0, int64_t n1) {
   static thread_local Scratch xbuf;
   const int64_t Kp = (p.K + W - 1) / W * W;
   float* xf = xbuf.get(size_t(p.M * Kp));
@@ -187,11 +223,11 @@ void gemv(const LinearParams& p, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + GEMV_NB <= n1; n += GEMV_NB) {
     load_bias(n, GEMV_NB);
-    gemv_rows<T, GEMV_NB>(p, xf, Kp, n, bf);
+    gemv_rows<T, WV, GEMV_NB>(p, w, xf, Kp, n, bf);
   }
   for (; n < n1; ++n) {
     load_bias(n, 1);
-    gemv_rows<T, 1>(p, xf, Kp, n, bf);
+    gemv_rows<T, WV, 1>(p, w, xf, Kp, n, bf);
   }
 }
 
@@ -199,15 +235,15 @@ void gemv(const LinearParams& p, int64_t n0, int64_t n1) {
 // GEMM
 
 // Pack weight rows [n, n + nc) x columns [k0, k0 + kc) as fp32 b[k][NC], zero past nc.
-template <class T>
-inline void pack_panel(float* b, const T* w, int64_t K, int64_t n, int64_t nc, int64_t k0, int64_t kc) {
+template <class WV>
+inline void pack_panel(float* b, const WV& w, int64_t K, int64_t n, int64_t nc, int64_t k0, int64_t kc) {
   int64_t c = 0;
 #ifdef KESTREL_GEMM_TRANSPOSE16
   // fp32 weights with a vectorised 16 x 16 transpose (the TU provides transpose16x16_u32).
-  if constexpr (sizeof(T) == 4 && W == 16) {
+  if constexpr (WV::kF32 && W == 16) {
     const bool pf = kc == K;  // whole rows: prefetch the next 16 in memory order (see the bf16 version)
     for (; c + 16 <= nc; c += 16) {
-      const char* src = reinterpret_cast<const char*>(w + (n + c) * K + k0);
+      const char* src = w.row(n + c) + k0 * 4;
       const char* next = src + 16 * K * 4;
       int64_t k = 0;
       for (; k + 16 <= kc; k += 16) {
@@ -217,14 +253,13 @@ inline void pack_panel(float* b, const T* w, int64_t K, int64_t n, int64_t nc, i
         transpose16x16_u32(src + k * 4, K * 4, reinterpret_cast<uint32_t*>(b + k * NC + c), NC);
       }
       for (int64_t cc = c; cc < c + 16; ++cc)
-        for (int64_t kk = k; kk < kc; ++kk) b[kk * NC + cc] = to_f32(w[(n + cc) * K + k0 + kk]);
+        for (int64_t kk = k; kk < kc; ++kk) b[kk * NC + cc] = w.at(n + cc, k0 + kk);
     }
   }
 #endif
   for (; c < NC; ++c) {
     if (c < nc) {
-      const T* src = w + (n + c) * K + k0;
-      for (int64_t k = 0; k < kc; ++k) b[k * NC + c] = to_f32(src[k]);
+      for (int64_t k = 0; k < kc; ++k) b[k * NC + c] = w.at(n + c, k0 + k);
     } else {
       for (int64_t k = 0; k < kc; ++k) b[k * NC + c] = 0.f;
     }
@@ -271,13 +306,13 @@ inline void micro_kernel_any(int64_t mr, const float* a, int64_t lda, const floa
 }
 
 // x rows [0, M) as fp32 with row stride lda, columns [n0, n1).
-template <class T>
-void gemm_rows(const LinearParams& p, const float* a, int64_t lda, int64_t M, T* out, int64_t n0, int64_t n1) {
+template <class T, class WV>
+void gemm_rows(const LinearParams& p, const WV& w, const float* a, int64_t lda, int64_t M, T* out, int64_t n0,
+               int64_t n1) {
   static thread_local Scratch pbuf, cbuf;
   const int64_t K = p.K;
   float* b = pbuf.get(size_t(KC * NC));
   float* c = K > KC ? cbuf.get(size_t(M * NC)) : nullptr;
-  const T* w = static_cast<const T*>(p.w);
   const T* bias = static_cast<const T*>(p.bias);
   alignas(64) float bp[NC];
   for (int64_t n = n0; n < n1; n += NC) {
@@ -295,11 +330,11 @@ void gemm_rows(const LinearParams& p, const float* a, int64_t lda, int64_t M, T*
   }
 }
 
-template <class T>
-void gemm_f32(const LinearParams& p, int64_t n0, int64_t n1) {
+template <class T, class WV>
+void gemm_f32(const LinearParams& p, const WV& w, int64_t n0, int64_t n1) {
   T* out = static_cast<T*>(p.out);
   if constexpr (sizeof(T) == 4) {
-    gemm_rows<T>(p, static_cast<const float*>(p.x), p.x_stride, p.M, out, n0, n1);
+    gemm_rows<T>(p, w, static_cast<const float*>(p.x), p.x_stride, p.M, out, n0, n1);
   } else {
     // x converted to fp32 in row blocks of at most ~2 MB (each block repacks the weights: one extra
     // pass over the panel per block, small against the block's MC * N * K FMAs).
@@ -310,17 +345,25 @@ void gemm_f32(const LinearParams& p, int64_t n0, int64_t n1) {
     for (int64_t m0 = 0; m0 < p.M; m0 += mc) {
       const int64_t mm = imin(mc, p.M - m0);
       x_to_f32(a, p.K, x + m0 * p.x_stride, p.x_stride, mm, p.K);
-      gemm_rows<T>(p, a, p.K, mm, out + m0 * p.out_stride, n0, n1);
+      gemm_rows<T>(p, w, a, p.K, mm, out + m0 * p.out_stride, n0, n1);
     }
   }
 }
 
+template <class T, class WV>
+void linear_w(const LinearParams& p, const WV& w, int64_t n0, int64_t n1) {
+  if (p.M <= GEMV_MAX_M)
+    gemv<T>(p, w, n0, n1);
+  else
+    gemm_f32<T>(p, w, n0, n1);
+}
+
 template <class T>
 void linear_t(const LinearParams& p, int64_t n0, int64_t n1) {
-  if (p.M <= GEMV_MAX_M)
-    gemv<T>(p, n0, n1);
+  if (p.w_scales != nullptr)
+    linear_w<T>(p, Q8W{static_cast<const int8_t*>(p.w), p.w_scales, p.K}, n0, n1);
   else
-    gemm_f32<T>(p, n0, n1);
+    linear_w<T>(p, DenseW<T>{static_cast<const T*>(p.w), p.K}, n0, n1);
 }
 
 }  // namespace gemm

@@ -31,7 +31,7 @@ void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uin
                        int64_t v_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T,
                        int64_t num_kv_heads, int64_t head_size, int64_t num_slots);
 void linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t weight,
-            uintptr_t bias, int64_t M, int64_t N, int64_t K);
+            uintptr_t bias, int64_t M, int64_t N, int64_t K, uintptr_t w_scales = 0);
 void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t out_s1, uintptr_t q, int64_t q_s0,
                             int64_t q_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables,
                             int64_t bt_stride, int64_t max_blocks_per_seq, uintptr_t context_lens, int64_t B,

@@ -31,6 +31,7 @@ static inline float f32_from_bits(uint32_t u) {
 }
 
 static inline float to_f32(float x) { return x; }
+static inline float to_f32(int8_t x) { return float(x); }
 static inline float to_f32(bf16_t x) { return f32_from_bits(uint32_t(x.bits) << 16); }
 
 // IEEE half -> float, exact (handles subnormals, inf, nan). Branch-light version of the well-known

@@ -21,6 +21,9 @@ struct Vec {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   static R load(const f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static R load(const int8_t* p) {  // int8 weights (gemm_impl.h), widened exactly
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
 
   // fp32 bits rounded to nearest-even bf16 (result in the high 16 bits of each lane); NaN kept quiet.
   static __m256i bf16_round_bits(R v) {

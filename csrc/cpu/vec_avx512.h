@@ -21,6 +21,9 @@ struct Vec {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static R load(const f16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static R load(const int8_t* p) {  // int8 weights (gemm_impl.h), widened exactly
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
 
   // fp32 bits rounded to nearest-even bf16 (in the high 16 bits of each lane); NaN kept quiet.
   // (Integer rounding rather than AVX512-BF16's vcvtneps2bf16 so this level runs on every AVX-512 CPU.)

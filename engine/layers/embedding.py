@@ -20,8 +20,15 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(self.stop - self.start, hidden, dtype=dtype),
                                          requires_grad=False)
 
+    head_int8: ops.Int8Weight | None = None  # int8 copy for the LM head (the lookup keeps the float rows)
+
     def load(self, weights, name: str) -> None:
         self.weight.data.copy_(weights.get_slice(name, 0, self.start, self.stop))
+
+    def quantize_head_int8(self) -> bool:
+        if self.head_int8 is None and ops.Int8Weight.supports(self.weight):
+            self.head_int8 = ops.Int8Weight.quantize(self.weight.data)
+        return self.head_int8 is not None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -37,7 +44,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Each rank computes logits for its vocab slice; they are gathered on every rank."""
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = ops.linear(hidden, self.weight)  # the largest GEMV of a decode step (vocab x hidden)
+        # the largest GEMV of a decode step (vocab x hidden)
+        local = ops.linear(hidden, self.weight if self.head_int8 is None else self.head_int8)
         if self.tp.size == 1:
             return local
         # equal shards for the gather: pad to ceil(V / size) columns, trim below

@@ -18,10 +18,24 @@ class _Linear(torch.nn.Module):
         self.weight = _param((out_features, in_features), dtype)
         self.bias = _param((out_features,), dtype) if bias else None
 
+    int8: ops.Int8Weight | None = None  # set by quantize_int8(); then the float weight is dropped
+
+    @property
+    def matmul_weight(self) -> torch.Tensor | ops.Int8Weight:
+        return self.weight if self.int8 is None else self.int8
+
+    def quantize_int8(self) -> bool:
+        """Replace the weight by int8 groups of 32 (where K allows); True when done."""
+        if self.int8 is not None or not ops.Int8Weight.supports(self.weight):
+            return self.int8 is not None
+        self.int8 = ops.Int8Weight.quantize(self.weight.data)
+        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # engine.ops.linear: native GEMV / GEMM on CPU (torch's F.linear is pathological there at decode
         # sizes), F.linear on CUDA.
-        return ops.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.matmul_weight, self.bias)
 
     def _copy_rows(self, parts: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> None:
         """Fill the weight (and bias) from row blocks stacked in order."""
@@ -99,4 +113,4 @@ class RowParallelLinear(_Linear):
         self.weight.data.copy_(w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(ops.linear(x, self.weight))
+        return self.tp.all_reduce(ops.linear(x, self.matmul_weight))

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.ops import reference
+from engine.ops.int8 import Int8Weight
 
 __all__ = [
     "rms_norm",
@@ -34,6 +35,7 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "linear",
+    "Int8Weight",
     "reshape_and_cache",
     "paged_decode_attention",
     "native_available",
@@ -387,15 +389,18 @@ def _validate_linear(op, x, weight, bias, out) -> None:
         _check_last_contiguous(op, "out", out)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias, like F.linear: x [..., K] (rows may be strided, last dim contiguous),
     weight [N, K] contiguous, bias [N] or None, all of one dtype; fp32 accumulation, one rounding.
+    weight may be an Int8Weight (engine/ops/int8.py): int8 with a scale per group of 32, x's dtype out.
 
     Returns `out`: a new [..., N] tensor unless given (then [M, N] for a 2-D x, rows may be strided;
     for x with more dims, a tensor that views as [M, N]). CPU calls run the native GEMV (decode, M <= 16)
     / GEMM kernels on up to set_num_threads() threads (fewer when the call is small); CUDA tensors (and
     CPU calls without engine._C, or at an M routed by _LINEAR_TORCH_MIN_M) go to torch's F.linear."""
+    if isinstance(weight, Int8Weight):
+        return _linear_int8(x, weight, bias, out)
     shape = x.shape
     if len(shape) != 2:
         if len(shape) < 1:
@@ -432,6 +437,36 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         os0 = out.stride()[0]
     _C.linear(dt, out.data_ptr(), os0, x.data_ptr(), xs[0], weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
               M, N, K)
+    return out
+
+
+def _linear_int8(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None, out: torch.Tensor | None
+                 ) -> torch.Tensor:
+    """linear() with int8 weights: the native kernels on the CPU, else (CUDA, no engine._C) the weights
+    dequantized for this call."""
+    N, K = weight.shape
+    if x.shape[-1] != K:
+        _fail("linear", f"x's last dim {x.shape[-1]} does not match the int8 weight's K {K}")
+    if x.dim() != 2:
+        y = _linear_int8(x.reshape(-1, K), weight, bias, None if out is None else out.view(-1, N))
+        return y.view(*x.shape[:-1], N) if out is None else out
+    dt = _DTYPE_CODE.get(x.dtype)
+    if _C is None or not x.is_cpu or dt is None:
+        return _torch_linear(x, weight.dequantize(x.dtype), bias, out)
+    _check_last_contiguous("linear", "x", x)
+    if bias is not None:
+        _check_dtype("linear", "bias", bias, x.dtype)
+        _check_shape("linear", "bias", bias, (N,))
+        _check_contiguous("linear", "bias", bias)
+    M = x.shape[0]
+    if out is None:
+        out = torch.empty(M, N, dtype=x.dtype)
+    else:
+        _check_dtype("linear", "out", out, x.dtype)
+        _check_shape("linear", "out", out, (M, N))
+        _check_last_contiguous("linear", "out", out)
+    _C.linear(dt, out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), weight.q.data_ptr(),
+              0 if bias is None else bias.data_ptr(), M, N, K, weight.scales.data_ptr())
     return out
 
 

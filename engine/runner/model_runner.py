@@ -37,6 +37,19 @@ class StepInputs:
 CPU_DEFAULT_KV_GIB = 2.0
 
 
+def quantize_int8(model: torch.nn.Module) -> tuple[int, int]:
+    """Weight-only int8 for every linear layer whose K allows it, and the LM head (whose float rows stay
+    only when they are also the token embedding). Returns (quantized, linear layers)."""
+    from engine.layers.linear import _Linear
+
+    linears = [m for m in model.modules() if isinstance(m, _Linear)]
+    done = sum(m.quantize_int8() for m in linears)
+    head = model.lm_head
+    if head.quantize_head_int8() and head is not model.embed_tokens:
+        head.weight.data = torch.empty(0, dtype=head.weight.dtype, device=head.weight.device)
+    return done, len(linears)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, weights, max_model_len: int,
                  checkpoint_dtype: str | None = None, tp: TPContext = SINGLE, defer_kv: bool = False):
@@ -57,6 +70,13 @@ class ModelRunner:
             self.model = cls(model_config, self.dtype, tp, max_model_len)
         self.model.load_weights(weights)
         self.model.eval()
+        if config.quantization == "int8":
+            if self.device.type != "cpu":
+                from engine.errors import KestrelError
+                raise KestrelError("--quantization int8 runs on the CPU kernels; on a GPU load with "
+                                   "--quantization none")
+            n, total = quantize_int8(self.model)
+            log.info("int8 weights: %d of %d linear layers (the others have K not a multiple of 32)", n, total)
         if not defer_kv:  # TP: the executor decides the number of blocks for all ranks (allocate_kv)
             self.num_blocks = self._num_kv_blocks()
             self._allocate_kv_cache()

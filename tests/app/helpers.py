@@ -47,3 +47,12 @@ def build_window(core_factory: str | None = None, engine_settings: dict | None =
     if engine_settings is not None:
         store.update_model_settings(EMBEDDED_KEY, engine=engine_settings)
     return create_window(store=store, core_factory=core_factory, hardware_interval_ms=500)
+
+
+def click_when_enabled(qtbot, button, timeout_ms: int = 30_000) -> None:
+    """Click a button once it is enabled: panels enable theirs on queued state signals (the Server panel's
+    Start follows the engine's READY), which can arrive just after the state the test waited for."""
+    from PySide6.QtCore import Qt
+
+    qtbot.waitUntil(button.isEnabled, timeout=timeout_ms)
+    qtbot.mouseClick(button, Qt.LeftButton)

@@ -10,7 +10,7 @@ import shutil
 import pytest
 from PySide6.QtCore import Qt
 
-from tests.app.helpers import REPLY_TIMEOUT_MS, build_window, set_sampling, wait_until
+from tests.app.helpers import REPLY_TIMEOUT_MS, build_window, click_when_enabled, set_sampling, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +121,7 @@ def test_server_panel_serves_the_loaded_model_to_the_openai_client(live, qtbot):
     qtbot.mouseClick(panel.generate_key, Qt.LeftButton)
     key = panel.api_key.text()
     assert key.startswith("sk-kestrel-")
-    qtbot.mouseClick(panel.start_button, Qt.LeftButton)
+    click_when_enabled(qtbot, panel.start_button)
     qtbot.waitUntil(lambda: panel.url is not None or "could not" in panel.status.text(), timeout=30_000)
     assert panel.url, panel.status.text()
     base = panel.url_field.text()
@@ -147,7 +147,7 @@ def test_server_panel_serves_the_loaded_model_to_the_openai_client(live, qtbot):
     live.chat.new_conversation()
     set_sampling(live, max_tokens=6, temperature=0.0)
     assert _send(qtbot, live, "Hello")[-1].content
-    qtbot.mouseClick(panel.start_button, Qt.LeftButton)
+    click_when_enabled(qtbot, panel.start_button)
     qtbot.waitUntil(lambda: panel.url is None, timeout=30_000)
     assert panel.start_button.text() == "Start server"
     with pytest.raises(openai.APIConnectionError):

@@ -7,7 +7,7 @@ import dataclasses
 
 from PySide6.QtCore import Qt
 
-from app.capabilities import QUANT_REASON, TP_REASON
+from app.capabilities import TP_REASON
 from app.library import EMBEDDED_KEY
 from engine.config import EngineConfig
 
@@ -25,7 +25,7 @@ def test_form_has_an_editor_for_every_engine_option(make_window):
             assert f.metadata["help"] in editors[f.name].toolTip()
 
 
-def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot):
+def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot, monkeypatch):
     w = make_window(autoload=False)
     load = w.panels["load"]
     qtbot.waitUntil(lambda: w.ctx.hardware_snapshot is not None and load.model_combo.count() > 0, timeout=30_000)
@@ -40,11 +40,23 @@ def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot):
         assert not main.is_field_enabled("gpu_memory_utilization")
         assert main.is_field_enabled("kv_cache_memory_gib")
         assert "of RAM" in load.estimate.text()
-    quant = load.quant_combo
-    assert quant.itemText(0) == "As in the checkpoint (Q4_1)"
-    assert quant.count() > 1 and not any(quant.model().item(i).isEnabled() for i in range(1, quant.count()))
-    assert load.quant_reason.text() == QUANT_REASON and not load.quant_reason.isHidden()
-
+    # quantization: a form field like the others; int8 is a CPU feature
+    assert [main.editors["quantization"].itemData(i) for i in range(2)] == ["none", "int8"]
+    if w.ctx.num_gpus == 0:
+        assert main.is_choice_enabled("quantization", "int8")
+        assert "Q4_1 weights are dequantized" in load.estimate.text()
+        before = load.estimate.text()
+        load.form.set_value("quantization", "int8")
+        qtbot.waitUntil(lambda: load.estimate.text() != before, timeout=5_000)
+        assert "quantized to int8" in load.estimate.text()
+        assert load.config().quantization == "int8"
+    # on a machine with a GPU (device auto -> cuda): int8 is off, with the reason, and a chosen int8 goes back
+    monkeypatch.setattr(type(w.ctx), "num_gpus", property(lambda self: 1))
+    load.form.set_value("device", "auto")
+    load._apply_availability()
+    assert not main.is_choice_enabled("quantization", "int8")
+    assert load.form.values()["quantization"] == "none"
+    assert "run on the CPU" in main.editors["quantization"].itemText(1)
 
 def test_settings_are_kept_per_model(make_window, qtbot, tmp_path):
     w = make_window(autoload=False)

@@ -7,9 +7,8 @@ import csv
 import socket
 
 import pytest
-from PySide6.QtCore import Qt
 
-from tests.app.helpers import REPLY_TIMEOUT_MS, set_sampling
+from tests.app.helpers import REPLY_TIMEOUT_MS, click_when_enabled, set_sampling
 
 
 def test_server_settings_snippets_and_lan_warning(make_window, qtbot):
@@ -27,7 +26,7 @@ def test_server_settings_snippets_and_lan_warning(make_window, qtbot):
     panel.api_key.clear()
     panel.cors.setText("http://localhost:3000")
     panel.port.setValue(0)
-    qtbot.mouseClick(panel.start_button, Qt.LeftButton)
+    click_when_enabled(qtbot, panel.start_button)
     qtbot.waitUntil(lambda: panel.url is not None, timeout=30_000)
     assert "this machine only" in panel.status.text()
     assert panel.start_button.text() == "Stop server" and not panel.port.isEnabled()
@@ -46,7 +45,7 @@ def test_server_settings_snippets_and_lan_warning(make_window, qtbot):
     assert row[3] == "200" and row[4] == "5" and row[5].endswith(("ms", "s"))
     # the preference is kept (not the LAN opt-in)
     assert w.ctx.store.pref("server.options")["cors"] == "http://localhost:3000"
-    qtbot.mouseClick(panel.start_button, Qt.LeftButton)
+    click_when_enabled(qtbot, panel.start_button)
     qtbot.waitUntil(lambda: panel.url is None, timeout=30_000)
     assert w.server_label.text() == "Endpoint: off"
 
@@ -58,7 +57,7 @@ def test_server_port_in_use_is_explained(make_window, qtbot):
         s.bind(("127.0.0.1", 0))
         s.listen()
         panel.port.setValue(s.getsockname()[1])
-        qtbot.mouseClick(panel.start_button, Qt.LeftButton)
+        click_when_enabled(qtbot, panel.start_button)
         qtbot.waitUntil(lambda: panel.status.objectName() == "errorBox", timeout=30_000)
     assert "Port" in panel.status.text() and "another port" in panel.status.text()
     assert panel.start_button.isEnabled() and panel.url is None
@@ -68,7 +67,7 @@ def test_server_stops_when_the_model_is_unloaded(make_window, qtbot):
     w = make_window()
     panel = w.panels["server"]
     panel.port.setValue(0)
-    qtbot.mouseClick(panel.start_button, Qt.LeftButton)
+    click_when_enabled(qtbot, panel.start_button)
     qtbot.waitUntil(lambda: panel.url is not None, timeout=30_000)
     w.panels["load"].unload()
     qtbot.waitUntil(lambda: panel.url is None and w.ctx.engine.state == "empty", timeout=30_000)

@@ -21,6 +21,7 @@ import torch
 
 from engine import ops
 from engine.ops import reference as ref
+from engine.ops.int8 import quantize_activations
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -225,3 +226,53 @@ def test_linear_rejects_bad_inputs():
 def test_linear_cuda_goes_to_torch():
     x, w, b = torch.randn(3, 64, device="cuda"), torch.randn(10, 64, device="cuda"), torch.randn(10, device="cuda")
     torch.testing.assert_close(ops.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+
+
+# -- int8 weights (engine/ops/int8.py): the same kernels, weights widened and scaled per group of 32 --------------
+
+def test_int8_quantize_round_trip():
+    g = gen("q8-roundtrip")
+    w = randn(g, 37, 96) * torch.logspace(-3, 2, 96)  # groups of very different magnitudes
+    w[3, 32:64] = 0  # an all-zero group: scale 0, exactly zero back
+    q = ops.Int8Weight.quantize(w)
+    assert q.q.dtype == torch.int8 and q.scales.shape == (37, 3)
+    back = q.dequantize()
+    assert torch.equal(back[3, 32:64], torch.zeros(32))
+    err = (back - w).abs().reshape(37, 3, 32).amax(-1)
+    assert (err <= q.scales / 2 * (1 + 1e-5) + 1e-30).all()  # round to nearest: half a step at most
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.Int8Weight.quantize(torch.zeros(4, 40))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int8_linear_matches_reference(isa, threads, dtype):
+    """Every M regime (GEMV, GEMM), N with partial blocks, K multiples of 32, bias or not, strided x / out."""
+    threads(2)
+    for M, K, N in itertools.product([1, 3, 16, 33], [32, 576, 1536], NS):
+        g = gen("q8", isa, str(dtype), M, K, N)
+        w = ops.Int8Weight.quantize(randn(g, N, K))
+        x_full = randn(g, M, K + 8, dtype=dtype)
+        x = x_full[:, 4:4 + K]  # rows K + 8 apart
+        bias = randn(g, N, dtype=dtype) if N != 17 else None
+        out_full = poisoned((M, N + 3), dtype)
+        out = out_full[:, :N]
+        got = ops.linear(x, w, bias, out=out)
+        assert got.data_ptr() == out.data_ptr()
+        xr = x.float()
+        if isa == "avx512bf16" and dtype == torch.bfloat16 and M <= 16:  # the VNNI GEMV quantizes x too
+            xr = quantize_activations(x)
+        expected = torch.nn.functional.linear(xr, w.dequantize(), None if bias is None else bias.float())
+        if isa == "avx512bf16" and dtype == torch.bfloat16 and M > 16:  # weights packed as bf16 pairs
+            expected = torch.nn.functional.linear(xr, w.dequantize(torch.bfloat16).float(),
+                                                  None if bias is None else bias.float())
+        close(out.float(), expected.to(dtype).float(), dtype, K, f"{isa} {dtype} M={M} K={K} N={N}")
+        assert torch.isnan(out_full[:, N:].float()).all()  # nothing written past N
+
+
+def test_int8_linear_3d_input_and_errors():
+    w = ops.Int8Weight.quantize(torch.randn(8, 64))
+    x = torch.randn(2, 3, 64)
+    y = ops.linear(x, w)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w.dequantize()), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="int8 weight's K 64"):
+        ops.linear(torch.randn(2, 32), w)
