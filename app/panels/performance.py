@@ -55,7 +55,7 @@ class PerformancePanel(QWidget):
         self.t0 = time.monotonic()
         self.paused = False
         self.num_requests = 0
-        self.ttft = Series("ttft_s")
+        self.ttft = Series("ttft_ms")
         self.tpot = Series("tpot_ms")
         self.gen_tps = Series("generation_tokens_per_s")
         self.running = Series("running")
@@ -104,7 +104,7 @@ class PerformancePanel(QWidget):
             p.setMenuEnabled(False)
             return p
 
-        self.p_ttft = plot(0, 0, "Time to first token, per request", "s", "request #")
+        self.p_ttft = plot(0, 0, "Time to first token, per request", "ms", "request #")
         self.p_ttft.addLegend(offset=(-10, 10))
         self.ttft_points = self.p_ttft.plot([], [], pen=None, symbol="o", symbolSize=6,
                                             symbolBrush=pg.mkBrush(COLORS[0] + "99"), symbolPen=None, name="request")
@@ -160,7 +160,7 @@ class PerformancePanel(QWidget):
     def add_record(self, rec) -> None:
         self.num_requests += 1
         if rec.ttft is not None:
-            self.ttft.add(self.num_requests, rec.ttft)
+            self.ttft.add(self.num_requests, rec.ttft * 1000)
         if rec.tpot is not None:
             self.tpot.add(self.num_requests, rec.tpot * 1000)
         self.redraw()

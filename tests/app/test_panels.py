@@ -103,7 +103,7 @@ def test_performance_plots_pause_clear_and_export(make_window, qtbot, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.reader(table.open()))
     assert rows[0] == ["series", "x", "y"]
-    assert {r[0] for r in rows[1:]} >= {"ttft_s", "tpot_ms", "generation_tokens_per_s", "running", "kv_cache_percent"}
+    assert {r[0] for r in rows[1:]} >= {"ttft_ms", "tpot_ms", "generation_tokens_per_s", "running", "kv_cache_percent"}
     perf.clear()
     assert len(perf.ttft.x) == 0 and len(perf.gen_tps.x) == 0
     assert perf.ttft_points.getData()[0] is None or len(perf.ttft_points.getData()[0]) == 0
@@ -133,8 +133,6 @@ def _two_h200() -> object:
 
 
 def test_gpu_views_with_two_gpus(make_window, qtbot):
-    from app.capabilities import TP_REASON
-
     w = make_window(autoload=False)
     w.ctx.hardware.stop()  # no more real (GPU-less) samples: feed the measured ones
     qtbot.waitUntil(lambda: w.panels["load"].model_combo.count() > 0, timeout=30_000)
@@ -150,8 +148,8 @@ def test_gpu_views_with_two_gpus(make_window, qtbot):
     main = load.form.main
     assert main.is_choice_enabled("device", "cuda")
     assert main.is_field_enabled("gpu_memory_utilization") and not main.is_field_enabled("kv_cache_memory_gib")
-    assert not main.is_field_enabled("tensor_parallel_size")
-    assert main.disabled_reason("tensor_parallel_size") == TP_REASON  # two GPUs, but no TP in the engine yet
+    assert main.is_field_enabled("tensor_parallel_size")  # two GPUs: TP 1..2, per-GPU estimate
+    assert main.editors["tensor_parallel_size"].maximum() == 2
     assert "per GPU" in load.estimate.text() and "fits in" in load.estimate.text()
 
     assert {"GPU0 TX", "GPU0 RX", "GPU1 TX", "GPU1 RX"} <= set(perf.pcie)
