@@ -17,6 +17,23 @@ import pytest
 from tests.app.helpers import FAKE_CORE, LOAD_TIMEOUT_MS, build_window
 
 
+@pytest.fixture(autouse=True)
+def settled_wait_until(qtbot, monkeypatch):
+    """qtbot.waitUntil, then deliver the queued signals already posted. Workers change state on their own threads
+    and then post one queued call per connected slot: a condition seen true (the engine's state, one panel's
+    field) can come before the other slots of the same change have run; those are in the queue by then."""
+    from PySide6.QtCore import QCoreApplication
+
+    wait = qtbot.waitUntil
+
+    def wait_until(*args, **kwargs):
+        wait(*args, **kwargs)
+        for _ in range(3):
+            QCoreApplication.processEvents()
+
+    monkeypatch.setattr(qtbot, "waitUntil", wait_until)
+
+
 @pytest.fixture
 def app_env(tmp_path, monkeypatch):
     """A fresh data folder (conversations, settings) and an empty HF cache."""

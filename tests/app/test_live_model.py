@@ -101,7 +101,14 @@ def test_stop_mid_stream_keeps_the_partial_reply(live, qtbot):
 
 def test_performance_plots_receive_points(live, qtbot):
     perf = live.panels["performance"]
+    # a reply long enough (~2-4 s) for the once-a-second stats to see it running
+    live.chat.new_conversation()
+    set_sampling(live, max_tokens=48, temperature=0.0)
+    assert live.chat.send("Count from one to thirty.")
+    qtbot.waitUntil(lambda: any(v >= 1 for v in perf.running.y), timeout=REPLY_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: live.chat.pending is None, timeout=REPLY_TIMEOUT_MS)
     qtbot.waitUntil(lambda: len(perf.ttft.x) >= 2 and len(perf.gen_tps.x) >= 2, timeout=30_000)
+    perf.redraw()
     x, y = perf.ttft_points.getData()
     assert len(x) >= 2 and all(v > 0 for v in y)
     x, y = perf.tpot_points.getData()

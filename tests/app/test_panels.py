@@ -27,10 +27,10 @@ def test_server_settings_snippets_and_lan_warning(make_window, qtbot):
     panel.cors.setText("http://localhost:3000")
     panel.port.setValue(0)
     click_when_enabled(qtbot, panel.start_button)
-    qtbot.waitUntil(lambda: panel.url is not None, timeout=30_000)
+    qtbot.waitUntil(lambda: panel.url is not None and "Endpoint: http://127.0.0.1:" in w.server_label.text(),
+                    timeout=30_000)
     assert "this machine only" in panel.status.text()
     assert panel.start_button.text() == "Stop server" and not panel.port.isEnabled()
-    assert "Endpoint: http://127.0.0.1:" in w.server_label.text()
     base = panel.url_field.text()
     assert f"curl {base}/chat/completions" in panel.curl.toPlainText()
     assert "Authorization" not in panel.curl.toPlainText()
@@ -46,8 +46,8 @@ def test_server_settings_snippets_and_lan_warning(make_window, qtbot):
     # the preference is kept (not the LAN opt-in)
     assert w.ctx.store.pref("server.options")["cors"] == "http://localhost:3000"
     click_when_enabled(qtbot, panel.start_button)
-    qtbot.waitUntil(lambda: panel.url is None, timeout=30_000)
-    assert w.server_label.text() == "Endpoint: off"
+    # the panel and the status bar each get the queued `stopped` signal: wait for both
+    qtbot.waitUntil(lambda: panel.url is None and w.server_label.text() == "Endpoint: off", timeout=30_000)
 
 
 def test_server_port_in_use_is_explained(make_window, qtbot):
@@ -70,8 +70,8 @@ def test_server_stops_when_the_model_is_unloaded(make_window, qtbot):
     click_when_enabled(qtbot, panel.start_button)
     qtbot.waitUntil(lambda: panel.url is not None, timeout=30_000)
     w.panels["load"].unload()
-    qtbot.waitUntil(lambda: panel.url is None and w.ctx.engine.state == "empty", timeout=30_000)
-    assert w.server_label.text() == "Endpoint: off"
+    qtbot.waitUntil(lambda: panel.url is None and w.ctx.engine.state == "empty"
+                    and w.server_label.text() == "Endpoint: off", timeout=30_000)
     assert not panel.start_button.isEnabled()
     assert "Load a model first" in panel.status.text()
 

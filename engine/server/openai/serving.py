@@ -210,6 +210,28 @@ def abort_all(streams: list[RequestStream]) -> None:
 
 
 @dataclass
+class Merged:
+    text: str
+    logprobs: list | None
+    last: Delta  # the choice's latest delta: its finish state
+
+
+def merge_by_choice(batch: list[Delta]) -> dict[int, Merged]:
+    """One entry per choice of a batch of deltas (texts and logprobs joined), for one SSE event each."""
+    merged: dict[int, Merged] = {}
+    for d in batch:
+        m = merged.get(d.index)
+        if m is None:
+            merged[d.index] = Merged(d.text, list(d.logprobs) if d.logprobs else None, d)
+        else:
+            m.text += d.text
+            if d.logprobs:
+                m.logprobs = (m.logprobs or []) + list(d.logprobs)
+            m.last = d
+    return merged
+
+
+@dataclass
 class Choice:
     """One choice of a non-streamed response, gathered from its deltas."""
     text: list[str] = field(default_factory=list)

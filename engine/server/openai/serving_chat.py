@@ -121,17 +121,8 @@ async def _stream(ctx, streams, n, rid, model, logprobs: bool, top_n: int, inclu
                               "finish_reason": None}) for i in range(n))
         async for batch in S.batches(streams, n):
             out = []
-            merged: dict[int, list] = {}
-            for d in batch:
-                m = merged.get(d.index)
-                if m is None:
-                    merged[d.index] = [d.text, list(d.logprobs) if d.logprobs else None, d]
-                else:
-                    m[0] += d.text
-                    if d.logprobs:
-                        m[1] = (m[1] or []) + d.logprobs
-                    m[2] = d
-            for i, (text, lps, last) in merged.items():
+            for i, m in S.merge_by_choice(batch).items():
+                text, lps, last = m.text, m.logprobs, m.last
                 if not last.finished and not text and not (logprobs and lps):
                     continue
                 choice = {"index": i, "delta": {"content": text} if text or not last.finished else {},
