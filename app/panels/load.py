@@ -316,9 +316,8 @@ class LoadPanel(QWidget):
         context = values.get("max_model_len") or min(facts.context_length or ENGINE_DEFAULT_CONTEXT_CAP,
                                                      ENGINE_DEFAULT_CONTEXT_CAP)
         int8 = values.get("quantization") == "int8"
-        weights = (int(facts.num_params * fit.INT8_BYTES_PER_PARAM) if int8 and facts.num_params else
-                   fit.weights_in_memory(facts.num_params, dtype, facts.size_bytes,
-                                         self.ctx.capabilities.keeps_quantized_weights))
+        weights = fit.weights_in_memory(facts.num_params, dtype, facts.size_bytes,
+                                        self.ctx.capabilities.keeps_quantized_weights, values.get("quantization"))
         if weights is None:
             self.estimate.setText("Not enough information about this model for an estimate.")
             return

@@ -135,6 +135,9 @@ class PerformancePanel(QWidget):
     # ------------------------------------------------------------------------------------------------
     # data in
 
+    def _tp(self) -> int:
+        return self.ctx.engine.info.tensor_parallel_size if self.ctx.engine.info else 1
+
     def _now(self) -> float:
         return time.monotonic() - self.t0
 
@@ -145,8 +148,7 @@ class PerformancePanel(QWidget):
         self.waiting.add(t, stats.num_waiting)
         self.kv.add(t, 100.0 * stats.kv_usage)
         comm = getattr(stats, "comm_bytes_total", None)  # the engine counts all-reduce bytes with TP > 1
-        tp = self.ctx.engine.info.tensor_parallel_size if self.ctx.engine.info else 1
-        if comm is not None and tp > 1:  # TP = 1 reports 0 bytes: no line (the note says why)
+        if comm is not None and self._tp() > 1:  # TP = 1 reports 0 bytes: no line (the note says why)
             if self._last_comm is not None and t > self._last_comm[0]:
                 rate = (comm - self._last_comm[1]) / (t - self._last_comm[0]) / 1e6
                 self.allreduce.add(t, max(rate, 0.0))
@@ -182,7 +184,7 @@ class PerformancePanel(QWidget):
 
     def _update_net_note(self, snap=None) -> None:
         has_gpu = bool(snap and snap.gpus)
-        tp = self.ctx.engine.info.tensor_parallel_size if self.ctx.engine.info else 1
+        tp = self._tp()
         if has_gpu or self.allreduce.x:
             self.net_note.setText("")
             return

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "gemm.h"
 #include "gemm_pack_avx512.h"
@@ -146,46 +147,49 @@ inline void gemv_tile(const bf16_t* x, int64_t xs, const bf16_t* w, int64_t K, f
   }
 }
 
-template <int NB>
-inline void gemv_rows(const LinearParams& p, int64_t n, const float* bias_f) {
-  const bf16_t* x = static_cast<const bf16_t*>(p.x);
-  const bf16_t* w = static_cast<const bf16_t*>(p.w) + n * p.K;
-  bf16_t* out = static_cast<bf16_t*>(p.out);
-  alignas(64) float res[GEMV_MB * NB > 16 ? GEMV_MB * NB : 16];
-  const char* pf = reinterpret_cast<const char*>(w + kGemvPrefetchBlocks * NB * p.K);
-  for (int64_t m0 = 0; m0 < p.M; m0 += GEMV_MB) {
-    const int64_t mb = imin(GEMV_MB, p.M - m0);
-    const bf16_t* xm = x + m0 * p.x_stride;
-    const char* pfm = m0 == 0 ? pf : nullptr;
-    switch (mb) {
-      case 1: gemv_tile<1, NB>(xm, p.x_stride, w, p.K, res, pfm); break;
-      case 2: gemv_tile<2, NB>(xm, p.x_stride, w, p.K, res, pfm); break;
-      case 3: gemv_tile<3, NB>(xm, p.x_stride, w, p.K, res, pfm); break;
-      default: gemv_tile<4, NB>(xm, p.x_stride, w, p.K, res, pfm); break;
-    }
-    for (int64_t i = 0; i < mb; ++i) {
-      bf16_t* o = out + (m0 + i) * p.out_stride + n;
-      for (int j = 0; j < NB; ++j) o[j] = from_f32<bf16_t>(res[i * NB + j] + bias_f[j]);
-    }
-  }
-}
-
-void gemv(const LinearParams& p, int64_t n0, int64_t n1) {
+// Output columns [n0, n1) of a GEMV, in blocks of GEMV_NB weight rows (then single rows) and GEMV_MB rows of
+// x; tile.template run<MB, NB>(m0, n, res, pf) fills res[i * NB + j] = dot(x row m0 + i, w row n + j), pf (if
+// not null) the weight block kGemvPrefetchBlocks ahead. Bias added and rounded to bf16 here.
+template <class Tile>
+void gemv_over(const LinearParams& p, int64_t n0, int64_t n1, int64_t w_elem_bytes, const Tile& tile) {
   const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
-  float bf[GEMV_NB];
-  auto load_b = [&](int64_t nn, int cnt) {
-    for (int j = 0; j < cnt; ++j) bf[j] = bias ? bf16_to_f32(bias[nn + j]) : 0.f;
+  bf16_t* out = static_cast<bf16_t*>(p.out);
+  auto rows = [&](auto nb_tag, int64_t n) {
+    constexpr int NB = decltype(nb_tag)::value;
+    float bias_f[NB];
+    for (int j = 0; j < NB; ++j) bias_f[j] = bias ? bf16_to_f32(bias[n + j]) : 0.f;
+    alignas(64) float res[GEMV_MB * NB > 16 ? GEMV_MB * NB : 16];
+    const char* pf = static_cast<const char*>(p.w) + (n + kGemvPrefetchBlocks * NB) * p.K * w_elem_bytes;
+    for (int64_t m0 = 0; m0 < p.M; m0 += GEMV_MB) {
+      const int64_t mb = imin(GEMV_MB, p.M - m0);
+      const char* pfm = m0 == 0 ? pf : nullptr;
+      switch (mb) {
+        case 1: tile.template run<1, NB>(m0, n, res, pfm); break;
+        case 2: tile.template run<2, NB>(m0, n, res, pfm); break;
+        case 3: tile.template run<3, NB>(m0, n, res, pfm); break;
+        default: tile.template run<4, NB>(m0, n, res, pfm); break;
+      }
+      for (int64_t i = 0; i < mb; ++i) {
+        bf16_t* o = out + (m0 + i) * p.out_stride + n;
+        for (int j = 0; j < NB; ++j) o[j] = from_f32<bf16_t>(res[i * NB + j] + bias_f[j]);
+      }
+    }
   };
   int64_t n = n0;
-  for (; n + GEMV_NB <= n1; n += GEMV_NB) {
-    load_b(n, GEMV_NB);
-    gemv_rows<GEMV_NB>(p, n, bf);
-  }
-  for (; n < n1; ++n) {
-    load_b(n, 1);
-    gemv_rows<1>(p, n, bf);
-  }
+  for (; n + GEMV_NB <= n1; n += GEMV_NB) rows(std::integral_constant<int, GEMV_NB>{}, n);
+  for (; n < n1; ++n) rows(std::integral_constant<int, 1>{}, n);
 }
+
+struct Bf16Tile {
+  const LinearParams& p;
+  template <int MB, int NB>
+  void run(int64_t m0, int64_t n, float* res, const char* pf) const {
+    gemv_tile<MB, NB>(static_cast<const bf16_t*>(p.x) + m0 * p.x_stride, p.x_stride,
+                      static_cast<const bf16_t*>(p.w) + n * p.K, p.K, res, pf);
+  }
+};
+
+void gemv(const LinearParams& p, int64_t n0, int64_t n1) { gemv_over(p, n0, n1, 2, Bf16Tile{p}); }
 
 // ---------------------------------------------------------------------------------------------------
 // int8 weights (LinearParams::w_scales), bfloat16 x
@@ -206,13 +210,13 @@ inline void pack_panel_q8(uint32_t* b, const int8_t* q, const float* sc, int64_t
   int64_t c = 0;
   for (; c < NC; c += 16) {
     const int64_t rows = imin(16, nc - c);
-    for (int64_t g = 0; g < kc / 32; ++g) {
+    for (int64_t g = 0; g < kc / kQ8Group; ++g) {
       for (int64_t r = 0; r < 16; ++r) {
         __m512i pairs = _mm512_setzero_si512();
         if (r < rows) {
-          const int64_t row = n + c + r, kk = k0 + g * 32;
+          const int64_t row = n + c + r, kk = k0 + g * kQ8Group;
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + row * K + kk));
-          const __m512 s = _mm512_set1_ps(sc[row * G + kk / 32]);
+          const __m512 s = _mm512_set1_ps(sc[row * G + kk / kQ8Group]);
           const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), s);
           const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), s);
           pairs = _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(lo)), to_bf16(hi), 1);
@@ -228,7 +232,7 @@ inline void pack_panel_q8(uint32_t* b, const int8_t* q, const float* sc, int64_t
 inline void quantize_x(const bf16_t* x, int64_t xs, int64_t M, int64_t K, uint8_t* xu, float* xsc) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t k = 0; k < K; k += 32) {
+    for (int64_t k = 0; k < K; k += kQ8Group) {
       const __m512i raw = _mm512_loadu_si512(x + m * xs + k);
       const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw)), 16));
       const __m512 hi =
@@ -241,7 +245,7 @@ inline void quantize_x(const bf16_t* x, int64_t xs, int64_t M, int64_t K, uint8_
       const __m512i qhi = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(hi, inv)), bias);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(xu + m * K + k), _mm512_cvtusepi32_epi8(qlo));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(xu + m * K + k + 16), _mm512_cvtusepi32_epi8(qhi));
-      xsc[m * (K / 32) + k / 32] = scale;
+      xsc[m * (K / kQ8Group) + k / kQ8Group] = scale;
     }
   }
 }
@@ -256,7 +260,7 @@ inline __m512 two_scales(const float* s, bool one) {
 template <int MB, int NB>
 inline void gemv_q8_tile(const uint8_t* xu, const float* xsc, const int8_t* w, const float* wsc, int64_t K,
                          float* res, const char* pf) {
-  const int64_t G = K / 32;
+  const int64_t G = K / kQ8Group;
   __m512 acc[MB][NB];
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -274,11 +278,11 @@ inline void gemv_q8_tile(const uint8_t* xu, const float* xsc, const int8_t* w, c
       // -128 x (sum of each lane's 4 weights): vpdpbusd on top of it leaves sum(x * w)
       neg[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
                                 _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, wv[j]), 7));
-      ws[j] = two_scales(wsc + j * G + k / 32, half);
+      ws[j] = two_scales(wsc + j * G + k / kQ8Group, half);
     }
     for (int i = 0; i < MB; ++i) {
       const __m512i xv = _mm512_maskz_loadu_epi8(m, xu + i * K + k);
-      const __m512 xs = two_scales(xsc + i * G + k / 32, half);
+      const __m512 xs = two_scales(xsc + i * G + k / kQ8Group, half);
       for (int j = 0; j < NB; ++j) {
         const __m512i dot = _mm512_dpbusd_epi32(neg[j], xv, wv[j]);
         acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws[j], xs), acc[i][j]);
@@ -296,51 +300,24 @@ inline void gemv_q8_tile(const uint8_t* xu, const float* xsc, const int8_t* w, c
   }
 }
 
-template <int NB>
-inline void gemv_q8_rows(const LinearParams& p, const uint8_t* xu, const float* xsc, int64_t n, const float* bias_f) {
-  const int8_t* w = static_cast<const int8_t*>(p.w) + n * p.K;
-  const float* wsc = p.w_scales + n * (p.K / 32);
-  bf16_t* out = static_cast<bf16_t*>(p.out);
-  alignas(64) float res[16];
-  const char* pf = reinterpret_cast<const char*>(w + kGemvPrefetchBlocks * NB * p.K);
-  const int64_t G = p.K / 32;
-  for (int64_t m0 = 0; m0 < p.M; m0 += GEMV_MB) {
-    const int64_t mb = imin(GEMV_MB, p.M - m0);
-    const uint8_t* xm = xu + m0 * p.K;
-    const float* sm = xsc + m0 * G;
-    const char* pfm = m0 == 0 ? pf : nullptr;
-    switch (mb) {
-      case 1: gemv_q8_tile<1, NB>(xm, sm, w, wsc, p.K, res, pfm); break;
-      case 2: gemv_q8_tile<2, NB>(xm, sm, w, wsc, p.K, res, pfm); break;
-      case 3: gemv_q8_tile<3, NB>(xm, sm, w, wsc, p.K, res, pfm); break;
-      default: gemv_q8_tile<4, NB>(xm, sm, w, wsc, p.K, res, pfm); break;
-    }
-    for (int64_t i = 0; i < mb; ++i) {
-      bf16_t* o = out + (m0 + i) * p.out_stride + n;
-      for (int j = 0; j < NB; ++j) o[j] = from_f32<bf16_t>(res[i * NB + j] + bias_f[j]);
-    }
+struct Q8Tile {
+  const LinearParams& p;
+  const uint8_t* xu;  // x + 128 as bytes [M][K]
+  const float* xsc;   // [M][K / kQ8Group]
+  template <int MB, int NB>
+  void run(int64_t m0, int64_t n, float* res, const char* pf) const {
+    const int64_t G = p.K / kQ8Group;
+    gemv_q8_tile<MB, NB>(xu + m0 * p.K, xsc + m0 * G, static_cast<const int8_t*>(p.w) + n * p.K,
+                         p.w_scales + n * G, p.K, res, pf);
   }
-}
+};
 
 void gemv_q8(const LinearParams& p, int64_t n0, int64_t n1) {
   static thread_local Scratch xbuf, sbuf;
   uint8_t* xu = xbuf.get<uint8_t>(size_t(p.M * p.K));
-  float* xsc = sbuf.get<float>(size_t(p.M * (p.K / 32)));
+  float* xsc = sbuf.get<float>(size_t(p.M * (p.K / kQ8Group)));
   quantize_x(static_cast<const bf16_t*>(p.x), p.x_stride, p.M, p.K, xu, xsc);
-  const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
-  float bf[GEMV_NB];
-  auto load_b = [&](int64_t nn, int cnt) {
-    for (int j = 0; j < cnt; ++j) bf[j] = bias ? bf16_to_f32(bias[nn + j]) : 0.f;
-  };
-  int64_t n = n0;
-  for (; n + GEMV_NB <= n1; n += GEMV_NB) {
-    load_b(n, GEMV_NB);
-    gemv_q8_rows<GEMV_NB>(p, xu, xsc, n, bf);
-  }
-  for (; n < n1; ++n) {
-    load_b(n, 1);
-    gemv_q8_rows<1>(p, xu, xsc, n, bf);
-  }
+  gemv_over(p, n0, n1, 1, Q8Tile{p, xu, xsc});
 }
 
 // ---------------------------------------------------------------------------------------------------

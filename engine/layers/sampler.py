@@ -91,7 +91,7 @@ class Sampler:
 
     # -- logit processing ----------------------------------------------------------------------
     def _process(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
-        """Logits after bias, min_tokens masking and penalties (a copy when anything applies)."""
+        """Logits after bias, min_tokens masking and penalties (a finite copy when anything applies)."""
         dev, vocab = logits.device, logits.shape[-1]
         bias = [(i, r.params.logit_bias) for i, r in enumerate(reqs) if r.params.logit_bias]
         masked = [(i, r) for i, r in enumerate(reqs) if len(r.output_token_ids) < r.params.min_tokens]
@@ -99,7 +99,7 @@ class Sampler:
         counted = [(i, r) for i, r in enumerate(reqs)
                    if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_token_ids]
         if not (bias or masked or repeat or counted):
-            return _finite(logits)
+            return logits  # the model's own logits are finite; only the processing below can overflow
         x = logits.clone()
         if bias:
             rows, cols = _rows_cols([(i, list(b)) for i, b in bias], vocab, dev)

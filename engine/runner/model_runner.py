@@ -37,19 +37,6 @@ class StepInputs:
 CPU_DEFAULT_KV_GIB = 2.0
 
 
-def quantize_int8(model: torch.nn.Module) -> tuple[int, int]:
-    """Weight-only int8 for every linear layer whose K allows it, and the LM head (whose float rows stay
-    only when they are also the token embedding). Returns (quantized, linear layers)."""
-    from engine.layers.linear import _Linear
-
-    linears = [m for m in model.modules() if isinstance(m, _Linear)]
-    done = sum(m.quantize_int8() for m in linears)
-    head = model.lm_head
-    if head.quantize_head_int8() and head is not model.embed_tokens:
-        head.weight.data = torch.empty(0, dtype=head.weight.dtype, device=head.weight.device)
-    return done, len(linears)
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, weights, max_model_len: int,
                  checkpoint_dtype: str | None = None, tp: TPContext = SINGLE, defer_kv: bool = False):
@@ -75,7 +62,7 @@ class ModelRunner:
                 from engine.errors import KestrelError
                 raise KestrelError("--quantization int8 runs on the CPU kernels; on a GPU load with "
                                    "--quantization none")
-            n, total = quantize_int8(self.model)
+            n, total = self.model.quantize_int8()
             log.info("int8 weights: %d of %d linear layers (the others have K not a multiple of 32)", n, total)
         if not defer_kv:  # TP: the executor decides the number of blocks for all ranks (allocate_kv)
             self.num_blocks = self._num_kv_blocks()
