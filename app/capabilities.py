@@ -1,12 +1,13 @@
 """What the engine can do on this machine, for the Load form: options it lacks are shown disabled, with the
-reason. The engine may publish its own answer as ``engine.capabilities.capabilities() -> dict`` (torch-free);
-until it does, these defaults describe it (CPU and single-GPU, GGUF dequantized at load)."""
+reason. The engine publishes its answer as ``engine.capabilities.capabilities() -> dict`` (torch-free); the
+defaults here are only what the form assumes when that probe cannot be read (then tensor parallelism is shown
+off, with TP_REASON)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TP_REASON = "coming with tensor-parallel support"
+TP_REASON = "the engine did not report tensor-parallel support"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.config import tp_size_fits
+
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 INT8_BYTES_PER_PARAM = 1 + 4 / 32  # --quantization int8: int8 weights plus an fp32 scale per 32
@@ -26,6 +28,7 @@ class ModelShape:
     hidden_size: int
     vocab_size: int
     max_context: int | None = None
+    intermediate_size: int | None = None  # the MLP's width (a TP size must divide it too)
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelShape | None:
@@ -33,6 +36,7 @@ class ModelShape:
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
+            ffn = cfg.get("intermediate_size")
             return cls(
                 num_layers=int(cfg["num_hidden_layers"]),
                 num_attention_heads=heads,
@@ -41,6 +45,7 @@ class ModelShape:
                 hidden_size=hidden,
                 vocab_size=int(cfg.get("vocab_size") or 0),
                 max_context=cfg.get("max_position_embeddings"),
+                intermediate_size=ffn if isinstance(ffn, int) and ffn > 0 else None,
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             return None
@@ -58,9 +63,11 @@ class ModelShape:
             kv = get("attention.head_count_kv", heads)
             kv = max(kv) if isinstance(kv, list) else int(kv)
             head_dim = get("attention.key_length") or hidden // heads
+            ffn = get("feed_forward_length")
             return cls(num_layers=int(get("block_count")), num_attention_heads=heads, num_kv_heads=kv,
                        head_dim=int(head_dim), hidden_size=hidden, vocab_size=int(vocab_size or 0),
-                       max_context=get("context_length"))
+                       max_context=get("context_length"),
+                       intermediate_size=int(ffn) if isinstance(ffn, int) and ffn > 0 else None)
         except (TypeError, ValueError, ZeroDivisionError):
             return None
 
@@ -115,12 +122,27 @@ def estimate(weight_bytes: int, shape: ModelShape | None, context: int, tp: int,
                     device="GPU" if gpu else "CPU")
 
 
+def tp_fits(tp: int, shape: ModelShape | None) -> bool:
+    """Whether the engine can split the model over ``tp`` ranks (engine.config.tp_size_fits: the attention and
+    KV heads as QKVParallelLinear splits them, and the MLP's width); an unknown shape does not rule it out."""
+    if shape is None:
+        return tp >= 1
+    if shape.intermediate_size and shape.intermediate_size % tp:
+        return False
+    return tp_size_fits(tp, shape.num_attention_heads, shape.num_kv_heads)
+
+
+def tp_sizes(max_size: int, shape: ModelShape | None = None) -> list[int]:
+    """Every TP size from 1 to ``max_size`` the model splits into."""
+    return [tp for tp in range(1, max(1, max_size) + 1) if tp_fits(tp, shape)]
+
+
 def tp_choices(num_gpus: int, shape: ModelShape | None = None) -> list[int]:
-    """Powers of two up to the number of GPUs that divide the attention heads."""
+    """Powers of two up to the number of GPUs that the model splits into."""
     sizes = []
     tp = 1
     while tp <= max(1, num_gpus):
-        if shape is None or shape.num_attention_heads % tp == 0:
+        if tp_fits(tp, shape):
             sizes.append(tp)
         tp *= 2
     return sizes

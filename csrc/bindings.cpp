@@ -1,4 +1,4 @@
-// engine._C: the native kernels behind engine/ops. No torch headers here by design (see DESIGN.md,
+// engine._C: the native kernels behind engine/ops. No torch headers here by design (see docs/ARCHITECTURE.md,
 // "Native kernels"): every function takes raw pointers as Python ints (tensor.data_ptr()), sizes and
 // strides in elements and a dtype code (0 float32, 1 bfloat16, 2 float16); CUDA functions also take
 // the device index and the stream (torch.cuda.current_stream().cuda_stream). The Python face in

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from engine.config import COMM_STRATEGIES
+
 
 def capabilities() -> dict:
     return {
         "tensor_parallel": True,  # one process per rank: GPUs, or CPU ranks sharing the cores
-        "comm_strategies": ["nccl", "int8", "host", "overlap"],
+        "comm_strategies": list(COMM_STRATEGIES),  # all of them (auto included)
         "keeps_quantized_weights": False,  # GGUF blocks are dequantized at load (then --quantization int8 if asked)
         "notes": {"quantization": "int8 runs on the CPU kernels"},
     }

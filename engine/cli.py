@@ -1,4 +1,6 @@
-"""The `kestrel` command."""
+"""The engine's commands of `kestrel`: generate, chat, bench and serve (also ``python -m engine.cli``). The
+`kestrel` entry point itself is app.cli, above both packages: it opens the desktop app when given no command
+and hands every other command line to main() here. Nothing here imports app."""
 
 from __future__ import annotations
 
@@ -36,17 +38,10 @@ def _sampling_params(args, generation_config: dict):
                           ignore_eos=args.ignore_eos)
 
 
-def _load(args):
-    from engine.config import EngineConfig
+def cmd_generate(args) -> int:
     from engine.llm import LLM
 
-    cfg = EngineConfig.from_cli_args(args)
-    opts = {k: v for k, v in vars(cfg).items() if k != "model"}
-    return LLM(cfg.model, **opts)
-
-
-def cmd_generate(args) -> int:
-    llm = _load(args)
+    llm = LLM.from_cli_args(args)
     params = _sampling_params(args, llm.core.checkpoint.generation_config)
     for delta in llm.stream(args.prompt, params):
         sys.stdout.write(delta.text)
@@ -57,8 +52,9 @@ def cmd_generate(args) -> int:
 
 def cmd_chat(args) -> int:
     from engine.errors import KestrelError
+    from engine.llm import LLM
 
-    llm = _load(args)
+    llm = LLM.from_cli_args(args)
     params = _sampling_params(args, llm.core.checkpoint.generation_config)
     name = llm.core.checkpoint.path.name
     print(f"Kestrel chat on {name} ({llm.core.runner.dtype}, {llm.core.runner.device}). "
@@ -112,6 +108,12 @@ def cmd_bench_http(args) -> int:
     return bench_http(args)
 
 
+def cmd_bench_gpu(args) -> int:
+    from engine.bench.gpu import main as bench_gpu
+
+    return bench_gpu(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kestrel", description="Local LLM inference workstation")
     sub = parser.add_subparsers(dest="command")
@@ -134,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "The same requests offline and through the HTTP server, in one run: tokens/s and ratio")
     http_args(bh)
     bh.set_defaults(func=cmd_bench_http)
+    from engine.bench.gpu import add_args as gpu_args
+    bg = bsub.add_parser("gpu", help="Kestrel vs HF transformers on one GPU (Llama-3-8B shape, random weights), "
+                                     "against the GPU's measured limits")
+    gpu_args(bg)
+    bg.set_defaults(func=cmd_bench_gpu)
     from engine.server.args import add_serve_args
     s = _engine_parser(sub, "serve", "Serve the model over an OpenAI-compatible HTTP API")
     add_serve_args(s)
@@ -147,10 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "command", None):  # plain `kestrel`: the desktop app (imported only here)
-        from app.main import main as app_main
-
-        return app_main([])
+    if not getattr(args, "command", None):  # no command (app.cli opens the desktop app before getting here)
+        parser.print_help()
+        return 2
     from engine.errors import KestrelError
 
     try:

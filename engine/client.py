@@ -29,8 +29,11 @@ API (all coroutines run on the event loop the client was started on; from anothe
 
 Errors are engine.errors types: the engine's own (InvalidRequestError, PromptTooLongError, CheckpointError
 from a failed load, ...) are rebuilt on this side with their message. A dead engine (crash, kill, OOM) is
-noticed at once through a thread waiting on the process; every pending and later call then raises
-EngineDeadError (EngineShuttingDownError after shutdown()) instead of hanging.
+noticed at once (engine.engine_supervisor's thread waiting on the process); every pending and later call then
+raises EngineDeadError (EngineShuttingDownError after shutdown()) instead of hanging.
+
+The engine process itself (starting it, its sockets, watching it, stopping it and cleaning up, also at
+interpreter exit) is engine.engine_supervisor.EngineSupervisor's; this module is the request API on top.
 
 Timings: ``Delta.time`` is the engine's time.monotonic() at the end of the step that made it (the same clock
 as this process's time.monotonic() on Linux, macOS and Windows); a sequence's final delta carries the
@@ -40,20 +43,11 @@ engine's RequestMetrics (queue time, TTFT, e2e, decode time).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import dataclasses
 import itertools
-import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -62,6 +56,7 @@ import zmq.asyncio
 
 from engine import ipc
 from engine.config import EngineConfig
+from engine.engine_supervisor import EngineSupervisor, describe_exit
 from engine.errors import EngineDeadError, EngineShuttingDownError, InvalidRequestError, KestrelError
 from engine.ipc import Delta, EngineStats, ModelInfo
 from engine.metrics import RequestRecord
@@ -81,17 +76,6 @@ def fan_out(params: SamplingParams) -> list[SamplingParams]:
         return [params]
     return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
             for i in range(params.n)]
-
-
-def describe_exit(returncode: int | None) -> str:
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        try:
-            return f"killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
 
 
 class RequestStream:
@@ -212,11 +196,9 @@ class EngineClient:
         self.info: ModelInfo | None = None
         self.config: EngineConfig | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._proc: subprocess.Popen | None = None
-        self._ctx: zmq.Context | None = None
+        self._engine: EngineSupervisor | None = None  # the process and its sockets
         self._in: zmq.Socket | None = None  # plain socket: sends never wait
         self._out: zmq.asyncio.Socket | None = None
-        self._ipc_dir: str | None = None
         self._enc = ipc.encoder()
         self._dec = ipc.client_decoder()
         self._streams: dict[str, tuple[RequestStream, int]] = {}  # child id -> (stream, index)
@@ -226,10 +208,7 @@ class EngineClient:
         self._closing = False
         self._closed = False
         self._fatal: ipc.ErrorInfo | None = None
-        self._exited: asyncio.Future | None = None
         self._reader: asyncio.Task | None = None
-        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
-        self._threads: list[threading.Thread] = []
         self._listeners: list[Callable[[RequestRecord], None]] = []
         self._recent: collections.deque[RequestRecord] = collections.deque(maxlen=512)
         self._token_bytes: list[bytes] | None = None
@@ -248,8 +227,10 @@ class EngineClient:
         self = cls()
         self.config = config or EngineConfig()
         self.loop = asyncio.get_running_loop()
+        self._engine = EngineSupervisor(self.loop, on_exit=self._on_exit)
         try:
-            await self._spawn(core_factory, log_level)
+            self._engine.spawn(self.config, core_factory, log_level)
+            self._in, self._out = self._engine.input, self._engine.output
             await asyncio.wait_for(self._wait_ready(on_progress), startup_timeout)
         except BaseException:
             await self._cleanup(kill=True)
@@ -257,76 +238,17 @@ class EngineClient:
         self._reader = self.loop.create_task(self._read_loop(), name="engine-client-reader")
         return self
 
-    async def _spawn(self, core_factory: str | None, log_level: int | None) -> None:
-        self._ctx = zmq.Context(1)
-        actx = zmq.asyncio.Context(self._ctx)  # shadows the same context
-        self._in = self._ctx.socket(zmq.PUSH)
-        self._in.setsockopt(zmq.LINGER, 0)
-        self._in.setsockopt(zmq.SNDHWM, 0)
-        self._out = actx.socket(zmq.PULL)
-        self._out.setsockopt(zmq.LINGER, 0)
-        self._out.setsockopt(zmq.RCVHWM, 0)
-        if zmq.has("ipc") and os.name == "posix":
-            self._ipc_dir = tempfile.mkdtemp(prefix="kestrel-")  # mode 0700: only this user can connect
-            in_addr = f"ipc://{self._ipc_dir}/in"
-            out_addr = f"ipc://{self._ipc_dir}/out"
-            self._in.bind(in_addr)
-            self._out.bind(out_addr)
-        else:
-            in_addr = f"tcp://127.0.0.1:{self._in.bind_to_random_port('tcp://127.0.0.1')}"
-            out_addr = f"tcp://127.0.0.1:{self._out.bind_to_random_port('tcp://127.0.0.1')}"
-        boot = {
-            "config": dataclasses.asdict(self.config),
-            "input": in_addr,
-            "output": out_addr,
-            "ipc_dir": self._ipc_dir,
-            "core_factory": core_factory,
-            "log_level": log_level if log_level is not None else logging.getLogger().getEffectiveLevel(),
-        }
-        env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join([root, *sys.path[1:], env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.engine_process", json.dumps(boot)],
-            stdin=subprocess.PIPE, stdout=None, stderr=subprocess.PIPE, env=env, close_fds=True)
-        self._exited = self.loop.create_future()
-        for target, name in ((self._watch_process, "engine-watch"), (self._relay_stderr, "engine-stderr")):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
-        _live_clients.add(self)
-
-    def _watch_process(self) -> None:
-        """Block until the engine process exits, then tell the loop (at once: no polling)."""
-        proc, loop = self._proc, self.loop
-        code = proc.wait()
-        try:
-            loop.call_soon_threadsafe(self._on_exit, code)
-        except RuntimeError:  # the loop is closed
-            pass
-
-    def _relay_stderr(self) -> None:
-        """Copy the engine's stderr to ours, keeping its last lines for error messages."""
-        stream = self._proc.stderr
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            self._stderr_tail.append(line.rstrip("\n"))
-            try:
-                sys.stderr.write(line)
-            except Exception:  # our stderr is closed (e.g. a GUI without a console)
-                pass
-        stream.close()
-
     async def _wait_ready(self, on_progress) -> None:
         while True:
             recv = asyncio.ensure_future(self._out.recv(copy=False))
-            done, _ = await asyncio.wait({recv, self._exited}, return_when=asyncio.FIRST_COMPLETED)
+            exited = self._engine.exited
+            done, _ = await asyncio.wait({recv, exited}, return_when=asyncio.FIRST_COMPLETED)
             if recv not in done:
                 recv.cancel()
                 await asyncio.sleep(0.2)  # let the stderr relay catch the last lines
-                tail = "\n".join(list(self._stderr_tail)[-12:])
+                tail = "\n".join(self._engine.last_output(12))
                 raise EngineDeadError(
-                    f"The engine process exited while loading the model ({describe_exit(self._exited.result())})."
+                    f"The engine process exited while loading the model ({describe_exit(exited.result())})."
                     + (f"\n{tail}" if tail else ""))
             msg = self._dec.decode(recv.result().buffer)
             if isinstance(msg, ipc.Progress):
@@ -343,7 +265,7 @@ class EngineClient:
 
     @property
     def is_alive(self) -> bool:
-        return self._dead is None and not self._closing and self._proc is not None and self._proc.poll() is None
+        return self._dead is None and not self._closing and self._engine is not None and self._engine.running
 
     @property
     def dead_reason(self) -> str | None:
@@ -351,7 +273,15 @@ class EngineClient:
 
     @property
     def engine_pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+        return None if self._engine is None else self._engine.pid
+
+    @property
+    def _proc(self):  # the engine's subprocess.Popen (tests look at it)
+        return None if self._engine is None else self._engine.proc
+
+    @property
+    def _ipc_dir(self) -> str | None:  # the sockets' directory (tests check that it is removed)
+        return None if self._engine is None else self._engine.ipc_dir
 
     def _check(self) -> None:
         if self._dead is not None:
@@ -362,8 +292,8 @@ class EngineClient:
     async def health(self) -> None:
         """Raises EngineDeadError (saying why) unless the engine process is running."""
         self._check()
-        if self._proc.poll() is not None:  # exited, the watcher's news not yet handled
-            raise EngineDeadError(f"The engine process exited ({describe_exit(self._proc.returncode)}).")
+        if not self._engine.running:  # exited, the watcher's news not yet handled
+            raise EngineDeadError(f"The engine process exited ({describe_exit(self._engine.returncode)}).")
 
     # ------------------------------------------------------------------------------------------------
     # requests
@@ -564,15 +494,14 @@ class EngineClient:
             self._fatal = msg.error
 
     def _on_exit(self, code: int) -> None:
-        if self._exited is not None and not self._exited.done():
-            self._exited.set_result(code)
+        """The supervisor's news that the engine process exited (on the loop)."""
         if self._closing or self._dead is not None:
             return
         reason = f"The engine process exited unexpectedly ({describe_exit(code)})"
         if self._fatal is not None:
             reason += f": {self._fatal.type}: {self._fatal.message}"
         else:
-            tail = [ln for ln in self._stderr_tail if ln.strip()]
+            tail = [ln for ln in self._engine.last_output() if ln.strip()]
             if tail:
                 reason += f"; its last output: {tail[-1]}"
         self._mark_dead(EngineDeadError(reason + ". Reload the model to continue."))
@@ -604,90 +533,32 @@ class EngineClient:
             return
         self._closing = True
         self._fail_all(EngineShuttingDownError("The engine is shutting down."))
-        proc = self._proc
-        if proc is not None and proc.poll() is None and self._dead is None:
+        engine = self._engine
+        if engine is not None and engine.running and self._dead is None:
             try:
                 self._in.send(self._enc.encode(ipc.Shutdown()), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-            try:
-                await asyncio.wait_for(asyncio.shield(self._exited), timeout)
-            except asyncio.TimeoutError:
+            if not await engine.wait_exit(timeout):
                 log.warning("the engine did not stop within %.0f s; terminating it", timeout)
         await self._cleanup(kill=True)
 
     async def _cleanup(self, kill: bool) -> None:
         self._closing = True
-        proc = self._proc
-        if proc is not None:
-            if proc.poll() is None and kill:
-                proc.terminate()
-                for _ in range(50):
-                    if proc.poll() is not None:
-                        break
-                    await asyncio.sleep(0.05)
-                if proc.poll() is None:
-                    proc.kill()
-            if proc.stdin is not None:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass
-            while proc.poll() is None:
-                await asyncio.sleep(0.02)
+        if self._engine is not None:
+            await self._engine.stop(kill)
         if self._reader is not None:
             self._reader.cancel()
             try:
                 await self._reader
             except (asyncio.CancelledError, Exception):
                 pass
-        for t in self._threads:
-            t.join(timeout=2)
-        self._close_sync()
-
-    def _close_sync(self) -> None:
-        """Release sockets and files; kill the process if it still runs (atexit path)."""
-        if self._closed:
-            return
         self._closed = True
-        self._closing = True
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-        if proc is not None and proc.stdin is not None and not proc.stdin.closed:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-        for sock in (self._in, self._out):
-            if sock is not None:
-                sock.close(linger=0)
-        if self._ctx is not None:
-            self._ctx.term()
-        if self._ipc_dir is not None:
-            import shutil
-
-            shutil.rmtree(self._ipc_dir, ignore_errors=True)
-        _live_clients.discard(self)
+        if self._engine is not None:
+            self._engine.close()
 
     async def __aenter__(self) -> EngineClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.shutdown()
-
-
-_live_clients: weakref.WeakSet[EngineClient] = weakref.WeakSet()
-
-
-@atexit.register
-def _kill_engines_at_exit() -> None:
-    for client in list(_live_clients):
-        try:
-            client._close_sync()
-        except Exception:  # at exit, nothing more to do
-            pass

@@ -15,6 +15,19 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 
+# The names of --comm-strategy, defined once: engine/parallel/comm/group.py implements them, engine/capabilities.py
+# publishes them and the app's Load form offers them (this module is torch-free).
+COMM_STRATEGIES = ("auto", "nccl", "int8", "host", "overlap")
+
+
+def tp_size_fits(size: int, num_heads: int, num_kv_heads: int) -> bool:
+    """Whether the attention heads split over ``size`` ranks as QKVParallelLinear (engine/layers/linear.py) splits
+    them: the query heads evenly; the KV heads evenly when there are at least ``size`` of them, else replicated,
+    so ``size`` must then be a multiple of their number. (The loader also checks the MLP's intermediate size.)"""
+    if size < 1 or num_heads % size:
+        return False
+    return num_kv_heads % size == 0 if num_kv_heads >= size else size % num_kv_heads == 0
+
 
 @dataclass
 class ModelConfig:
@@ -117,7 +130,7 @@ class EngineConfig:
     enable_prefix_caching: bool = _opt("Reuse the KV of shared prompt prefixes", default=True)
     tensor_parallel_size: int = _opt("Tensor-parallel size (processes / GPUs)", default=1, aliases=["-tp"])
     comm_strategy: str = _opt("All-reduce strategy for tensor parallelism", default="auto",
-                              choices=["auto", "nccl", "int8", "host", "overlap"])
+                              choices=list(COMM_STRATEGIES))
     num_threads: int | None = _opt("CPU threads (default: physical cores)")
     seed: int = _opt("Seed of the default random generator", default=0)
 

@@ -104,9 +104,9 @@ def token_bytes(tokenizer) -> list[bytes]:
     """The UTF-8 bytes each token id stands for (OpenAI's logprobs ``bytes``), for byte-level BPE
     (GPT-2 / Llama 3 / Qwen / SmolLM), SentencePiece byte fallback (<0xNN>, '▁') and anything else
     through decode()."""
-    from engine.tokenizer import _bytes_to_unicode
+    from engine.tokenizer import bytes_to_unicode
 
-    inverse = {c: b for b, c in _bytes_to_unicode().items()}
+    inverse = {c: b for b, c in bytes_to_unicode().items()}
     vocab_size = len(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(vocab_size)))
     special = getattr(tokenizer, "all_special_ids", frozenset())

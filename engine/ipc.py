@@ -25,7 +25,7 @@ import msgspec
 from engine.sampling_params import SamplingParams
 
 # ------------------------------------------------------------------------------------------------
-# outputs as the client sees them (field names follow engine.outputs / engine.layers.sampler so the
+# outputs as the client sees them (field names follow engine.outputs so the
 # engine can send its dataclasses as they are)
 
 

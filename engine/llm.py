@@ -28,6 +28,14 @@ class LLM:
         self.core = EngineCore(self.config)
         self.tokenizer = self.core.tokenizer
 
+    @classmethod
+    def from_cli_args(cls, args) -> "LLM":
+        """Load the model that parsed command-line flags name: ``args`` from a parser that
+        EngineConfig.add_cli_args filled (``kestrel generate``, ``chat``, the benchmarks)."""
+        cfg = EngineConfig.from_cli_args(args)
+        opts = {k: v for k, v in vars(cfg).items() if k != "model"}
+        return cls(cfg.model, **opts)
+
     def close(self) -> None:
         """Stop tensor-parallel workers now (otherwise at garbage collection or exit)."""
         self.core.shutdown()

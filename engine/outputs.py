@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.layers.sampler import TokenLogprobs
+
+@dataclass
+class TokenLogprobs:
+    """The logprob of one sampled token (of the model's raw distribution) and the best ones beside it."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), best first
 
 
 @dataclass

@@ -68,6 +68,7 @@ class LoadPanel(QWidget):
         self.extra: dict[str, LibraryEntry] = {}  # models picked with Browse, by key
         self._load_started = 0.0
         self._applying = False
+        self._last_tp = 1  # the TP size shown before the last change: an invalid one steps on in its direction
         self._stage = ""
         self._tick = QTimer(self)  # the engine says when loading starts and ends: show the time in between
         self._tick.setInterval(500)
@@ -268,14 +269,12 @@ class LoadPanel(QWidget):
         caps = self.ctx.capabilities
         gpus = self.ctx.num_gpus
         f.set_choice_enabled("device", "cuda", gpus > 0, "no NVIDIA GPU found")
+        on_gpu = self._device() == "cuda"
         if not caps.tensor_parallel:
             f.set_field_enabled("tensor_parallel_size", False, TP_REASON)
             f.set_value("tensor_parallel_size", 1)
-        elif gpus < 2:
-            f.set_field_enabled("tensor_parallel_size", False, f"needs two or more GPUs (found {gpus})")
         else:
-            f.set_field_enabled("tensor_parallel_size", True)
-            f.main.editors["tensor_parallel_size"].setMaximum(gpus)
+            self._apply_tp_sizes(on_gpu)
         tp = f.values().get("tensor_parallel_size") or 1
         if not caps.tensor_parallel:
             f.set_field_enabled("comm_strategy", False, TP_REASON)
@@ -286,12 +285,47 @@ class LoadPanel(QWidget):
             for c in f.main.specs["comm_strategy"].choices:
                 if c != "auto":
                     f.set_choice_enabled("comm_strategy", c, c in caps.comm_strategies, "not in this engine yet")
-        on_gpu = self._device() == "cuda"
         f.set_choice_enabled("quantization", "int8", not on_gpu, "the int8 kernels run on the CPU")
         if on_gpu and f.values().get("quantization") == "int8":
             f.set_value("quantization", "none")
         f.set_field_enabled("gpu_memory_utilization", on_gpu, "applies when the model runs on a GPU")
         f.set_field_enabled("kv_cache_memory_gib", not on_gpu, "applies when the model runs on the CPU")
+
+    def _apply_tp_sizes(self, on_gpu: bool) -> None:
+        """Offer the TP sizes the selected model splits into (engine.config.tp_size_fits: its attention and KV
+        heads, and its MLP width): on a GPU up to the number of GPUs; on the CPU, where the ranks are processes
+        sharing the cores, up to the form's limit. A size in between that does not fit steps on to the next one
+        that does, in the direction the value moved."""
+        f = self.form
+        editor = f.main.editors["tensor_parallel_size"]
+        e = self.entry(self.current_key())
+        shape = e.facts.shape if e is not None else None
+        form_max = RANGES["tensor_parallel_size"][1]
+        limit = min(self.ctx.num_gpus, form_max) if on_gpu else form_max
+        sizes = fit.tp_sizes(limit, shape)
+        if len(sizes) < 2:
+            if on_gpu and limit < 2:
+                reason = f"needs two or more GPUs (found {limit})"
+            else:
+                where = ("2" if limit == 2 else f"2 to {limit}") + (" GPUs" if on_gpu else " processes")
+                reason = (f"this model ({shape.num_attention_heads} attention heads, {shape.num_kv_heads} KV heads) "
+                          f"does not split over {where}" if shape is not None else "")
+            f.set_value("tensor_parallel_size", 1)
+            f.set_field_enabled("tensor_parallel_size", False, reason)
+            self._last_tp = 1
+            return
+        editor.setMaximum(sizes[-1])
+        tp = f.values().get("tensor_parallel_size") or 1
+        if tp not in sizes:
+            up = [s for s in sizes if s > tp]
+            down = [s for s in sizes if s < tp]
+            tp = (up[0] if up else sizes[-1]) if tp > self._last_tp else (down[-1] if down else sizes[0])
+            f.set_value("tensor_parallel_size", tp)
+        self._last_tp = tp
+        f.set_field_enabled("tensor_parallel_size", True)
+        editor.setToolTip(editor.toolTip() + "\nSizes this model splits into"
+                          + (" on these GPUs: " if on_gpu else " (CPU ranks share the cores): ")
+                          + ", ".join(map(str, sizes)))
 
     def _device(self) -> str:
         device = self.form.values().get("device") or "auto"

@@ -224,7 +224,7 @@ class HubTab(QWidget):
         if gpus:
             dtype = "float16" if d.torch_dtype == "float16" else "bfloat16"  # the engine's "auto" on a GPU
             sizes = fit.tp_choices(len(gpus), d.shape)
-            headers = [f"TP {tp}" + ("" if tp == 1 or caps.tensor_parallel else " (soon)") for tp in sizes]
+            headers = [f"TP {tp}" + ("" if tp == 1 or caps.tensor_parallel else " (unavailable)") for tp in sizes]
             capacity = int(min(g.memory_total or 0 for g in gpus) * GPU_SHARE)
         else:
             dtype = "bfloat16" if cpu_has_native_bf16() else "float32"  # the engine's "auto" on the CPU

@@ -63,9 +63,9 @@ def main(args) -> int:
 
     from engine.bench.llamacpp_peer import run_in_child
     from engine.bench.report import environment
-    from engine.cli import _load
+    from engine.llm import LLM
 
-    llm = _load(args)
+    llm = LLM.from_cli_args(args)
     ckpt = llm.core.checkpoint
     vocab = ckpt.config.vocab_size
     report = {

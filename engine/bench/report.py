@@ -18,6 +18,7 @@ def _version(dist: str) -> str | None:
 def environment() -> dict:
     import torch
 
+    from engine import envs
     from engine.cpu_features import cpu_flags
     from engine.runner.device import physical_cores
 
@@ -37,6 +38,7 @@ def environment() -> dict:
         "logical_cpus": os.cpu_count(),
         "versions": {d: _version(d) for d in ("kestrel", "torch", "transformers", "llama_cpp_python", "gguf")},
         "torch_threads": torch.get_num_threads(),
+        "kestrel_env": {k: v["value"] for k, v in envs.describe(only_set=True).items()},  # engine/envs.py
     }
     if torch.cuda.is_available():
         env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -119,13 +119,13 @@ async def _main(args) -> dict:
     import httpx
 
     from engine.bench.report import environment
-    from engine.cli import _load
     from engine.client import EngineClient
     from engine.config import EngineConfig
+    from engine.llm import LLM
     from engine.server.serve import start_server
 
     config = EngineConfig.from_cli_args(args)
-    llm = _load(args)
+    llm = LLM.from_cli_args(args)
     vocab = llm.core.model_config.vocab_size
     prompts = _prompts(args.num_requests, args.prompt_len, vocab, seed=config.seed)
     client = await EngineClient.start(config)

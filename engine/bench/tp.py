@@ -339,18 +339,18 @@ def _gpu_main(args) -> dict:
 
 
 def _cpu_main(args) -> dict:
-    from engine.parallel.testing import run_group
+    from engine.bench.comm_group import run_group
 
     sizes = [2 << 10, 8 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20]
     rep: dict = {"allreduce": {}}
     for dt in ("bfloat16", "float32"):
         print(f"all-reduce latency (p50, us; back-to-back calls), TP=2, {dt}", flush=True)
-        rows = run_group(2, "engine.parallel.testing:latency_table", {"sizes": sizes, "dtype": dt})[0]
+        rows = run_group(2, "engine.bench.comm_group:latency_table", {"sizes": sizes, "dtype": dt})[0]
         rep["allreduce"][dt] = rows
         for r in rows:
             print(f"  {r['bytes']:>9d} B  " + "  ".join(f"{k} {r[k]['p50']:9.1f}" for k in ("gloo", "host", "int8"))
                   + f"   gloo/host {r['gloo']['p50'] / r['host']['p50']:5.1f}x", flush=True)
-    rep["barrier"] = run_group(2, "engine.parallel.testing:ping", {})[0]
+    rep["barrier"] = run_group(2, "engine.bench.comm_group:ping", {})[0]
     from engine.sampling_params import SamplingParams
 
     def decode_rate(core, n=48) -> dict:

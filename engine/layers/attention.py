@@ -1,35 +1,130 @@
-"""Attention over the paged KV cache.
+"""Attention over the paged KV cache, and the step's attention metadata.
 
-A step's tokens are laid out decodes first (one query token each), then prefill chunks. Decode
-tokens go through the paged decode kernel; each prefill chunk attends to its sequence's cached
-prefix plus itself (chunked prefill and prefix-cache hits look the same here)."""
+A step's tokens are laid out decodes first (one query token each), then prefill chunks. Every sequence of the
+step is a ``SeqSpan``: its query tokens attend to the sequence's cached prefix plus themselves with a
+lower-right causal mask (chunked prefill and prefix-cache hits look the same here).
+
+Backends, per step:
+- CUDA, decodes only: the split-K paged decode kernel (csrc/cuda).
+- CUDA, fresh prompts only (no decode, nothing cached before any chunk: a cold prompt, a batch of them): torch's
+  FlashAttention-2 varlen kernel on the step's own K/V, one launch for all (faster than the Triton kernel there).
+- CUDA, any other step with a prefill: one launch of the Triton varlen kernel (engine/ops/varlen_attention.py) for every sequence
+  of the step, decodes included; it reads the prefix from the paged cache through the block table (no gathered
+  copy, GQA by indexing). ``KESTREL_PREFILL_ATTENTION=sdpa`` (or no Triton) takes the SDPA path below instead;
+  ``=triton`` forces the kernel on the CPU too (Triton's interpreter: tests).
+- CPU: the native paged decode kernel for decodes and SDPA (4-D, ``enable_gqa``) per prefill chunk; a chunk with
+  a cached prefix gathers it from the cache first.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
-from engine import ops
+from engine import envs, ops
 
 
-@dataclass
-class PrefillSegment:
-    query_start: int  # offset of the chunk in the step's token layout
+@dataclass(frozen=True)
+class SeqSpan:
+    """One sequence of the step, host side."""
+
+    query_start: int  # offset of its query tokens in the step's token layout
     query_len: int
-    context_len: int  # tokens in the cache after this step's write (prefix + chunk)
-    block_ids: torch.Tensor  # int64, the blocks holding the first context_len tokens
+    context_len: int  # tokens in the cache after this step's write (prefix + query)
+    block_ids: tuple[int, ...]  # the blocks holding the first context_len tokens
+
+
+def _to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
 class AttentionMetadata:
+    """What every attention layer of one step reads. Built once per step by ``build``."""
+
     positions: torch.Tensor  # [T] int64
     slot_mapping: torch.Tensor  # [T] int64
-    num_decode_tokens: int
-    decode_block_tables: torch.Tensor | None = None  # [B, M] int32
-    decode_context_lens: torch.Tensor | None = None  # [B] int32
-    prefills: list[PrefillSegment] = field(default_factory=list)
+    num_decode_tokens: int  # the first seqs, one query token each
+    seqs: list[SeqSpan]  # decodes, then prefill chunks
+    block_tables: torch.Tensor | None  # [S, M] int32, row i = seqs[i].block_ids zero-padded
+    seq_lens: torch.Tensor | None  # [S] int32, the context lengths
+    query_start_loc: torch.Tensor | None  # [S + 1] int32, cumulative query lengths
+    plans: dict = field(default_factory=dict)  # per-step kernel plans, built by the first layer, shared
+    decode_block_tables: torch.Tensor | None = None  # [num_decode, M] view of block_tables
+    decode_context_lens: torch.Tensor | None = None  # [num_decode] view of seq_lens
+    all_fresh: bool = False  # no decode and no cached prefix: every sequence is a whole new prompt
+    max_query_len: int = 0
+
+    @classmethod
+    def build(cls, positions: list[int], slots: list[int], seqs: list[SeqSpan], device: torch.device
+              ) -> AttentionMetadata:
+        """Device tensors of one step from its host description: one int64 and one int32 transfer."""
+        num_decode = 0
+        for s in seqs:
+            if s.query_len != 1 or num_decode != s.query_start:
+                break
+            num_decode += 1
+        T = len(positions)
+        if T != len(slots) or (seqs and seqs[-1].query_start + seqs[-1].query_len != T):
+            raise ValueError("attention metadata: positions, slots and sequences disagree")
+        longs = _to_device(positions + slots, torch.long, device)
+        meta = cls(positions=longs[:T], slot_mapping=longs[T:], num_decode_tokens=num_decode, seqs=list(seqs),
+                   block_tables=None, seq_lens=None, query_start_loc=None)
+        if seqs:
+            S = len(seqs)
+            width = max(1, max(len(s.block_ids) for s in seqs))
+            ints: list[int] = []
+            for s in seqs:
+                ints.extend(s.block_ids)
+                ints.extend([0] * (width - len(s.block_ids)))
+            ints.extend(s.context_len for s in seqs)
+            ints.extend(s.query_start for s in seqs)
+            ints.append(T)
+            packed = _to_device(ints, torch.int32, device)
+            meta.block_tables = packed[:S * width].view(S, width)
+            meta.seq_lens = packed[S * width:S * width + S]
+            meta.query_start_loc = packed[S * width + S:]
+            if num_decode:
+                meta.decode_block_tables = meta.block_tables[:num_decode]
+                meta.decode_context_lens = meta.seq_lens[:num_decode]
+            meta.max_query_len = max(s.query_len for s in seqs)
+        meta.all_fresh = num_decode == 0 and all(s.context_len == s.query_len for s in seqs)
+        return meta
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def prefills(self) -> list[SeqSpan]:
+        return self.seqs[self.num_decode_tokens:]
+
+    def split(self, cut: int) -> tuple[AttentionMetadata, AttentionMetadata]:
+        """The metadata of tokens [0, cut) and [cut, T), each in the engine's layout (micro-batch overlap).
+        A prefill chunk that straddles the cut becomes two chunks: the second attends to the first's keys
+        and values, which the first micro-batch wrote into the cache in the same layer just before."""
+        T = self.num_tokens
+        a: list[SeqSpan] = []
+        b: list[SeqSpan] = []
+        for s in self.seqs:
+            q0, n, ctx = s.query_start, s.query_len, s.context_len
+            if q0 + n <= cut:
+                a.append(s)
+            elif q0 >= cut:
+                b.append(replace(s, query_start=q0 - cut))
+            else:
+                na = cut - q0
+                a.append(replace(s, query_len=na, context_len=ctx - (n - na)))
+                b.append(replace(s, query_start=0, query_len=n - na))
+        pos, slots = self.positions.tolist(), self.slot_mapping.tolist()
+        dev = self.positions.device
+        return (AttentionMetadata.build(pos[:cut], slots[:cut], a, dev),
+                AttentionMetadata.build(pos[cut:T], slots[cut:T], b, dev))
 
 
 class Attention(torch.nn.Module):
@@ -50,34 +145,59 @@ class Attention(torch.nn.Module):
         ops.reshape_and_cache(k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
                               self.k_cache, self.v_cache, meta.slot_mapping)
         out = torch.empty(T, self.num_heads, hd, dtype=q.dtype, device=q.device)
+        q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
+        if nd == 0 and meta.all_fresh and ops.flash_varlen_supported(q) and _use_varlen(q):
+            # fresh prompts only: their own K/V, FlashAttention-2 varlen, one launch for all of them
+            o = ops.flash_varlen_attention(q3, k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
+                                           meta.query_start_loc, meta.max_query_len, self.scale)
+            return o.view(T, self.num_heads * hd)
+        if nd < T and _use_varlen(q):
+            ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
+                                       meta.query_start_loc, _varlen_plan(meta, q.device, hd), self.scale, out=out)
+            return out.view(T, self.num_heads * hd)
         if nd:
-            qd = q[:nd].reshape(nd, self.num_heads, hd)
-            ops.paged_decode_attention(qd, self.k_cache, self.v_cache, meta.decode_block_tables,
+            ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
                                        meta.decode_context_lens, self.scale, out=out[:nd])
-        for seg in meta.prefills:
-            out[seg.query_start:seg.query_start + seg.query_len] = self._prefill(q, k, v, seg)
+        for i, seg in enumerate(meta.prefills, start=nd):
+            s, n = seg.query_start, seg.query_len
+            out[s:s + n] = self._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)
         return out.view(T, self.num_heads * hd)
 
-    def _prefill(self, q, k, v, seg: PrefillSegment) -> torch.Tensor:
+    def _prefill_sdpa(self, qs: torch.Tensor, k, v, meta: AttentionMetadata, i: int, seg: SeqSpan) -> torch.Tensor:
         hd, s, n = self.head_dim, seg.query_start, seg.query_len
-        qs = q[s:s + n].reshape(n, self.num_heads, hd).transpose(0, 1)  # [nh, n, hd]
-        if seg.context_len == n:  # nothing cached before this chunk: use the fresh K/V directly
+        if seg.context_len == n:  # nothing cached before this chunk: the fresh K/V directly
             ks = k[s:s + n].reshape(n, self.num_kv_heads, hd)
             vs = v[s:s + n].reshape(n, self.num_kv_heads, hd)
-        else:
-            ks = self.k_cache[seg.block_ids].flatten(0, 1)[: seg.context_len]
-            vs = self.v_cache[seg.block_ids].flatten(0, 1)[: seg.context_len]
-        ks, vs = ks.transpose(0, 1), vs.transpose(0, 1)  # [nkv, ctx, hd]
-        if self.num_kv_heads != self.num_heads:
-            rep = self.num_heads // self.num_kv_heads
-            ks = ks.repeat_interleave(rep, dim=0)
-            vs = vs.repeat_interleave(rep, dim=0)
+        else:  # gather the prefix from the paged cache
+            blocks = meta.block_tables[i, :len(seg.block_ids)]
+            ks = self.k_cache[blocks].flatten(0, 1)[: seg.context_len]
+            vs = self.v_cache[blocks].flatten(0, 1)[: seg.context_len]
+        # 4-D inputs and enable_gqa: the shapes SDPA's fused backends take (3-D inputs run the math backend)
+        qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (qs, ks, vs))  # [1, heads, len, hd]
+        gqa = self.num_kv_heads != self.num_heads
         if seg.context_len == n:
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=gqa)
         else:
             offset = seg.context_len - n
-            qpos = torch.arange(n, device=q.device).unsqueeze(1) + offset
-            mask = torch.arange(seg.context_len, device=q.device).unsqueeze(0) <= qpos
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale)
-        return o.transpose(0, 1)
+            qpos = torch.arange(n, device=qs.device).unsqueeze(1) + offset
+            mask = torch.arange(seg.context_len, device=qs.device).unsqueeze(0) <= qpos
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+        return o[0].transpose(0, 1)
+
+
+def _use_varlen(q: torch.Tensor) -> bool:
+    choice = envs.KESTREL_PREFILL_ATTENTION
+    if choice == "sdpa":
+        return False
+    return (choice == "triton" or q.is_cuda) and ops.varlen_attention_available()
+
+
+def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int) -> ops.VarlenPlan:
+    """The step's query tiles for this device's kernel configuration: built by the first layer, reused."""
+    block_m = ops.varlen_config(device, head_dim).block_m
+    plan = meta.plans.get(block_m)
+    if plan is None:
+        plan = meta.plans[block_m] = ops.VarlenPlan.build([s.query_len for s in meta.seqs],
+                                                          [s.context_len for s in meta.seqs], block_m, device)
+    return plan

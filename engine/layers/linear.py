@@ -112,5 +112,8 @@ class RowParallelLinear(_Linear):
             raise ValueError(f"{name}.weight: shape {tuple(w.shape)} does not fit {tuple(self.weight.shape)}")
         self.weight.data.copy_(w)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(ops.linear(x, self.matmul_weight))
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """This rank's partial product, summed over the ranks unless ``reduce`` is False (then the caller
+        reduces it: micro-batch overlap issues the all-reduce itself, asynchronously)."""
+        partial = ops.linear(x, self.matmul_weight)
+        return self.tp.all_reduce(partial) if reduce else partial

@@ -6,22 +6,17 @@ Order: logit bias, min_tokens masking (eos and stop ids), repetition / presence 
 argmax, or temperature -> top-k -> softmax -> min-p -> top-p -> a draw. The draw is an exponential race
 (argmax of p / E with E ~ Exp(1), which picks token i with probability p_i), so a request with a seed draws its
 noise from its own generator and the others share the engine's. Logprobs are those of the model's raw
-distribution, as OpenAI and vLLM report them."""
+distribution, as OpenAI and vLLM report them.
+
+Called as ``sampler(logits, metadata)``: row i of the logits with row i of a SamplingMetadata (what each row
+samples with, in plain data; see engine/layers/sampling_metadata.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from engine.core.request import Request
-
-
-@dataclass
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), best first
+from engine.layers.sampling_metadata import SamplingMetadata
+from engine.outputs import TokenLogprobs
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
@@ -79,25 +74,26 @@ class Sampler:
     def __init__(self, default_generator: torch.Generator):
         self.default_generator = default_generator
 
-    def __call__(self, logits: torch.Tensor, reqs: list[Request], generators: list[torch.Generator | None]
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata
                  ) -> tuple[list[int], list[TokenLogprobs | None]]:
         logits = logits.float()
-        x = self._process(logits, reqs)
+        x = self._process(logits, metadata)
         tokens = torch.argmax(x, dim=-1)
-        draw = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        draw = [i for i, p in enumerate(metadata.params) if not p.greedy]
         if draw:
-            tokens = self._draw(x, reqs, draw, generators, tokens)
-        return self._finish(logits, reqs, tokens)
+            tokens = self._draw(x, metadata, draw, tokens)
+        return self._finish(logits, metadata, tokens)
 
     # -- logit processing ----------------------------------------------------------------------
-    def _process(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def _process(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Logits after bias, min_tokens masking and penalties (a finite copy when anything applies)."""
         dev, vocab = logits.device, logits.shape[-1]
-        bias = [(i, r.params.logit_bias) for i, r in enumerate(reqs) if r.params.logit_bias]
-        masked = [(i, r) for i, r in enumerate(reqs) if len(r.output_token_ids) < r.params.min_tokens]
-        repeat = [(i, r) for i, r in enumerate(reqs) if r.params.repetition_penalty != 1.0]
-        counted = [(i, r) for i, r in enumerate(reqs)
-                   if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_token_ids]
+        params = md.params
+        bias = [(i, p.logit_bias) for i, p in enumerate(params) if p.logit_bias]
+        masked = [i for i, p in enumerate(params) if md.num_output_tokens[i] < p.min_tokens]
+        repeat = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        counted = [i for i, p in enumerate(params)
+                   if (p.presence_penalty or p.frequency_penalty) and md.output_token_ids[i]]
         if not (bias or masked or repeat or counted):
             return logits  # the model's own logits are finite; only the processing below can overflow
         x = logits.clone()
@@ -106,31 +102,32 @@ class Sampler:
             vals = [b[t] for _, b in bias for t in b if 0 <= t < vocab]
             x.index_put_((rows, cols), _to_device(vals, x.dtype, dev), accumulate=True)
         if masked:
-            stop = [(i, list(set(r.params.stop_token_ids) | (set() if r.params.ignore_eos else r.eos_token_ids)))
-                    for i, r in masked]
+            stop = [(i, list(set(params[i].stop_token_ids)
+                             | (set() if params[i].ignore_eos else md.eos_token_ids[i]))) for i in masked]
             rows, cols = _rows_cols(stop, vocab, dev)
             x.index_put_((rows, cols), x.new_full((), float("-inf")))  # a device scalar: no sync
         if repeat:
-            rows, cols = _rows_cols([(i, r.all_token_ids) for i, r in repeat], vocab, dev)
+            rows, cols = _rows_cols([(i, md.seen_token_ids[i]) for i in repeat], vocab, dev)
             seen = torch.zeros_like(x, dtype=torch.bool)
             seen.index_put_((rows, cols), seen.new_ones(()))
-            penalty = _column([r.params.repetition_penalty for r in reqs], dev)
+            penalty = _column([p.repetition_penalty for p in params], dev)
             x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
         if counted:
-            rows, cols = _rows_cols([(i, r.output_token_ids) for i, r in counted], vocab, dev)
+            rows, cols = _rows_cols([(i, md.output_token_ids[i]) for i in counted], vocab, dev)
             counts = torch.zeros_like(x).index_put_((rows, cols), torch.ones_like(rows, dtype=x.dtype),
                                                     accumulate=True)
-            freq = _column([r.params.frequency_penalty for r in reqs], dev)
-            pres = _column([r.params.presence_penalty for r in reqs], dev)
+            freq = _column([p.frequency_penalty for p in params], dev)
+            pres = _column([p.presence_penalty for p in params], dev)
             x = x - freq * counts - pres * (counts > 0).to(x.dtype)
         return _finite(x)
 
     # -- drawing ---------------------------------------------------------------------------------
-    def _draw(self, x: torch.Tensor, reqs: list[Request], draw: list[int],
-              generators: list[torch.Generator | None], greedy_tokens: torch.Tensor) -> torch.Tensor:
+    def _draw(self, x: torch.Tensor, md: SamplingMetadata, draw: list[int], greedy_tokens: torch.Tensor
+              ) -> torch.Tensor:
         """Tokens drawn for the rows in ``draw``; the other rows keep their greedy token."""
         rows = _to_device(draw, torch.long, x.device)
-        probs = filtered_probs(x.index_select(0, rows), [reqs[i].params for i in draw])
+        probs = filtered_probs(x.index_select(0, rows), [md.params[i] for i in draw])
+        generators = md.generators
         noise = torch.empty_like(probs)
         own = [j for j, i in enumerate(draw) if generators[i] is not None]
         if len(own) < len(draw):
@@ -145,25 +142,26 @@ class Sampler:
 
     # -- to the host -------------------------------------------------------------------------------
     @staticmethod
-    def _finish(logits: torch.Tensor, reqs: list[Request], tokens: torch.Tensor
+    def _finish(logits: torch.Tensor, md: SamplingMetadata, tokens: torch.Tensor
                 ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        want = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+        params = md.params
+        want = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not want:
-            return tokens.tolist(), [None] * len(reqs)
+            return tokens.tolist(), [None] * len(params)
         lp = torch.log_softmax(logits[want], dim=-1)
         chosen = lp.gather(1, tokens[want].unsqueeze(1)).squeeze(1)
-        n_top = max(reqs[i].params.logprobs for i in want)
+        n_top = max(params[i].logprobs for i in want)
         top_v, top_i = torch.topk(lp, n_top, dim=-1) if n_top else (lp[:, :0], lp[:, :0].long())
         host = torch.cat([tokens.double(), chosen.double(), top_v.double().flatten(), top_i.double().flatten()]
                          ).tolist()  # one transfer
-        b, w = len(reqs), len(want)
+        b, w = len(params), len(want)
         token_list = [int(t) for t in host[:b]]
         chosen_l = host[b:b + w]
         tv = host[b + w:b + w + w * n_top]
         ti = host[b + w + w * n_top:]
         out: list[TokenLogprobs | None] = [None] * b
         for j, i in enumerate(want):
-            n = reqs[i].params.logprobs
+            n = params[i].logprobs
             top = [(int(ti[j * n_top + k]), tv[j * n_top + k]) for k in range(n)]
             out[i] = TokenLogprobs(token_list[i], chosen_l[j], top)
         return token_list, out

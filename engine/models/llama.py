@@ -12,6 +12,7 @@ from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, _Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
+from engine.models import overlap
 from engine.parallel.context import TPContext
 
 
@@ -31,7 +32,7 @@ class LlamaAttention(torch.nn.Module):
         self.rotary = rotary
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, hd, index)
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, reduce: bool = True) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
@@ -39,7 +40,7 @@ class LlamaAttention(torch.nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(T, self.q_size)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(T, self.kv_size)
         self.rotary(meta.positions, q, k)
-        return self.o_proj(self.attn(q, k, v, meta))
+        return self.o_proj(self.attn(q, k, v, meta), reduce)
 
 
 class LlamaMLP(torch.nn.Module):
@@ -49,8 +50,8 @@ class LlamaMLP(torch.nn.Module):
                                                        ["gate_proj", "up_proj"], dtype, tp)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, dtype, tp, "intermediate size")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)), reduce)
 
 
 class LlamaDecoderLayer(torch.nn.Module):
@@ -61,15 +62,27 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
-    def forward(self, x, residual, meta):
+    # The layer in two halves, each ending in a row-parallel all-reduce. The plain forward runs them back to
+    # back; micro-batch overlap (engine/models/overlap.py) interleaves two micro-batches' halves with
+    # reduce=False and issues the all-reduces itself. One decoder either way.
+    def attention_half(self, x, residual, meta: AttentionMetadata, reduce: bool = True):
+        """(input norm with the residual add) -> self-attention. Returns (output, residual); with
+        reduce=False the output is this rank's partial sum."""
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, meta)
+        return self.self_attn(x, meta, reduce), residual
+
+    def mlp_half(self, x, residual, reduce: bool = True):
+        """(post-attention norm with the residual add) -> MLP. Returns (output, residual)."""
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.mlp(x, reduce), residual
+
+    def forward(self, x, residual, meta: AttentionMetadata):
+        x, residual = self.attention_half(x, residual, meta)
+        return self.mlp_half(x, residual)
 
 
 class LlamaForCausalLM(torch.nn.Module):
@@ -93,6 +106,8 @@ class LlamaForCausalLM(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Returns the final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
+        if self.tp.overlaps(input_ids.shape[0]):  # TP, comm strategy overlap: two micro-batches
+            return overlap.overlapped_layers(self.layers, self.norm, x, meta, self.tp.comm)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, meta)

@@ -6,7 +6,6 @@
 - mailbox.py    the per-step channel (pickled StepInputs through the shared segment)
 - comm/         the communication strategies (nccl, host, int8, auto) and their counters
 - overlap.py    the dual-stream micro-batch forward (comm_strategy=overlap)
-- testing.py    run a function on every rank of a fresh group, in processes (tests, benchmarks)
 
 The native side (host all-reduce, SIMD reductions, int8 kernels, CUDA kernels) is csrc/comm.
 """

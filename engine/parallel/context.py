@@ -14,7 +14,7 @@ import torch
 class TPContext:
     rank: int = 0
     size: int = 1
-    comm: Any = None  # engine.parallel.comm.Communicator (all_reduce / all_gather / forward)
+    comm: Any = None  # engine.parallel.comm.Communicator (all_reduce / all_reduce_async / all_gather)
     on_error: Callable[[BaseException], None] | None = None  # the executor marks the group broken
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -32,12 +32,10 @@ class TPContext:
             x = padded
         return self.comm.all_gather(x, dim=-1)
 
-    def forward(self, model, input_ids: torch.Tensor, meta) -> torch.Tensor:
-        """The model's forward on this rank (TP > 1: the communicator may split it into overlapped
-        micro-batches)."""
-        if self.size == 1:
-            return model(input_ids, meta)
-        return self.comm.forward(model, input_ids, meta)
+    def overlaps(self, num_tokens: int) -> bool:
+        """Whether the model should run this step as two overlapped micro-batches (comm strategy overlap,
+        and enough tokens for the split to pay)."""
+        return self.size > 1 and self.comm.overlap and num_tokens >= max(2, self.comm.overlap_min_tokens)
 
     def guard(self, fn, *args):
         """Run one step's work on this rank. Any failure in the middle breaks the group (the ranks'

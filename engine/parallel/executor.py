@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from engine import envs
 from engine.errors import EngineDeadError, KestrelError, ModelLoadError
 from engine.parallel.comm.group import Communicator
 from engine.parallel.comm.shm import Layout, Segment
@@ -47,8 +48,6 @@ from engine.parallel.context import TPContext
 from engine.parallel.mailbox import Mailbox, MailboxClosed
 
 log = logging.getLogger(__name__)
-
-STARTUP_TIMEOUT_S = float(os.environ.get("KESTREL_TP_STARTUP_TIMEOUT_S", "1800"))
 
 
 def check_tp_size(mc, size: int) -> None:
@@ -70,7 +69,8 @@ def check_tp_size(mc, size: int) -> None:
         raise ModelLoadError(f"tensor_parallel_size={size} does not divide the model's intermediate size {inter}")
 
 
-def _write_msg(f, obj) -> None:
+def write_msg(f, obj) -> None:
+    """One length-prefixed pickled message to the binary file ``f`` (read back by read_msg_fd)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     f.write(struct.pack("<Q", len(data)) + data)
     f.flush()
@@ -201,7 +201,7 @@ class TPExecutor:
         st.seg = Segment.create(layout)
         st.mailbox = Mailbox(st.seg, 0)
         st.store = dist.TCPStore("127.0.0.1", 0, self.size, True, wait_for_workers=False,
-                                 timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+                                 timeout=datetime.timedelta(seconds=envs.KESTREL_TP_STARTUP_TIMEOUT_S))
         port = st.store.port
         factory = getattr(checkpoint, "tp_factory", None)
         boot_common = {
@@ -224,7 +224,7 @@ class TPExecutor:
                 os.close(w_fd)
             w = _Worker(rank, proc, r_fd)
             st.workers.append(w)
-            _write_msg(proc.stdin, {**boot_common, "rank": rank, "shm_fd": st.seg.fd, "status_fd": w_fd})
+            write_msg(proc.stdin, {**boot_common, "rank": rank, "shm_fd": st.seg.fd, "status_fd": w_fd})
             w.thread = threading.Thread(target=self._monitor, args=(st, w),
                                         name=f"tp-monitor-{rank}", daemon=True)
             w.thread.start()
@@ -275,9 +275,9 @@ class TPExecutor:
             st.seg.abort()
         w.messages.put({"kind": "exit", "message": reason})
 
-    def _wait_all(self, kind: str, timeout: float = STARTUP_TIMEOUT_S) -> list[dict]:
+    def _wait_all(self, kind: str, timeout: float | None = None) -> list[dict]:
         out = []
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (envs.KESTREL_TP_STARTUP_TIMEOUT_S if timeout is None else timeout)
         for w in self._state.workers:
             while True:
                 try:
@@ -303,7 +303,7 @@ class TPExecutor:
             t["connect_s"] = time.perf_counter() - t0
             built = self._wait_all("built")
             t["workers_built_s"] = time.perf_counter() - t0
-            n = min([runner._num_kv_blocks()] + [int(m["num_blocks"]) for m in built])
+            n = min([runner.num_kv_blocks_that_fit()] + [int(m["num_blocks"]) for m in built])
             runner.allocate_kv(n)
             self._send(("setup", n))
             t1 = time.perf_counter()

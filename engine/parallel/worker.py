@@ -18,6 +18,8 @@ import sys
 import threading
 import traceback
 
+from engine import envs
+
 
 def _watch_stdin(fd: int, seg_holder: list) -> None:
     try:
@@ -34,10 +36,10 @@ def _watch_stdin(fd: int, seg_holder: list) -> None:
 
 
 def _status(fd: int, **msg) -> None:
-    from engine.parallel.executor import _write_msg
+    from engine.parallel.executor import write_msg
 
     with os.fdopen(os.dup(fd), "wb", buffering=0) as f:
-        _write_msg(f, msg)
+        write_msg(f, msg)
 
 
 def _load_weights(boot):
@@ -82,7 +84,7 @@ def run(boot: dict, seg_holder: list) -> None:
     runner = ModelRunner(config, ckpt.config, ckpt.weights, boot["max_model_len"], boot["torch_dtype"], tp,
                          defer_kv=True)
     comm.connect()
-    _status(status_fd, kind="built", num_blocks=int(runner._num_kv_blocks()), pid=os.getpid())
+    _status(status_fd, kind="built", num_blocks=int(runner.num_kv_blocks_that_fit()), pid=os.getpid())
     ppid = boot["ppid"]
     alive = lambda: parent_alive(ppid)
     try:
@@ -116,7 +118,7 @@ def run(boot: dict, seg_holder: list) -> None:
 def main() -> None:
     from engine.parallel.executor import read_msg_fd
 
-    logging.basicConfig(level=os.environ.get("KESTREL_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=envs.KESTREL_LOG_LEVEL,
                         format="%(asctime)s %(levelname)s tp-worker %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; rank 0 decides
     fd = sys.stdin.fileno()

@@ -13,9 +13,11 @@ from engine import ops
 from engine.config import EngineConfig, ModelConfig
 from engine.core.request import Request
 from engine.core.scheduler import SchedulerOutput
-from engine.layers.attention import AttentionMetadata, PrefillSegment
-from engine.layers.sampler import Sampler, TokenLogprobs
+from engine.layers.attention import AttentionMetadata, SeqSpan
+from engine.layers.sampler import Sampler
+from engine.layers.sampling_metadata import SamplingMetadata
 from engine.models.registry import model_class
+from engine.outputs import TokenLogprobs
 from engine.parallel.context import SINGLE, TPContext
 from engine.runner.device import physical_cores, resolve_device, resolve_dtype
 
@@ -29,12 +31,11 @@ class StepInputs:
     token_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
-    decode_tables: list[list[int]] = field(default_factory=list)
-    decode_lens: list[int] = field(default_factory=list)
-    prefills: list[tuple[int, int, int, list[int]]] = field(default_factory=list)  # (start, len, context, blocks)
+    seqs: list[SeqSpan] = field(default_factory=list)  # decodes first, then prefill chunks
     logit_rows: list[int] | None = field(default_factory=list)  # None: logits at every position
 
 CPU_DEFAULT_KV_GIB = 2.0
+ACTIVATION_MARGIN_BYTES = 256 << 20  # allocator fragmentation, cuBLAS workspaces
 
 
 class ModelRunner:
@@ -52,6 +53,8 @@ class ModelRunner:
             torch.set_num_threads(threads)
             ops.set_num_threads(threads)
         self.block_size = config.block_size
+        self.max_model_len = max_model_len
+        self.activation_peak_bytes: int | None = None
         cls = model_class(model_config)
         with torch.device(self.device):
             self.model = cls(model_config, self.dtype, tp, max_model_len)
@@ -65,7 +68,7 @@ class ModelRunner:
             n, total = self.model.quantize_int8()
             log.info("int8 weights: %d of %d linear layers (the others have K not a multiple of 32)", n, total)
         if not defer_kv:  # TP: the executor decides the number of blocks for all ranks (allocate_kv)
-            self.num_blocks = self._num_kv_blocks()
+            self.num_blocks = self.num_kv_blocks_that_fit()
             self._allocate_kv_cache()
         self.generators: dict[str, torch.Generator] = {}
         self.sampler = Sampler(torch.Generator(device=self.device).manual_seed(config.seed))
@@ -77,17 +80,63 @@ class ModelRunner:
         elem = torch.tensor([], dtype=self.dtype).element_size()
         return 2 * len(self.model.layers) * self.block_size * layer.num_kv_heads * layer.head_dim * elem
 
-    def _num_kv_blocks(self) -> int:
+    def num_kv_blocks_that_fit(self) -> int:
+        """KV blocks this rank can hold: the configured number, a fixed memory size (CPU, or
+        --kv-cache-memory-gib), or on a GPU what remains of gpu_memory_utilization x the GPU's memory after the
+        weights and the activation peak of the largest step, measured by a profiling forward (TP=1; TP ranks
+        cannot run a forward alone here, so they keep 10% of the budget for activations)."""
         if self.config.num_kv_blocks:
             return self.config.num_kv_blocks
         per_block = self.kv_bytes_per_block()
         if self.device.type == "cpu" or self.config.kv_cache_memory_gib is not None:
             gib = self.config.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB
             return max(1, int(gib * 2**30) // per_block)
+        peak = self.profile_activation_peak() if self.tp.size == 1 else None
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         budget = total * self.config.gpu_memory_utilization - (total - free)
-        return max(1, int(budget * 0.9) // per_block)
+        if peak is None:
+            return max(1, int(budget * 0.9) // per_block)
+        self.activation_peak_bytes = peak
+        blocks = int(budget - peak - ACTIVATION_MARGIN_BYTES) // per_block
+        log.info("GPU memory: %.2f GiB for the KV cache (%d blocks) after weights and a %.2f GiB activation peak",
+                 blocks * per_block / 2**30, blocks, peak / 2**30)
+        if blocks < 1:
+            from engine.errors import KestrelError
+
+            raise KestrelError(
+                f"no GPU memory left for the KV cache: the weights use {(total - free) / 2**30:.1f} GiB and the "
+                f"largest step needs {peak / 2**30:.1f} GiB of activations, against "
+                f"{self.config.gpu_memory_utilization:.0%} of {total / 2**30:.1f} GiB; lower --max-num-batched-tokens "
+                "or raise --gpu-memory-utilization")
+        return blocks
+
+    @torch.inference_mode()
+    def profile_activation_peak(self) -> int:
+        """Bytes above the weights that the largest step allocates at its peak: one forward of
+        max_num_batched_tokens prompt tokens (written into a scratch KV cache just large enough), the logits
+        of max_num_seqs rows in float32 and a softmax over them, as the sampler does."""
+        tokens = max(1, min(self.config.max_num_batched_tokens, self.max_model_len))
+        bs = self.block_size
+        blocks = -(-tokens // bs)
+        self.num_blocks = blocks
+        self._allocate_kv_cache()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        inp = StepInputs(token_ids=[0] * tokens, positions=list(range(tokens)), slots=list(range(tokens)),
+                         seqs=[SeqSpan(0, tokens, tokens, tuple(range(blocks)))],
+                         logit_rows=list(range(tokens - min(tokens, self.config.max_num_seqs), tokens)))
+        logits = self._run(inp)
+        torch.softmax(logits, dim=-1)
+        del logits
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        for attn in self.model.attention_layers():
+            attn.k_cache = attn.v_cache = None
+        return peak
 
     def allocate_kv(self, num_blocks: int) -> None:
         """Allocate the KV cache with exactly num_blocks blocks (tensor parallelism: every rank the same)."""
@@ -123,12 +172,8 @@ class ModelRunner:
             inp.positions.extend(range(start, start + n))
             table = req.block_ids
             inp.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            if n == 1:
-                inp.decode_tables.append(table)
-                inp.decode_lens.append(start + 1)
-            else:
-                ctx = start + n
-                inp.prefills.append((q0, n, ctx, table[: -(-ctx // bs)]))
+            ctx = start + n
+            inp.seqs.append(SeqSpan(q0, n, ctx, tuple(table[: -(-ctx // bs)])))
             if s.samples:
                 inp.logit_rows.append(q0 + n - 1)
                 sample_reqs.append(req)
@@ -137,21 +182,11 @@ class ModelRunner:
         return inp, sample_reqs
 
     def _tensors(self, inp: StepInputs) -> tuple[torch.Tensor, AttentionMetadata]:
-        dev = self.device
-        nd = len(inp.decode_lens)
-        meta = AttentionMetadata(
-            positions=torch.tensor(inp.positions, dtype=torch.long, device=dev),
-            slot_mapping=torch.tensor(inp.slots, dtype=torch.long, device=dev),
-            num_decode_tokens=nd,
-            prefills=[PrefillSegment(q0, n, ctx, torch.tensor(blocks, dtype=torch.long, device=dev))
-                      for q0, n, ctx, blocks in inp.prefills],
-        )
-        if nd:
-            width = max(len(t) for t in inp.decode_tables)
-            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in inp.decode_tables],
-                                                    dtype=torch.int32, device=dev)
-            meta.decode_context_lens = torch.tensor(inp.decode_lens, dtype=torch.int32, device=dev)
-        return torch.tensor(inp.token_ids, dtype=torch.long, device=dev), meta
+        meta = AttentionMetadata.build(inp.positions, inp.slots, inp.seqs, self.device)
+        ids = torch.tensor(inp.token_ids, dtype=torch.long)
+        if self.device.type != "cpu":
+            ids = ids.pin_memory().to(self.device, non_blocking=True)
+        return ids, meta
 
     @torch.inference_mode()
     def run(self, inp: StepInputs) -> torch.Tensor | None:
@@ -163,7 +198,7 @@ class ModelRunner:
 
     def _run(self, inp: StepInputs) -> torch.Tensor | None:
         input_ids, meta = self._tensors(inp)
-        hidden = self.model(input_ids, meta) if self.tp.size == 1 else self.tp.forward(self.model, input_ids, meta)
+        hidden = self.model(input_ids, meta)
         if inp.logit_rows is not None:
             if not inp.logit_rows:
                 return None
@@ -178,7 +213,7 @@ class ModelRunner:
         if not reqs:
             return [], [], []
         gens = [self.generators.get(r.request_id) for r in reqs]
-        tokens, lps = self.sampler(logits, reqs, gens)
+        tokens, lps = self.sampler(logits, sampling_metadata(reqs, gens))
         return reqs, tokens, lps
 
     def all_logits(self, sched: SchedulerOutput) -> torch.Tensor:
@@ -187,3 +222,19 @@ class ModelRunner:
         if self.on_step is not None:
             self.on_step(inp)
         return self.run(inp)
+
+
+def sampling_metadata(reqs: list[Request], generators: list[torch.Generator | None] | None = None
+                      ) -> SamplingMetadata:
+    """What the sampler needs of each sampling request, row i for reqs[i]: its params, the token histories its
+    penalties read (only where a penalty applies; the requests' own lists, so use it within the step), its
+    output count, its eos ids and its generator (None: the sampler's default)."""
+    return SamplingMetadata(
+        params=[r.params for r in reqs],
+        seen_token_ids=[r.all_token_ids if r.params.repetition_penalty != 1.0 else () for r in reqs],
+        output_token_ids=[r.output_token_ids if r.params.presence_penalty or r.params.frequency_penalty
+                          else () for r in reqs],
+        num_output_tokens=[len(r.output_token_ids) for r in reqs],
+        eos_token_ids=[r.eos_token_ids for r in reqs],
+        generators=list(generators) if generators is not None else [None] * len(reqs),
+    )

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import os
 import signal
 import sys
 import threading
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from engine import envs
 from engine.client import EngineClient
 from engine.config import EngineConfig
 from engine.server.args import DEFAULT_MAX_REQUEST_BYTES
@@ -150,7 +150,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def api_key_of(args) -> str | None:
-    return args.api_key or os.environ.get("KESTREL_API_KEY") or None
+    return args.api_key or envs.KESTREL_API_KEY or None
 
 
 async def _serve(args, config: EngineConfig) -> int:

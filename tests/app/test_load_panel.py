@@ -29,11 +29,19 @@ def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot, mo
     load = w.panels["load"]
     qtbot.waitUntil(lambda: w.ctx.hardware_snapshot is not None and load.model_combo.count() > 0, timeout=30_000)
     main = load.form.main
-    if w.ctx.num_gpus < 2:  # this machine: tensor parallelism needs GPUs to split over
-        assert not main.is_field_enabled("tensor_parallel_size")
-        assert main.disabled_reason("tensor_parallel_size") == f"needs two or more GPUs (found {w.ctx.num_gpus})"
+    if w.ctx.num_gpus == 0:  # this machine: tensor parallelism on the CPU (the ranks are processes sharing the cores)
+        # the embedded SmolLM2-135M has 9 attention heads and 3 KV heads: TP 1 or 3 (up to the form's 8)
+        assert main.is_field_enabled("tensor_parallel_size")
+        assert main.editors["tensor_parallel_size"].maximum() == 3
+        assert "splits into (CPU ranks share the cores): 1, 3" in main.editors["tensor_parallel_size"].toolTip()
         assert not main.is_field_enabled("comm_strategy")
         assert main.disabled_reason("comm_strategy") == "applies with tensor-parallel size 2 or more"
+        main.editors["tensor_parallel_size"].stepUp()  # 2 does not split the heads: on to 3
+        assert load.form.values()["tensor_parallel_size"] == 3
+        assert main.is_field_enabled("comm_strategy")
+        main.editors["tensor_parallel_size"].stepDown()  # and back past 2 to 1
+        assert load.form.values()["tensor_parallel_size"] == 1
+        assert not main.is_field_enabled("comm_strategy")
     assert [main.editors["comm_strategy"].itemData(i) for i in range(5)] == ["auto", "nccl", "int8", "host", "overlap"]
     if w.ctx.num_gpus == 0:  # this machine: no GPU
         assert not main.is_choice_enabled("device", "cuda")
@@ -55,6 +63,8 @@ def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot, mo
     monkeypatch.setattr(type(w.ctx), "num_gpus", property(lambda self: 1))
     load.form.set_value("device", "auto")
     load._apply_availability()
+    assert not main.is_field_enabled("tensor_parallel_size")  # one GPU: nothing to split over
+    assert main.disabled_reason("tensor_parallel_size") == "needs two or more GPUs (found 1)"
     assert not main.is_choice_enabled("quantization", "int8")
     assert load.form.values()["quantization"] == "none"
     assert "run on the CPU" in main.editors["quantization"].itemText(1)

@@ -42,7 +42,7 @@ def test_window_shows_without_torch_in_the_app_process(tmp_path):
 
 def test_kestrel_without_arguments_opens_the_app(monkeypatch):
     import app.main
-    from engine import cli
+    from app import cli
 
     calls = []
     monkeypatch.setattr(app.main, "main", lambda argv=None: calls.append(argv) or 0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.conftest import TINY_ARCHS
+from tests.support.tiny_models import TINY_ARCHS
 
 PROMPTS = [
     "The capital of France is",

@@ -9,7 +9,7 @@ import torch
 
 from engine import LLM
 from engine.ops import Int8Weight
-from tests.conftest import TINY_ARCHS
+from tests.support.tiny_models import TINY_ARCHS
 
 
 def _dequantized_reference(hf):

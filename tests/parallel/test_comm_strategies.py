@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.parallel.testing import run_group
+from engine.bench.comm_group import run_group
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -35,7 +35,7 @@ def _check_rows(results: list[list[dict]], expect_bits: set[str]) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_strategies_match_float64(world):
     sizes = SIZES if world == 2 else SIZES[:4]
-    results = run_group(world, "engine.parallel.testing:check",
+    results = run_group(world, "tests.support.tp_harness:check",
                         {"sizes": sizes, "dtypes": DTYPES, "names": ["host", "int8", "nccl"], "seed": world},
                         layout=LAYOUT)
     assert len(results) == world
@@ -45,14 +45,14 @@ def test_strategies_match_float64(world):
 
 
 def test_int8_over_torch_distributed_matches_reference():
-    results = run_group(2, "engine.parallel.testing:check",
+    results = run_group(2, "tests.support.tp_harness:check",
                         {"sizes": [5, 4096, 16385], "dtypes": ["bfloat16", "float32"], "names": ["int8"], "seed": 9},
                         env={"KESTREL_INT8_TRANSPORT": "dist"})
     _check_rows(results, {"int8"})
 
 
 def test_benchmark_table_shape():
-    rows = run_group(2, "engine.parallel.testing:bench", {"sizes": [4096, 65536], "dtype": "bfloat16"})[0]
+    rows = run_group(2, "engine.bench.comm_group:bench", {"sizes": [4096, 65536], "dtype": "bfloat16"})[0]
     assert [r["bytes"] for r in rows] == [4096, 65536]
     for r in rows:
         assert set(r["latency_us"]) == {"nccl", "host", "int8"}

@@ -51,12 +51,12 @@ def test_cuda_int8_packets_bit_exact(dtype):
 
 @pytest.mark.parametrize("pcie", [False, True], ids=["nvlink", "pcie"])
 def test_cuda_strategies_match_float64(pcie):
-    from engine.parallel.testing import run_group
+    from engine.bench.comm_group import run_group
 
     env = {"NCCL_P2P_DISABLE": "1"} if pcie else {"NCCL_P2P_DISABLE": "0"}
     env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     sizes = [1, 577, 8192, 65536 + 5, 131072, (1 << 20) + 3, 3 << 20]
-    results = run_group(2, "engine.parallel.testing:check",
+    results = run_group(2, "tests.support.tp_harness:check",
                         {"sizes": sizes, "dtypes": ["bfloat16", "float32"], "names": ["host", "int8", "nccl"]},
                         device="cuda", env=env)
     for r in range(1, len(results)):

@@ -16,11 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.layers.attention import AttentionMetadata, PrefillSegment
+from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.llm import LLM
-from engine.parallel.overlap import split_metadata
 from engine.sampling_params import SamplingParams
-from tests.conftest import TINY_ARCHS
+from tests.support.tiny_models import TINY_ARCHS
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -116,15 +115,15 @@ def test_overlap_split_forward_is_token_identical(tiny_model_dir, tp1_tokens, mo
         comm = llm.core.executor.comm
         assert comm.overlap and comm.describe()["active"] == "host"
         calls = {"n": 0}
-        import engine.parallel.overlap as ov
+        import engine.models.overlap as ov
 
-        real = ov.overlapped_forward
+        real = ov.overlapped_layers
 
         def counting(*a, **k):
             calls["n"] += 1
             return real(*a, **k)
 
-        monkeypatch.setattr(ov, "overlapped_forward", counting)
+        monkeypatch.setattr(ov, "overlapped_layers", counting)
         assert _greedy(llm, prompts) == ref
         assert calls["n"] >= 8
     finally:
@@ -143,18 +142,16 @@ def test_overlap_without_force_falls_back_on_cpu(tiny_model_dir, monkeypatch):
 
 
 def test_split_metadata_cuts_a_straddling_prefill():
-    pos = torch.arange(12)
-    meta = AttentionMetadata(positions=pos, slot_mapping=pos + 100, num_decode_tokens=2,
-                             decode_block_tables=torch.tensor([[1], [2]], dtype=torch.int32),
-                             decode_context_lens=torch.tensor([5, 9], dtype=torch.int32),
-                             prefills=[PrefillSegment(2, 3, 3, torch.tensor([3])),
-                                       PrefillSegment(5, 7, 20, torch.tensor([4, 5]))])
-    a, b = split_metadata(meta, 12, 7)
+    pos = list(range(12))
+    meta = AttentionMetadata.build(pos, [p + 100 for p in pos], [
+        SeqSpan(0, 1, 5, (1,)), SeqSpan(1, 1, 9, (2,)), SeqSpan(2, 3, 3, (3,)), SeqSpan(5, 7, 20, (4, 5))],
+        torch.device("cpu"))
+    a, b = meta.split(7)
     assert a.num_decode_tokens == 2 and b.num_decode_tokens == 0 and b.decode_block_tables is None
     assert [(s.query_start, s.query_len, s.context_len) for s in a.prefills] == [(2, 3, 3), (5, 2, 15)]
     assert [(s.query_start, s.query_len, s.context_len) for s in b.prefills] == [(0, 5, 20)]
     assert a.positions.tolist() == list(range(7)) and b.slot_mapping.tolist() == list(range(107, 112))
-    a, b = split_metadata(meta, 12, 1)  # a cut inside the decodes
+    a, b = meta.split(1)  # a cut inside the decodes
     assert a.num_decode_tokens == 1 and b.num_decode_tokens == 1
     assert b.decode_context_lens.tolist() == [9]
     assert [s.query_start for s in b.prefills] == [1, 4]

@@ -15,7 +15,8 @@ from engine.errors import CheckpointError, ModelNotFoundError, UnsupportedArchit
 from engine.loader import Checkpoint, load_checkpoint
 from engine.loader.gguf_file import GGUFFile
 
-from tests.conftest import TINY_ARCHS, WIDE_DIMS, build_tiny_model, write_gguf  # noqa: I001
+from tests.support.gguf_writer import write_gguf  # noqa: I001
+from tests.support.tiny_models import TINY_ARCHS, WIDE_DIMS, build_tiny_model  # noqa: I001
 
 
 @pytest.fixture(scope="module")

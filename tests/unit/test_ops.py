@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine import ops
+from engine.ops import native
 from engine.ops import reference as ref
 
 pytestmark = pytest.mark.timeout(300)
@@ -413,7 +414,10 @@ def test_env_var_forces_isa_at_import():
 
 
 def test_reference_fallback_when_native_missing(monkeypatch):
-    monkeypatch.setattr(ops, "_C", None)
+    # every engine.ops module binds _C at import (a module global: the cheapest lookup on the hot path)
+    for mod in [m for name, m in sys.modules.items() if name.startswith("engine.ops.")]:
+        if getattr(mod, "_C", None) is not None:
+            monkeypatch.setattr(mod, "_C", None)
     assert not ops.native_available() and ops.cpu_isa() == "reference"
     g = gen("fallback")
     x, w = randn(g, 3, 32), randn(g, 32)
@@ -428,8 +432,8 @@ def test_cuda_tensors_without_cuda_build_raise_clearly(monkeypatch):
         is_cuda = True
         device = torch.device("cuda", 0)
 
-    monkeypatch.setattr(ops, "_HAS_CUDA", False)
+    monkeypatch.setattr(native, "_HAS_CUDA", False)
     with pytest.raises(ValueError, match="built without CUDA"):
-        ops._cuda_ready("rms_norm", FakeCuda(), FakeCuda())
+        native._cuda_ready("rms_norm", FakeCuda(), FakeCuda())
     with pytest.raises(ValueError, match="must be on"):
-        ops._cuda_ready("rms_norm", FakeCuda(), torch.zeros(1))
+        native._cuda_ready("rms_norm", FakeCuda(), torch.zeros(1))

@@ -9,6 +9,7 @@ import torch
 from engine.core.request import Request
 from engine.errors import InvalidRequestError
 from engine.layers.sampler import Sampler
+from engine.runner.model_runner import sampling_metadata
 from engine.sampling_params import SamplingParams
 
 V = 16
@@ -20,7 +21,7 @@ def sample(logits, params, output=(), prompt=(1,), eos=frozenset({0}), seed=0, n
     s = Sampler(torch.Generator().manual_seed(seed))
     toks = []
     for _ in range(n):
-        t, lp = s(torch.tensor([logits], dtype=torch.float32), [req], [None])
+        t, lp = s(torch.tensor([logits], dtype=torch.float32), sampling_metadata([req]))
         toks.append(t[0])
     return toks, lp[0]
 
@@ -136,7 +137,7 @@ def test_all_tokens_impossible_falls_back_to_argmax():
     req = Request("r", [1], SamplingParams(temperature=1.0), eos_token_ids=frozenset())
     logits = torch.full((1, V), float("nan"))
     logits[0, 3] = float("-inf")
-    t, _ = s(logits, [req], [None])
+    t, _ = s(logits, sampling_metadata([req]))
     assert 0 <= t[0] < V
 
 
@@ -178,9 +179,9 @@ def test_batched_sampler_matches_reference(seed):
     reqs = [_random_request(rng, i, vocab) for i in range(rng.randrange(1, 9))]
     logits = torch.randn(len(reqs), vocab, generator=torch.Generator().manual_seed(seed)) * 4
     sampler = Sampler(torch.Generator().manual_seed(seed))
-    tokens, lps = sampler(logits, reqs, [None] * len(reqs))
+    tokens, lps = sampler(logits, sampling_metadata(reqs))
     ref_tokens, ref_lps = ReferenceSampler(torch.Generator().manual_seed(seed))(logits, reqs, [None] * len(reqs))
-    processed = sampler._process(logits, reqs)
+    processed = sampler._process(logits, sampling_metadata(reqs))
     for i, req in enumerate(reqs):
         torch.testing.assert_close(processed[i], process_row(logits[i], req).nan_to_num(float("-inf")))
         if req.params.greedy:
@@ -202,7 +203,7 @@ def test_exponential_race_draws_with_the_right_frequencies():
     n = 20000
     logits = target.log().expand(n, 4).contiguous()
     reqs = [Request(f"r{i}", [1], SamplingParams(temperature=1.0), eos_token_ids=frozenset()) for i in range(n)]
-    tokens, _ = Sampler(torch.Generator().manual_seed(0))(logits, reqs, [None] * n)
+    tokens, _ = Sampler(torch.Generator().manual_seed(0))(logits, sampling_metadata(reqs))
     freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / n
     assert torch.allclose(freq, target, atol=0.015), freq  # ~4.5 standard errors at n=20000
 
@@ -216,7 +217,7 @@ def test_seeded_rows_do_not_depend_on_their_neighbours():
     for batch in ([seeded], [other, seeded, other]):
         gen = torch.Generator().manual_seed(5)
         s = Sampler(torch.Generator().manual_seed(len(batch)))
-        toks = [s(logits[:len(batch)], batch, [gen if r is seeded else None for r in batch])[0]
-                [batch.index(seeded)] for _ in range(10)]
+        md = sampling_metadata(batch, [gen if r is seeded else None for r in batch])
+        toks = [s(logits[:len(batch)], md)[0][batch.index(seeded)] for _ in range(10)]
         runs.append(toks)
     assert runs[0] == runs[1]

@@ -312,7 +312,7 @@ def spm_gguf(tmp_path_factory):
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-    from tests.conftest import LLAMA2_TEMPLATE
+    from tests.support.chat_templates import LLAMA2_TEMPLATE
 
     w.add_chat_template(LLAMA2_TEMPLATE)
     w.add_tensor("token_embd.weight", np.zeros((len(tokens), 32), dtype=np.float32))

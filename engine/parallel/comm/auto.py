@@ -19,12 +19,12 @@ import bisect
 import itertools
 import logging
 import math
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from engine import envs
 from engine.parallel.comm import reference
 from engine.parallel.comm.base import CommStrategy
 
@@ -107,9 +107,9 @@ class AutoStrategy(CommStrategy):
         self._choice: list[CommStrategy] = []
         fallback = candidates.get("host") or next(iter(candidates.values()))
         self._fallback = fallback
-        self.int8_min_bytes = int(os.environ.get("KESTREL_AUTO_INT8_MIN_BYTES", str(1 << 20)))
-        self.int8_margin = float(os.environ.get("KESTREL_AUTO_INT8_MARGIN", "1.2"))
-        self.allow_int8 = os.environ.get("KESTREL_AUTO_INT8", "1") not in ("0", "")
+        self.int8_min_bytes = envs.KESTREL_AUTO_INT8_MIN_BYTES
+        self.int8_margin = envs.KESTREL_AUTO_INT8_MARGIN
+        self.allow_int8 = envs.KESTREL_AUTO_INT8
 
     def tune(self, dtype: torch.dtype, sizes: list[int] | None = None) -> list[dict]:
         """Collective. Measures every candidate, decides on rank 0, broadcasts the table."""

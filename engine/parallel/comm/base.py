@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine import envs
 from engine.errors import EngineDeadError
 
 
 def pcie_mode() -> bool:
     """True when GPUs must talk through host memory only (no peer access)."""
     return os.environ.get("NCCL_P2P_DISABLE", "0") not in ("", "0") or \
-        os.environ.get("KESTREL_PCIE_MODE", "0") not in ("", "0")
+        envs.KESTREL_PCIE_MODE
 
 
 def peer_access_allowed() -> bool:
@@ -127,7 +128,7 @@ class CommStrategy:
         self.stats = stats if stats is not None else CommStats()
         self.dead_reason = dead_reason or (lambda: None)  # () -> str | None, set by the executor
         self._side_stream = None
-        self.timing_events = device.type == "cuda" and os.environ.get("KESTREL_COMM_TIMING", "events") == "events"
+        self.timing_events = device.type == "cuda" and envs.KESTREL_COMM_TIMING == "events"
 
     # -- public -----------------------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,9 @@ runs the auto micro-benchmark when the strategy is auto (or overlap on GPUs).
 
 Strategy names (``--comm-strategy``): nccl (gloo on CPU), host, int8, auto, overlap. ``overlap`` splits the
 batch in two micro-batches inside the forward and runs one half's all-reduce on a second CUDA stream while
-the other half computes (engine/parallel/overlap.py), with auto's per-size choice for the transport. On the
+the other half computes (engine/models/overlap.py; the model asks ``TPContext.overlaps``), with auto's per-size choice for the transport. On the
 CPU there is no second stream and the ranks' cores are all busy computing, so overlap falls back to
-``host`` (logged); KESTREL_OVERLAP_FORCE=1 still runs the micro-batch split there, sequentially (tests).
+``host`` (logged); KESTREL_OVERLAP_FORCE=<transport> still runs the micro-batch split there, sequentially (tests).
 """
 
 from __future__ import annotations
@@ -21,17 +21,19 @@ import os
 import torch
 import torch.distributed as dist
 
+from engine import envs
+from engine.config import COMM_STRATEGIES
 from engine.errors import EngineDeadError, KestrelError
 from engine.parallel.comm.base import CommStats, pcie_mode
 from engine.parallel.comm.shm import Segment
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("auto", "nccl", "int8", "host", "overlap")
+STRATEGIES = COMM_STRATEGIES  # defined once, torch-free, in engine/config.py
 
 
 def _timeout() -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(os.environ.get("KESTREL_COMM_TIMEOUT_S", "300")))
+    return datetime.timedelta(seconds=envs.KESTREL_COMM_TIMEOUT_S)
 
 
 class Communicator:
@@ -55,7 +57,7 @@ class Communicator:
         self.strategies: dict = {}
         self.active = None
         self.overlap = False
-        self.overlap_min_tokens = int(os.environ.get("KESTREL_OVERLAP_MIN_TOKENS", "256"))
+        self.overlap_min_tokens = envs.KESTREL_OVERLAP_MIN_TOKENS
         self.backend = None
         self._owns_dist = False
         self.table: list[dict] | None = None
@@ -111,10 +113,11 @@ class Communicator:
         self.overlap = False
         self.note = ""
         if name == "overlap" and not cuda:
-            if os.environ.get("KESTREL_OVERLAP_FORCE", "0") not in ("", "0"):
+            forced = envs.KESTREL_OVERLAP_FORCE
+            if forced:
                 self.overlap = True
-                name = "host"
-                self.note = "overlap on CPU: micro-batch split run sequentially (KESTREL_OVERLAP_FORCE)"
+                name = forced
+                self.note = f"overlap on CPU over {forced}: micro-batch split run sequentially (KESTREL_OVERLAP_FORCE)"
             else:
                 name = "host"
                 self.note = ("overlap needs CUDA streams; on the CPU it falls back to the host strategy "
@@ -172,13 +175,6 @@ class Communicator:
         order = ("nccl", "host") if x.is_cuda else ("host", "nccl")
         s = self.strategies.get(order[0]) or self.strategies.get(order[1])
         return s.all_gather(x, dim)
-
-    def forward(self, model, input_ids: torch.Tensor, meta):
-        if self.overlap and input_ids.shape[0] >= self.overlap_min_tokens:
-            from engine.parallel.overlap import overlapped_forward
-
-            return overlapped_forward(model, input_ids, meta, self)
-        return model(input_ids, meta)
 
     def end_step(self) -> None:
         """After a step: GPU kernels that gave up on a peer leave an error word in the segment."""

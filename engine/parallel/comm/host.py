@@ -23,6 +23,7 @@ import os
 
 import torch
 
+from engine import envs
 from engine.parallel.comm import kernels
 from engine.parallel.comm.base import CommStrategy, Handle, gather_dim
 from engine.parallel.comm.shm import MAX_BLOCKS, Segment
@@ -33,13 +34,6 @@ except ImportError:  # pragma: no cover
     _C = None
 
 DTYPE_CODE = kernels.DTYPE_CODE
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 class HostTransport:
@@ -56,13 +50,15 @@ class HostTransport:
         # 1 ms spins followed by sched_yield: a yielding rank loses a time slice, its peer then waits past its
         # own spin and yields too, and the group falls into a ping-pong of time slices. With more ranks than
         # cores (oversubscribed) the peer needs our core: sleep almost at once.
-        spin = _env_int("KESTREL_COMM_SPIN_NS", 2_000 if oversubscribed else 20_000)
-        yld = _env_int("KESTREL_COMM_YIELD_NS", 0)
-        self.timeout_s = float(os.environ.get("KESTREL_COMM_TIMEOUT_S", "300"))
+        spin = envs.KESTREL_COMM_SPIN_NS
+        if spin is None:
+            spin = 2_000 if oversubscribed else 20_000
+        yld = envs.KESTREL_COMM_YIELD_NS
+        self.timeout_s = envs.KESTREL_COMM_TIMEOUT_S
         self.hc = _C.HostComm(seg.addr(lay.flags), seg.addr(lay.sleepers_off), seg.addr(lay.abort_off),
                               seg.addr(lay.slots), lay.slot_bytes, lay.nslots, rank, world, spin, yld,
                               int(self.timeout_s * 1e9))
-        self.oneshot_max = _env_int("KESTREL_HOST_ONESHOT_MAX", 64 << 10)
+        self.oneshot_max = envs.KESTREL_HOST_ONESHOT_MAX
         # GPU state
         self.dev_base = None  # device pointer of the registered segment
         self.gpu_seq = 0
@@ -72,8 +68,10 @@ class HostTransport:
             if not kernels.cuda_native():
                 raise RuntimeError("the host strategy on CUDA needs engine._C built with nvcc")
             self.dev_base = _C.cuda_host_register(seg.base, lay.total, device.index or 0)
-            self.hc.set_threads(_env_int("KESTREL_HOST_REDUCE_THREADS",
-                                         max(1, min(8, (os.cpu_count() or 2) // max(world, 1)))))
+            threads = envs.KESTREL_HOST_REDUCE_THREADS
+            if threads is None:
+                threads = max(1, min(8, (os.cpu_count() or 2) // max(world, 1)))
+            self.hc.set_threads(threads)
 
     def slot_view(self, seq: int, j: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
         lay = self.seg.layout
@@ -103,8 +101,8 @@ class HostStrategy(CommStrategy):
     def __init__(self, transport: HostTransport, **kw):
         super().__init__(transport.rank, transport.world, transport.device, **kw)
         self.t = transport
-        self.gpu_small_max = _env_int("KESTREL_HOST_GPU_SMALL_MAX", 256 << 10)
-        self.gpu_chunk = _env_int("KESTREL_HOST_GPU_CHUNK", 2 << 20)
+        self.gpu_small_max = envs.KESTREL_HOST_GPU_SMALL_MAX
+        self.gpu_chunk = envs.KESTREL_HOST_GPU_CHUNK
         self._executor = None
 
     def link_bytes(self, nbytes: int) -> int:

@@ -16,12 +16,12 @@ Every transport gives the same bits (reference.int8_all_reduce).
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from engine import envs
 from engine.parallel.comm import kernels
 from engine.parallel.comm.base import CommStrategy
 from engine.parallel.comm.host import HostTransport
@@ -46,7 +46,7 @@ class Int8Strategy(CommStrategy):
         self.pg = dist_group
         self.backend = backend
         default = "dist" if device.type == "cuda" else "shm"
-        self.transport = os.environ.get("KESTREL_INT8_TRANSPORT", default)
+        self.transport = envs.KESTREL_INT8_TRANSPORT or default
         if self.transport == "shm" and (transport is None or device.type == "cuda"):
             self.transport = "dist"
         if self.transport == "dist" and backend is None:

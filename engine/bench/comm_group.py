@@ -1,7 +1,9 @@
-"""Run a function on every rank of a fresh communication group, each rank in its own process
-(tests and the comm benchmark; no model involved).
+"""All-reduce micro-benchmarks on a fresh communication group: ``run_group`` runs a function on every rank,
+each rank in its own process (no model involved), and the benchmark targets it runs (bench, ping,
+loop_latency, latency_table). engine/bench/tp.py --device cpu uses them; the TP tests run their own
+target (tests/support/tp_harness.py) through run_group.
 
-    rows = run_group(2, "engine.parallel.testing:bench", {"sizes": [...], "dtype": "bfloat16"})
+    rows = run_group(2, "engine.bench.comm_group:bench", {"sizes": [...], "dtype": "bfloat16"})
 
 Every rank: attach the group's segment, build a Communicator, connect (torch.distributed: gloo on CPU,
 NCCL on CUDA), call ``target(comm, **kwargs)``; the results come back in rank order.
@@ -9,7 +11,6 @@ NCCL on CUDA), call ``target(comm, **kwargs)``; the results come back in rank or
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -18,9 +19,7 @@ from pathlib import Path
 
 import torch
 
-from engine.parallel.comm import reference
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def run_group(world: int, target: str, kwargs: dict | None = None, strategy: str = "host", device: str = "cpu",
@@ -28,7 +27,7 @@ def run_group(world: int, target: str, kwargs: dict | None = None, strategy: str
     import torch.distributed as dist
 
     from engine.parallel.comm.shm import Layout, Segment
-    from engine.parallel.executor import _write_msg, read_msg_fd
+    from engine.parallel.executor import write_msg, read_msg_fd
 
     lay = Layout(world=world, **(layout or {}))
     seg = Segment.create(lay)
@@ -42,12 +41,12 @@ def run_group(world: int, target: str, kwargs: dict | None = None, strategy: str
     try:
         for rank in range(world):
             r_fd, w_fd = os.pipe()
-            p = subprocess.Popen([sys.executable, "-m", "engine.parallel.testing"], stdin=subprocess.PIPE,
+            p = subprocess.Popen([sys.executable, "-m", "engine.bench.comm_group"], stdin=subprocess.PIPE,
                                  pass_fds=(seg.fd, w_fd), env=penv, close_fds=True)
             os.close(w_fd)
             procs.append(p)
             fds.append(r_fd)
-            _write_msg(p.stdin, {"rank": rank, "world": world, "shm_fd": seg.fd, "status_fd": w_fd, "layout": lay,
+            write_msg(p.stdin, {"rank": rank, "world": world, "shm_fd": seg.fd, "status_fd": w_fd, "layout": lay,
                                  "port": store.port, "target": target, "kwargs": kwargs or {},
                                  "strategy": strategy, "device": device})
         results = []
@@ -95,7 +94,7 @@ def _main() -> None:
 
     from engine.parallel.comm.group import Communicator
     from engine.parallel.comm.shm import Segment
-    from engine.parallel.executor import _write_msg, read_msg_fd
+    from engine.parallel.executor import write_msg, read_msg_fd
 
     boot = read_msg_fd(sys.stdin.fileno())
     out = os.fdopen(boot["status_fd"], "wb", buffering=0)
@@ -110,9 +109,9 @@ def _main() -> None:
         comm.connect()
         module, _, name = boot["target"].partition(":")
         result = getattr(importlib.import_module(module), name)(comm, **boot["kwargs"])
-        _write_msg(out, {"result": result})
+        write_msg(out, {"result": result})
     except BaseException as e:  # noqa: BLE001
-        _write_msg(out, {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
+        write_msg(out, {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
     finally:
         if comm is not None:
             comm.close()
@@ -120,63 +119,12 @@ def _main() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# targets
+# benchmark targets (``target(comm, **kwargs)``, run on every rank)
 
 
 def bench(comm, sizes: list[int], dtype: str = "bfloat16", names: list[str] | None = None) -> list[dict]:
     """Latency table (median us) of the strategies, as auto measures it."""
-    return comm.benchmark(_DTYPES[dtype], sizes, names)
-
-
-def _inputs(nelem: int, world: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
-    xs = []
-    for r in range(world):
-        g = torch.Generator().manual_seed(seed * 1009 + r)
-        # mixed magnitudes: some groups tiny, some large, some exact zeros (int8 edge cases)
-        x = torch.randn(nelem, generator=g) * torch.exp(torch.randn(nelem, generator=g))
-        x[torch.rand(nelem, generator=g) < 0.01] = 0.0
-        xs.append(x.to(dtype))
-    return xs
-
-
-def check(comm, sizes: list[int], dtypes: list[str], names: list[str], seed: int = 0, async_too: bool = True
-          ) -> list[dict]:
-    """Every strategy's all-reduce on fresh random inputs against a float64 sum (within the strategy's
-    bound) and against its bit-exact torch reference where it has one; digests of every rank's result
-    (must agree across ranks); the input of every call is poisoned afterwards (in place)."""
-    rows = []
-    rank, world, dev = comm.rank, comm.world, comm.device
-    for name in names:
-        strat = comm.strategies[name]
-        for dt in dtypes:
-            dtype = _DTYPES[dt]
-            for i, n in enumerate(sizes):
-                xs = _inputs(n, world, dtype, seed + 7919 * i + 31 * len(name))
-                x = xs[rank].to(dev).clone()
-                y = strat.all_reduce(x)
-                if async_too and i % 2:  # every other size through the async path as well
-                    x2 = xs[rank].to(dev).clone()
-                    y2 = strat.all_reduce_async(x2).wait()
-                    same_async = torch.equal(y2.view(torch.uint8) if dtype != torch.float32 else y2,
-                                             y.view(torch.uint8) if dtype != torch.float32 else y)
-                else:
-                    same_async = True
-                yc = y.cpu()
-                ref64 = reference.float64_sum(xs)
-                bound = reference.error_bound(strat.bound, xs)
-                ratio = float(((yc.double() - ref64).abs() / bound).max())
-                if name == "host":
-                    bit = torch.equal(yc.view(-1).view(torch.uint8), reference.exact_all_reduce(xs).view(-1).view(
-                        torch.uint8))
-                elif name == "int8":
-                    bit = torch.equal(yc.view(-1).view(torch.uint8),
-                                      reference.int8_all_reduce(xs).view(-1).view(torch.uint8))
-                else:
-                    bit = None
-                digest = hashlib.sha1(yc.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-                rows.append({"strategy": strat.name, "dtype": dt, "n": n, "err_ratio": ratio, "bit_exact": bit,
-                             "digest": digest, "same_async": same_async})
-    return rows
+    return comm.benchmark(DTYPES[dtype], sizes, names)
 
 
 def ping(comm, n: int = 200) -> dict:
@@ -193,13 +141,9 @@ def ping(comm, n: int = 200) -> dict:
     return {"barrier_us": t[len(t) // 2] * 1e6}
 
 
-if __name__ == "__main__":
-    _main()
-
-
 def loop_latency(comm, name: str = "host", nbytes: int = 2048, n: int = 2000, dtype: str = "bfloat16") -> dict:
     """Percentiles (us) of back-to-back all-reduces of one size with one strategy (CPU)."""
-    dt = _DTYPES[dtype]
+    dt = DTYPES[dtype]
     x = torch.zeros(nbytes // torch.tensor([], dtype=dt).element_size(), dtype=dt)
     s = comm.strategies[name]
     t = []
@@ -216,7 +160,7 @@ def latency_table(comm, sizes: list[int], names: list[str] | None = None, dtype:
     """For every size, p10/p50/p90 (us) of back-to-back all-reduces with each strategy (same call counts on
     every rank: the count depends on the size only)."""
     names = names or [n for n in ("nccl", "host", "int8") if n in comm.strategies]
-    dt = _DTYPES[dtype]
+    dt = DTYPES[dtype]
     esz = torch.tensor([], dtype=dt).element_size()
     rows = []
     for size in sizes:
@@ -237,3 +181,7 @@ def latency_table(comm, sizes: list[int], names: list[str] | None = None, dtype:
                            "p90": round(t[9 * n_calls // 10] * 1e6, 2)}
         rows.append(row)
     return rows
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,593 @@
+"""`kestrel bench gpu`: Kestrel against HF transformers on one GPU, and both against the GPU's limits.
+
+One command, one JSON report (written after every measurement, so a run cut short keeps what it measured) and a
+printed table. The Llama-3-8B shape in bf16 with random weights (no download). In one process, one after the
+other: the GPU's measured copy bandwidth and bf16 GEMM rate; the attention kernels alone; Kestrel (TP=1); then HF
+transformers (eager, SDPA) on the same shape.
+
+Figures (Kestrel; HF where it has the concept):
+- TTFT of cold 1,024 / 4,096 / 8,192-token prompts (Kestrel with the Triton varlen kernel, and with SDPA);
+- an 8,192-token prompt whose first 4,096 tokens are a prefix-cache hit; the 8,192-token prompt in 2,048-token
+  chunks; 64 prompts of 512 tokens submitted together (one step);
+- TPOT at batch 1 / 8 / 64 after 512-token prompts (median decode step);
+- Kestrel's throughput on 1,024 requests of 512 prompt and 256 output tokens, all submitted at once.
+Each figure as a share of its limit: prefill FLOPs (linear layers + causal attention + the LM head rows) at the
+measured GEMM rate; decode bytes (weights + the KV cache read) at the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SHAPE = "llama3-8b"
+DEVICE = "cuda"
+
+
+def _candidates():
+    from engine.ops.varlen_attention import KernelConfig
+
+    return [KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3), KernelConfig(64, 128, 4, 2),
+            KernelConfig(64, 32, 4, 3), KernelConfig(64, 64, 8, 2), KernelConfig(32, 64, 4, 2)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# limits
+
+
+def _cuda_time(fn, repeats: int) -> float:
+    """Median seconds of fn() on the GPU (events around each call, after a warm-up)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def measure_limits() -> dict:
+    n = 1 << 30  # 2 GiB of bf16 each way
+    src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE)
+    dst = torch.empty_like(src)
+    t = _cuda_time(lambda: dst.copy_(src), 10)
+    copy_bw = 2 * src.numel() * 2 / t  # bytes read + written per second
+    del src, dst
+    m = 8192
+    a = torch.randn(m, m, dtype=torch.bfloat16, device=DEVICE)
+    b = torch.randn(m, m, dtype=torch.bfloat16, device=DEVICE)
+    t = _cuda_time(lambda: a @ b, 10)
+    gemm = 2 * m ** 3 / t
+    del a, b
+    torch.cuda.empty_cache()
+    return {"copy_bytes_per_s": copy_bw, "bf16_gemm_flop_per_s": gemm}
+
+
+# ---------------------------------------------------------------------------------------------------
+# model arithmetic
+
+
+def model_numbers(cfg) -> dict:
+    """Parameter and byte counts of the shape that the limits need."""
+    h, inter, L, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    layer_linear = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * inter
+    return {"linear_params": L * layer_linear, "head_params": v * h, "embed_params": v * h,
+            "kv_bytes_per_token": 2 * L * nkv * hd * 2, "layers": L, "heads": nh, "head_dim": hd}
+
+
+def prefill_flops(nums: dict, query_lens: list[int], context_lens: list[int]) -> float:
+    from engine.ops.varlen_attention import flops as attention_flops
+
+    tokens = sum(query_lens)
+    linear = 2.0 * nums["linear_params"] * tokens + 2.0 * nums["head_params"] * len(query_lens)
+    attention = nums["layers"] * attention_flops(query_lens, context_lens, nums["heads"], nums["head_dim"])
+    return linear + attention
+
+
+def decode_bytes(nums: dict, batch: int, context: int) -> float:
+    weights = 2.0 * (nums["linear_params"] + nums["head_params"])
+    return weights + batch * context * nums["kv_bytes_per_token"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the attention kernels alone
+
+
+def measure_kernels(repeats: int = 5) -> dict:
+    """TFLOP/s of the varlen kernel (each configuration, sm_89's forced on this GPU too) and of SDPA's flash
+    backend on the 8B shape's attention (32 heads, 8 KV heads, head size 128): fresh 8,192; 4,096 new on
+    4,096 cached; 64 x 512."""
+    import torch.nn.functional as F
+
+    from engine.ops import varlen_attention as va
+
+    CANDIDATES = _candidates()
+    nh, nkv, hd, bs = 32, 8, 128, 16
+    cases = {"fresh_8192": [(8192, 0)], "8192_with_4096_cached": [(4096, 4096)], "64x512": [(512, 0)] * 64}
+    out: dict = {}
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    for name, seqs in cases.items():
+        qlens = [q for q, _ in seqs]
+        ctxs = [q + p for q, p in seqs]
+        nblocks = sum(-(-c // bs) for c in ctxs)
+        kc = torch.randn(nblocks, bs, nkv, hd, generator=g, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        perm = torch.randperm(nblocks, generator=g, device=DEVICE).to(torch.int32)
+        width = max(-(-c // bs) for c in ctxs)
+        rows, i = [], 0
+        for c in ctxs:
+            nb = -(-c // bs)
+            rows.append(torch.nn.functional.pad(perm[i:i + nb], (0, width - nb)))
+            i += nb
+        bt = torch.stack(rows)
+        sl = torch.tensor(ctxs, dtype=torch.int32, device=DEVICE)
+        qsl = torch.tensor([0] + list(__import__("itertools").accumulate(qlens)), dtype=torch.int32, device=DEVICE)
+        q = torch.randn(sum(qlens), nh, hd, generator=g, device="cuda", dtype=torch.bfloat16)
+        o = torch.empty_like(q)
+        fl = va.flops(qlens, ctxs, nh, hd)
+        res = {}
+        configs = {f"triton_{t}": va.config_for(q.device, hd, t) for t in ("sm90", "sm89")}
+        configs.update({f"candidate_{c.block_m}x{c.block_n}_w{c.num_warps}_s{c.num_stages}": c for c in CANDIDATES})
+        for label, cfg in configs.items():
+            plan = va.VarlenPlan.build(qlens, ctxs, cfg.block_m, q.device)
+            try:
+                t = _cuda_time(lambda: va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, hd ** -0.5, out=o,
+                                                                 config=cfg), repeats)
+            except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU is a line in the report
+                res[label] = {"error": str(e)[:200]}
+                continue
+            res[label] = {"ms": t * 1e3, "tflops": fl / t / 1e12, "config": vars(cfg)}
+        if all(p == 0 for _, p in seqs):  # SDPA (flash) on the same tokens, dense 4-D inputs per prompt
+            n = qlens[0]
+            qd = q.view(len(qlens), n, nh, hd).transpose(1, 2)
+            kd = torch.randn(len(qlens), nkv, n, hd, generator=g, device="cuda", dtype=torch.bfloat16)
+            vd = torch.randn_like(kd)
+            t = _cuda_time(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True),
+                           repeats)
+            res["sdpa"] = {"ms": t * 1e3, "tflops": fl / t / 1e12}
+        out[name] = res
+        del kc, vc, q, o
+        torch.cuda.empty_cache()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Kestrel
+
+
+def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(10, vocab) for _ in range(n)]
+
+
+def _run_until_done(core) -> None:
+    while core.has_unfinished():
+        core.step()
+
+
+def _timed_prompts(core, prompts: list[list[int]], max_tokens: int = 1) -> float:
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for p in prompts:
+        core.add_request(f"b{time.monotonic_ns()}", None, params, prompt_token_ids=p)
+    _run_until_done(core)
+    return time.perf_counter() - t0
+
+
+def kestrel_ttft(core, rng, vocab: int, lengths: list[int], repeats: int, chunk: int | None = None) -> dict:
+    """Median seconds from submission to the first token of one prompt of each length (cold: prefix cache
+    reset); with ``chunk`` the step budget is cut to that many tokens (chunked prefill)."""
+    sched = core.scheduler
+    saved = sched.max_num_batched_tokens
+    if chunk:
+        sched.max_num_batched_tokens = chunk
+    out = {}
+    try:
+        for n in lengths:
+            times = []
+            for _ in range(repeats + 1):
+                core.blocks.reset_prefix_cache()
+                times.append(_timed_prompts(core, [_ids(rng, n, vocab)]))
+            out[str(n)] = statistics.median(times[1:])
+    finally:
+        sched.max_num_batched_tokens = saved
+    return out
+
+
+def kestrel_prefix_hit(core, rng, vocab: int, total: int, cached: int, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):
+        core.blocks.reset_prefix_cache()
+        prefix = _ids(rng, cached, vocab)
+        _timed_prompts(core, [prefix])  # fills the prefix cache
+        times.append(_timed_prompts(core, [prefix + _ids(rng, total - cached, vocab)]))
+    return statistics.median(times[1:])
+
+
+def kestrel_batch_prefill(core, rng, vocab: int, n: int, length: int, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):
+        core.blocks.reset_prefix_cache()
+        times.append(_timed_prompts(core, [_ids(rng, length, vocab) for _ in range(n)]))
+    return statistics.median(times[1:])
+
+
+def kestrel_tpot(core, rng, vocab: int, batch: int, prompt: int, steps: int) -> float:
+    """Median seconds of a decode step with every one of ``batch`` requests decoding."""
+    from engine.sampling_params import SamplingParams
+
+    core.blocks.reset_prefix_cache()
+    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+    for _ in range(batch):
+        core.add_request(f"t{time.monotonic_ns()}", None, params, prompt_token_ids=_ids(rng, prompt, vocab))
+    times = []
+    while core.has_unfinished():
+        decoding = all(r.request.output_token_ids for r in core.requests.values())
+        t0 = time.perf_counter()
+        core.step()
+        if decoding and len(core.requests) == batch:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) -> dict:
+    from engine.sampling_params import SamplingParams
+
+    core.blocks.reset_prefix_cache()
+    params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        core.add_request(f"x{time.monotonic_ns()}", None, params, prompt_token_ids=_ids(rng, prompt, vocab))
+    steps = 0
+    while core.has_unfinished():
+        core.step()
+        steps += 1
+    dt = time.perf_counter() - t0
+    return {"seconds": dt, "output_tok_s": n * output / dt, "total_tok_s": n * (prompt + output) / dt,
+            "steps": steps, "preemptions": core.scheduler.num_preemptions}
+
+
+def profile_cases(core, rng, vocab: int, top: int = 12) -> dict:
+    """Where the GPU time of one step goes (torch.profiler, CUDA kernels summed by name) for a cold 8,192-token
+    prompt, the 8,192 prompt with 4,096 cached, 64 x 512 prompts, and one batch-1 decode step; with the step's
+    wall time, so host time shows as the difference."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.sampling_params import SamplingParams
+
+    def fresh_8192():
+        core.blocks.reset_prefix_cache()
+        return lambda: _timed_prompts(core, [_ids(rng, 8192, vocab)])
+
+    def cached_4096():
+        core.blocks.reset_prefix_cache()
+        prefix = _ids(rng, 4096, vocab)
+        _timed_prompts(core, [prefix])
+        return lambda: _timed_prompts(core, [prefix + _ids(rng, 4096, vocab)])
+
+    def batch_64x512():
+        core.blocks.reset_prefix_cache()
+        return lambda: _timed_prompts(core, [_ids(rng, 512, vocab) for _ in range(64)])
+
+    def decode_1():
+        core.blocks.reset_prefix_cache()
+        core.add_request(f"p{time.monotonic_ns()}", None, SamplingParams(max_tokens=8, temperature=0.0,
+                                                                         ignore_eos=True),
+                         prompt_token_ids=_ids(rng, 512, vocab))
+        for _ in range(3):
+            core.step()
+        return lambda: core.step()
+
+    out = {}
+    for name, setup in (("fresh_8192", fresh_8192), ("8192_with_4096_cached", cached_4096),
+                        ("64x512", batch_64x512), ("decode_batch1", decode_1)):
+        setup()()  # warm-up
+        run_case = setup()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            run_case()
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        _run_until_done(core)
+        rows = []
+        for e in prof.key_averages():
+            dev = getattr(e, "self_device_time_total", None)
+            if dev is None:
+                dev = getattr(e, "self_cuda_time_total", 0)
+            if dev > 0:
+                rows.append((e.key[:90], e.count, dev / 1e3))
+        rows.sort(key=lambda r: -r[2])
+        out[name] = {"wall_ms": wall * 1e3, "gpu_ms": sum(r[2] for r in rows),
+                     "top": [{"kernel": k, "calls": c, "ms": round(ms, 3)} for k, c, ms in rows[:top]]}
+        print(f"profile {name}: wall {wall * 1e3:.1f} ms, GPU {out[name]['gpu_ms']:.1f} ms; "
+              + "; ".join(f"{r[0][:40]} {r[2]:.1f}" for r in rows[:5]), flush=True)
+    return out
+
+
+def linear_rates(cfg, tokens: int = 8192, repeats: int = 5) -> dict:
+    """TFLOP/s of torch's GEMM on the model's linear shapes at ``tokens`` rows: the achievable rate of the
+    prefill's linear layers on this GPU."""
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    q = cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    shapes = {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * inter), "down": (inter, h)}
+    out = {}
+    for name, (k, n) in shapes.items():
+        x = torch.randn(tokens, k, dtype=torch.bfloat16, device=DEVICE)
+        w = torch.randn(n, k, dtype=torch.bfloat16, device=DEVICE)
+        t = _cuda_time(lambda: torch.nn.functional.linear(x, w), repeats)
+        out[name] = {"ms": t * 1e3, "tflops": 2 * tokens * k * n / t / 1e12}
+        del x, w
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# HF transformers
+
+
+def hf_model(cfg):
+    import transformers
+
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta,
+        max_position_embeddings=16384, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    hf_cfg._attn_implementation = "sdpa"
+    with torch.device(DEVICE):
+        model = transformers.LlamaForCausalLM._from_config(hf_cfg, dtype=torch.bfloat16)
+    return model.eval()
+
+
+def _hf_kwargs(model) -> dict:
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    if "logits_to_keep" in params:
+        return {"logits_to_keep": 1}
+    if "num_logits_to_keep" in params:
+        return {"num_logits_to_keep": 1}
+    return {}
+
+
+@torch.inference_mode()
+def hf_prefill(model, rng, vocab: int, batch: int, length: int, repeats: int) -> float:
+    kw = _hf_kwargs(model)
+    times = []
+    for _ in range(repeats + 1):
+        ids = torch.tensor([_ids(rng, length, vocab) for _ in range(batch)], device=DEVICE)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        logits = model(ids, use_cache=True, **kw).logits
+        logits[:, -1].argmax(-1).tolist()
+        times.append(time.perf_counter() - t0)
+        del logits
+    return statistics.median(times[1:])
+
+
+@torch.inference_mode()
+def hf_tpot(model, rng, vocab: int, batch: int, prompt: int, steps: int) -> float:
+    kw = _hf_kwargs(model)
+    ids = torch.tensor([_ids(rng, prompt, vocab) for _ in range(batch)], device=DEVICE)
+    out = model(ids, use_cache=True, **kw)
+    cache = out.past_key_values
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model(nxt, past_key_values=cache, use_cache=True, **kw)
+        cache = out.past_key_values
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        nxt.tolist()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else v
+    except Exception:  # noqa: BLE001 - the report says unknown
+        return None
+
+
+def run(args) -> dict:
+    from engine.bench.report import environment
+    from engine.bench.tp import make_core, random_checkpoint
+
+    report: dict = {"benchmark": "gpu", "command": " ".join(sys.argv), "environment": environment(),
+                    "args": vars(args).copy()}
+    try:
+        import transformers
+        import triton
+
+        report["environment"]["versions"] = {"triton": triton.__version__, "transformers": transformers.__version__}
+    except ImportError as e:
+        report["environment"]["versions"] = {"missing": str(e)}
+    report["environment"]["torch"] = torch.__version__
+    report["environment"]["driver"] = _driver_version()
+    report["environment"]["gpu"] = torch.cuda.get_device_name()
+    report["environment"]["capability"] = list(torch.cuda.get_device_capability())
+
+    def save() -> None:
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+
+    lim = report["limits"] = measure_limits()
+    save()
+    print(f"limits: copy {lim['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 GEMM "
+          f"{lim['bf16_gemm_flop_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
+    if "kernels" not in args.skip:
+        report["kernels"] = measure_kernels()
+        save()
+        for name, res in report["kernels"].items():
+            print(f"attention {name}: " + ", ".join(f"{k} {v['tflops']:.0f}" for k, v in res.items() if "tflops" in v)
+                  + " TFLOP/s", flush=True)
+
+    rng = random.Random(args.seed)
+    ckpt = random_checkpoint(SHAPE, seed=args.seed, max_position=16384)
+    cfg = ckpt.config
+    nums = model_numbers(cfg)
+    vocab = cfg.vocab_size
+    gemm, copy = lim["bf16_gemm_flop_per_s"], lim["copy_bytes_per_s"]
+
+    def prefill_row(seconds: float, qlens: list[int], ctxs: list[int]) -> dict:
+        limit = prefill_flops(nums, qlens, ctxs) / gemm
+        return {"ms": seconds * 1e3, "limit_ms": limit * 1e3, "share_of_limit": limit / seconds}
+
+    def decode_row(seconds: float, batch: int, context: int) -> dict:
+        limit = decode_bytes(nums, batch, context) / copy
+        return {"ms": seconds * 1e3, "limit_ms": limit * 1e3, "share_of_limit": limit / seconds}
+
+    k = report["kestrel"] = {}
+    if "kestrel" not in args.skip:
+        t0 = time.perf_counter()
+        core = make_core(ckpt, dtype="bfloat16", device="cuda", max_model_len=16384,
+                         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                         enable_prefix_caching=True, gpu_memory_utilization=0.9)
+        k["load_s"] = time.perf_counter() - t0
+        k["num_kv_blocks"] = core.blocks.num_blocks
+        k["activation_peak_gib"] = (core.runner.activation_peak_bytes or 0) / 2**30
+        print(f"Kestrel loaded in {k['load_s']:.1f} s, {k['num_kv_blocks']} KV blocks, activation peak "
+              f"{k['activation_peak_gib']:.2f} GiB", flush=True)
+        try:
+            import os
+
+            for backend in ("triton", "sdpa"):
+                os.environ["KESTREL_PREFILL_ATTENTION"] = "auto" if backend == "triton" else "sdpa"
+                ttft = kestrel_ttft(core, rng, vocab, args.ttft, args.repeats)
+                k[f"ttft_{backend}"] = {n: prefill_row(s, [int(n)], [int(n)]) for n, s in ttft.items()}
+                save()
+                print(f"Kestrel ({backend}) TTFT: " + ", ".join(
+                    f"{n} {r['ms']:.1f} ms ({100 * r['share_of_limit']:.0f}%)" for n, r in k[f"ttft_{backend}"].items()),
+                    flush=True)
+            os.environ["KESTREL_PREFILL_ATTENTION"] = "auto"
+            s = kestrel_prefix_hit(core, rng, vocab, 8192, 4096, args.repeats)
+            k["ttft_8192_with_4096_cached"] = prefill_row(s, [4096], [8192])
+            s = kestrel_ttft(core, rng, vocab, [8192], args.repeats, chunk=2048)["8192"]
+            k["ttft_8192_chunked_2048"] = prefill_row(s, [8192], [8192])
+            k["ttft_8192_chunked_2048"]["vs_cold"] = s * 1e3 / k["ttft_triton"]["8192"]["ms"]
+            s = kestrel_batch_prefill(core, rng, vocab, 64, 512, args.repeats)
+            k["prefill_64x512"] = prefill_row(s, [512] * 64, [512] * 64)
+            save()
+            print(f"Kestrel: 8192 with 4096 cached {k['ttft_8192_with_4096_cached']['ms']:.1f} ms, chunked "
+                  f"{k['ttft_8192_chunked_2048']['ms']:.1f} ms, 64x512 {k['prefill_64x512']['ms']:.1f} ms", flush=True)
+            k["tpot"] = {}
+            for b in args.batch:
+                s = kestrel_tpot(core, rng, vocab, b, 512, args.tpot_steps)
+                k["tpot"][str(b)] = decode_row(s, b, 512 + args.tpot_steps // 2)
+                save()
+                print(f"Kestrel TPOT batch {b}: {s * 1e3:.2f} ms", flush=True)
+            if "profile" not in args.skip:
+                k["profile"] = profile_cases(core, rng, vocab)
+                k["linear_rates_8192"] = linear_rates(cfg)
+                save()
+                print("linear layers at 8192 rows: " + ", ".join(
+                    f"{n} {r['tflops']:.0f}" for n, r in k["linear_rates_8192"].items()) + " TFLOP/s", flush=True)
+            if args.throughput_requests:
+                k["throughput"] = kestrel_throughput(core, rng, vocab, args.throughput_requests, 512, 256)
+                save()
+                print(f"Kestrel throughput: {k['throughput']['output_tok_s']:.0f} output tok/s", flush=True)
+        finally:
+            core.shutdown()
+            del core
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    hf = report["hf"] = {}
+    if "hf" not in args.skip:
+        model = hf_model(cfg)
+        for n in args.ttft:
+            hf.setdefault("ttft", {})[str(n)] = prefill_row(hf_prefill(model, rng, vocab, 1, n, args.repeats), [n], [n])
+            save()
+        hf["prefill_64x512"] = prefill_row(hf_prefill(model, rng, vocab, 64, 512, args.repeats), [512] * 64,
+                                           [512] * 64)
+        save()
+        for b in args.batch:
+            hf.setdefault("tpot", {})[str(b)] = decode_row(hf_tpot(model, rng, vocab, b, 512, args.tpot_steps), b,
+                                                           512 + args.tpot_steps // 2)
+            save()
+        print("HF done", flush=True)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    save()
+    print_table(report)
+    return report
+
+
+def print_table(report: dict) -> None:
+    k, hf = report.get("kestrel", {}), report.get("hf", {})
+
+    def cell(row) -> str:
+        if not row:
+            return "-"
+        return f"{row['ms']:9.2f} ms {100 * row['share_of_limit']:4.0f}%"
+
+    rows = []
+    for n in report["args"]["ttft"]:
+        n = str(n)
+        rows.append((f"TTFT {n}", k.get("ttft_triton", {}).get(n), k.get("ttft_sdpa", {}).get(n),
+                     hf.get("ttft", {}).get(n)))
+    rows.append(("TTFT 8192, 4096 cached", k.get("ttft_8192_with_4096_cached"), None, None))
+    rows.append(("TTFT 8192, chunks of 2048", k.get("ttft_8192_chunked_2048"), None, None))
+    rows.append(("64 x 512 prefill", k.get("prefill_64x512"), None, hf.get("prefill_64x512")))
+    for b in report["args"]["batch"]:
+        rows.append((f"TPOT batch {b}", k.get("tpot", {}).get(str(b)), None, hf.get("tpot", {}).get(str(b))))
+    print(f"{'':28s} {'Kestrel (Triton)':>20s} {'Kestrel (SDPA)':>20s} {'HF transformers':>20s}   (share of limit)")
+    for name, a, b, c in rows:
+        print(f"{name:28s} {cell(a):>20s} {cell(b):>20s} {cell(c):>20s}")
+    if k.get("throughput"):
+        t = k["throughput"]
+        print(f"throughput 1024 x (512 in, 256 out): {t['output_tok_s']:.0f} output tok/s in {t['seconds']:.1f} s")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="bench_gpu.json", help="the JSON report")
+    p.add_argument("--ttft", nargs="+", type=int, default=[1024, 4096, 8192])
+    p.add_argument("--batch", nargs="+", type=int, default=[1, 8, 64])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tpot-steps", type=int, default=32)
+    p.add_argument("--throughput-requests", type=int, default=1024, help="0 skips the throughput run")
+    p.add_argument("--max-num-batched-tokens", type=int, default=32768)
+    p.add_argument("--max-num-seqs", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip", nargs="*", default=[], choices=["kernels", "kestrel", "hf", "profile"])
+
+
+def main(args) -> int:
+    if not torch.cuda.is_available():
+        print("kestrel bench gpu needs a CUDA GPU", file=sys.stderr)
+        return 2
+    run(args)
+    print(f"report: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_args(parser)
+    raise SystemExit(main(parser.parse_args()))

@@ -1,0 +1,246 @@
+"""EngineSupervisor: the engine process seen from the client's side. It starts ``python -m
+engine.engine_process BOOTSTRAP_JSON`` with the two sockets to it, watches it and takes it down again;
+engine.client.EngineClient speaks the engine.ipc protocol over those sockets and owns everything about
+requests. No server or Qt imports here, and no torch.
+
+- spawn(): binds a PUSH socket (client -> engine, sends never wait) and a PULL socket (engine -> client) on
+  ipc:// endpoints in a fresh private directory (mode 0700: only this user can connect; tcp://127.0.0.1 where
+  ipc is not available), then starts the engine in a fresh interpreter with its bootstrap (config, addresses,
+  core factory, log level). Its stdin is a pipe from here: the engine exits when that pipe closes, however this
+  process dies.
+- watching: one thread blocks on the process and reports its exit to the event loop at once (``exited`` and
+  the ``on_exit`` callback; no polling); another copies the engine's stderr to ours, keeping its last lines
+  for error messages (``last_output``).
+- stop(): terminate (then kill) the process and wait for it; close(): join the threads, close the sockets
+  and remove their directory. At interpreter exit every engine process still running is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from engine.config import EngineConfig
+
+__all__ = ["EngineSupervisor", "describe_exit"]
+
+
+def describe_exit(returncode: int | None) -> str:
+    """A process's return code in words: "exit code 1", "killed by signal SIGKILL", "still running"."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class EngineSupervisor:
+    """One engine process and the two sockets to it. Create it on the event loop that will use the sockets,
+    then call spawn(); ``on_exit(returncode)`` runs on that loop as soon as the process exits, however it
+    exits (after ``exited`` has its result)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None] | None = None) -> None:
+        self.loop = loop
+        self.proc: subprocess.Popen | None = None
+        self.ctx: zmq.Context | None = None
+        self.input: zmq.Socket | None = None  # plain socket: sends never wait
+        self.output: zmq.asyncio.Socket | None = None
+        self.ipc_dir: str | None = None
+        self.exited: asyncio.Future[int] | None = None  # the return code, once the process has exited
+        self.closed = False
+        self._on_exit_cb = on_exit
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------------------------------------
+    # start
+
+    def spawn(self, config: EngineConfig, core_factory: str | None = None, log_level: int | None = None) -> None:
+        """Bind the sockets and start the engine process (returns at once; the engine then loads its model
+        and reports over ``output``). ``core_factory`` ("module:callable") replaces EngineCore, for tests."""
+        self.ctx = zmq.Context(1)
+        actx = zmq.asyncio.Context(self.ctx)  # shadows the same context
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.setsockopt(zmq.LINGER, 0)
+        self.input.setsockopt(zmq.SNDHWM, 0)
+        self.output = actx.socket(zmq.PULL)
+        self.output.setsockopt(zmq.LINGER, 0)
+        self.output.setsockopt(zmq.RCVHWM, 0)
+        if zmq.has("ipc") and os.name == "posix":
+            self.ipc_dir = tempfile.mkdtemp(prefix="kestrel-")  # mode 0700: only this user can connect
+            in_addr = f"ipc://{self.ipc_dir}/in"
+            out_addr = f"ipc://{self.ipc_dir}/out"
+            self.input.bind(in_addr)
+            self.output.bind(out_addr)
+        else:
+            in_addr = f"tcp://127.0.0.1:{self.input.bind_to_random_port('tcp://127.0.0.1')}"
+            out_addr = f"tcp://127.0.0.1:{self.output.bind_to_random_port('tcp://127.0.0.1')}"
+        boot = {
+            "config": dataclasses.asdict(config),
+            "input": in_addr,
+            "output": out_addr,
+            "ipc_dir": self.ipc_dir,
+            "core_factory": core_factory,
+            "log_level": log_level if log_level is not None else logging.getLogger().getEffectiveLevel(),
+        }
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([root, *sys.path[1:], env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.engine_process", json.dumps(boot)],
+            stdin=subprocess.PIPE, stdout=None, stderr=subprocess.PIPE, env=env, close_fds=True)
+        self.exited = self.loop.create_future()
+        for target, name in ((self._watch_process, "engine-watch"), (self._relay_stderr, "engine-stderr")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        _live.add(self)
+
+    # ------------------------------------------------------------------------------------------------
+    # state
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """The return code once the process has exited (None while it runs or before spawn())."""
+        return None if self.proc is None else self.proc.poll()
+
+    def last_output(self, n: int = 30) -> list[str]:
+        """The last ``n`` lines the engine wrote to stderr (at most 30 are kept)."""
+        return list(self._stderr_tail)[-n:]
+
+    # ------------------------------------------------------------------------------------------------
+    # the watching threads
+
+    def _watch_process(self) -> None:
+        """Block until the engine process exits, then tell the loop (at once: no polling)."""
+        proc, loop = self.proc, self.loop
+        code = proc.wait()
+        try:
+            loop.call_soon_threadsafe(self._on_exit, code)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    def _relay_stderr(self) -> None:
+        """Copy the engine's stderr to ours, keeping its last lines for error messages."""
+        stream = self.proc.stderr
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            self._stderr_tail.append(line.rstrip("\n"))
+            try:
+                sys.stderr.write(line)
+            except Exception:  # our stderr is closed (e.g. a GUI without a console)
+                pass
+        stream.close()
+
+    def _on_exit(self, code: int) -> None:
+        if self.exited is not None and not self.exited.done():
+            self.exited.set_result(code)
+        if self._on_exit_cb is not None:
+            self._on_exit_cb(code)
+
+    # ------------------------------------------------------------------------------------------------
+    # stop
+
+    async def wait_exit(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the process to exit by itself; True once it has."""
+        if self.exited is None:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.exited), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def stop(self, kill: bool = True) -> None:
+        """Terminate the process (``kill``; SIGKILL if it is still there after 2.5 s), close its stdin (which
+        alone makes the engine exit) and wait until it is gone."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None and kill:
+            proc.terminate()
+            for _ in range(50):
+                if proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        while proc.poll() is None:
+            await asyncio.sleep(0.02)
+
+    def close(self, join_timeout: float = 2.0) -> None:
+        """Join the watching threads, then release everything (see release())."""
+        for t in self._threads:
+            t.join(timeout=join_timeout)
+        self.release()
+
+    def release(self) -> None:
+        """Release sockets and files; kill the process if it still runs (also the atexit path). Safe to call
+        twice."""
+        if self.closed:
+            return
+        self.closed = True
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc is not None and proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        for sock in (self.input, self.output):
+            if sock is not None:
+                sock.close(linger=0)
+        if self.ctx is not None:
+            self.ctx.term()
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        _live.discard(self)
+
+
+_live: weakref.WeakSet[EngineSupervisor] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_engines_at_exit() -> None:
+    for sup in list(_live):
+        try:
+            sup.release()
+        except Exception:  # at exit, nothing more to do
+            pass

@@ -1,0 +1,221 @@
+"""Every ``KESTREL_*`` environment variable, in one table: its default, how its text is read, what it means.
+
+Modelled on vLLM's envs.py: ``from engine import envs`` then ``envs.KESTREL_X`` reads os.environ at that
+moment (module ``__getattr__``), so a test's ``monkeypatch.setenv`` is seen and nothing is frozen at import.
+An unset (or, except for flags, empty) variable gives the default; a default of None means "unset: the
+reader picks" (its doc says how). A value that cannot be read raises ValueError naming the variable.
+
+Torch-free, imports nothing of the engine: the app, the installer's checks and the native build may read it.
+Some variables are read elsewhere and only listed here (the doc says who): the native module (csrc/),
+the native build (csrc/CMakeLists.txt), the installer scripts (installer/*.sh), the app (app/paths.py) and
+the test fake engine (tests/server/fake_engine.py). Variables the engine *sets* for child processes
+(NCCL_*, GLOO_*, PYTHONPATH, ...) are not in this table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ENV_VARS", "describe", "is_set"]
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def _str(text: str) -> str:
+    return text
+
+
+def _overlap_transport(text: str) -> str | None:
+    if text.strip().lower() in ("", "0", "false", "no", "off"):
+        return None
+    if text.strip() == "1":
+        return "host"
+    return _choice("host", "nccl", "int8", "auto")(text.strip())
+
+
+# name -> (default, parser, doc)
+ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
+    # -- native kernels (engine/ops, csrc) ------------------------------------------------------------------
+    "KESTREL_REQUIRE_NATIVE": (
+        False, _flag,
+        ("A missing native module (engine._C) is an ImportError instead of the slow torch fallback "
+         "(engine/ops).")),
+    "KESTREL_CPU_ISA": (
+        "auto", _str,
+        ("Force the CPU kernel level: auto, scalar, avx2, avx512, avx512bf16; a level this build or CPU "
+         "lacks falls back to the best one with a warning. Read by the native module (csrc/cpu/dispatch.cpp) "
+         "when it is imported.")),
+    "KESTREL_PREFILL_ATTENTION": (
+        "auto", _choice("auto", "triton", "sdpa"),
+        ("Attention of steps with a prefill chunk: auto (CUDA: the Triton varlen kernel when Triton is "
+         "there; CPU: SDPA), triton (the Triton kernel everywhere; on the CPU through Triton's interpreter, "
+         "for tests) or sdpa (torch SDPA per chunk) (engine/layers/attention.py).")),
+    # -- tensor parallelism: start-up and workers ------------------------------------------------------------
+    "KESTREL_TP_STARTUP_TIMEOUT_S": (
+        1800.0, float,
+        ("Seconds the TP executor waits for its rank processes to start, load and connect "
+         "(engine/parallel/executor.py).")),
+    "KESTREL_LOG_LEVEL": (
+        "WARNING", _str,
+        "Logging level of the TP rank processes (engine/parallel/worker.py)."),
+    "KESTREL_COMM_TIMEOUT_S": (
+        300.0, float,
+        ("Seconds a collective may wait for a peer before the group is declared dead: torch.distributed's "
+         "timeout and the host transport's (engine/parallel/comm).")),
+    "KESTREL_PCIE_MODE": (
+        False, _flag,
+        ("Treat the GPUs as PCIe-only (no peer access), as NCCL_P2P_DISABLE=1 does "
+         "(engine/parallel/comm/base.py).")),
+    "KESTREL_COMM_TIMING": (
+        "events", _str,
+        ("How collectives are timed on CUDA: events (CUDA events); any other value turns the per-collective "
+         "timing off (engine/parallel/comm/base.py).")),
+    # -- the host (shared-memory) transport ------------------------------------------------------------------
+    "KESTREL_COMM_SPIN_NS": (
+        None, int,
+        ("Nanoseconds a rank spins on a peer's flag before sleeping in futex_wait. Unset: 20000, or 2000 "
+         "when there are more ranks than cores (engine/parallel/comm/host.py).")),
+    "KESTREL_COMM_YIELD_NS": (
+        0, int,
+        "Nanoseconds of sched_yield after the spin, before sleeping (engine/parallel/comm/host.py)."),
+    "KESTREL_HOST_ONESHOT_MAX": (
+        64 << 10, int,
+        ("Largest message (bytes) the host all-reduce sends in one phase; larger ones go reduce-scatter + "
+         "all-gather (engine/parallel/comm/host.py).")),
+    "KESTREL_HOST_REDUCE_THREADS": (
+        None, int,
+        ("CPU threads summing a GPU all-reduce in shared memory. Unset: cores / ranks, 1 to 8 "
+         "(engine/parallel/comm/host.py).")),
+    "KESTREL_HOST_GPU_SMALL_MAX": (
+        256 << 10, int,
+        ("Largest GPU message (bytes) the host strategy sends by one zero-copy kernel; larger ones take the "
+         "chunked copy pipeline (engine/parallel/comm/host.py).")),
+    "KESTREL_HOST_GPU_CHUNK": (
+        2 << 20, int,
+        "Chunk size (bytes) of the host strategy's GPU copy pipeline (engine/parallel/comm/host.py)."),
+    # -- int8 and auto strategies ----------------------------------------------------------------------------
+    "KESTREL_INT8_TRANSPORT": (
+        None, _choice("shm", "dist"),
+        ("How the int8 all-reduce moves its packets: shm (the shared segment) or dist (torch.distributed). "
+         "Unset: dist on CUDA, shm on the CPU (engine/parallel/comm/int8.py).")),
+    "KESTREL_AUTO_INT8": (
+        True, _flag,
+        ("Let the auto strategy pick the lossy int8 all-reduce where it wins; 0 keeps auto exact "
+         "(engine/parallel/comm/auto.py).")),
+    "KESTREL_AUTO_INT8_MIN_BYTES": (
+        1 << 20, int,
+        "Smallest message (bytes) auto may send as int8 (engine/parallel/comm/auto.py)."),
+    "KESTREL_AUTO_INT8_MARGIN": (
+        1.2, float,
+        ("How many times faster than the best exact strategy int8 must be for auto to pick it "
+         "(engine/parallel/comm/auto.py).")),
+    "KESTREL_OVERLAP_MIN_TOKENS": (
+        256, int,
+        ("Smallest step (tokens) the overlap strategy splits into two micro-batches "
+         "(engine/parallel/comm/group.py).")),
+    "KESTREL_OVERLAP_FORCE": (
+        None, _overlap_transport,
+        ("On the CPU, comm strategy overlap still runs the micro-batch split (sequentially) instead of "
+         "falling back to host, over the transport named (host, nccl, int8, auto; 1 means host): for tests "
+         "(engine/parallel/comm/group.py).")),
+    # -- server ----------------------------------------------------------------------------------------------
+    "KESTREL_API_KEY": (
+        None, _str,
+        ("The API key of `kestrel serve` when --api-key is not given (engine/server/serve.py). Secret: "
+         "describe() shows only whether it is set.")),
+    # -- app -------------------------------------------------------------------------------------------------
+    "KESTREL_DATA_DIR": (
+        None, _str,
+        ("The app's data directory (conversations, settings, models folder). Unset: the platform's user data "
+         "folder. Read by app/paths.py.")),
+    # -- build and install (read outside Python) -------------------------------------------------------------
+    "KESTREL_CUDA_ARCHS": (
+        None, _str,
+        ("GPU targets of the native build, e.g. 89 (default: CMake's native detection). Read by the native "
+         "build (csrc/CMakeLists.txt).")),
+    "KESTREL_DISABLE_CUDA": (
+        False, _flag,
+        "Build the native module without the CUDA kernels. Read by the native build (csrc/CMakeLists.txt)."),
+    "KESTREL_VENV": (
+        None, _str,
+        ("The virtual environment of the installer scripts (default: .venv in the checkout). Read by "
+         "installer/*.sh.")),
+    "KESTREL_TORCH_INDEX": (
+        None, _str,
+        "An extra package index for PyTorch (e.g. its CPU-only index). Read by installer/setup.sh."),
+    # -- tests -----------------------------------------------------------------------------------------------
+    "KESTREL_TEST_TOKENIZER_DIR": (
+        None, _str, ("Tests only: a saved SmolLM2 tokenizer directory the tiny test models use instead of one made "
+                     "from the embedded GGUF, for machines without that package (tests/conftest.py, "
+                     "scripts/gpu_run.sh).")),
+    "KESTREL_FAKE": (
+        "", _str,
+        ("Behaviour of the test fake engine core: slow, crash_step, load_error, ... Read by "
+         "tests/server/fake_engine.py.")),
+}
+
+_SECRET = frozenset({"KESTREL_API_KEY"})
+
+
+def _read(name: str) -> Any:
+    default, parse, _doc = ENV_VARS[name]
+    text = os.environ.get(name)
+    if text is None or (text == "" and parse is not _flag):
+        return default
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise ValueError(f"environment variable {name}={text!r}: {e}") from None
+
+
+def __getattr__(name: str) -> Any:
+    if name in ENV_VARS:
+        return _read(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *ENV_VARS])
+
+
+def is_set(name: str) -> bool:
+    """Whether the variable is in the environment (even empty)."""
+    if name not in ENV_VARS:
+        raise KeyError(name)
+    return name in os.environ
+
+
+def describe(only_set: bool = False) -> dict[str, dict[str, Any]]:
+    """The variables with their current values, for reports: name -> {value, default, set, doc}.
+    ``only_set`` keeps those present in the environment. A secret's value reads "<set>"; a value that
+    cannot be read is reported as its text with an "error"."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (default, _parse, doc) in ENV_VARS.items():
+        present = name in os.environ
+        if only_set and not present:
+            continue
+        error = None
+        try:
+            value = _read(name)
+        except ValueError as e:
+            value, error = os.environ[name], str(e)
+        if name in _SECRET and present:
+            value = "<set>"
+        row: dict[str, Any] = {"value": value, "default": default, "set": present, "doc": doc}
+        if error:
+            row["error"] = error
+        out[name] = row
+    return out

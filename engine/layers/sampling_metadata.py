@@ -1,0 +1,43 @@
+"""What the batched sampler needs to know about each row of a step's logits, in plain data: no Request, no
+scheduler. The model runner builds it from the step's requests (engine.runner.model_runner.sampling_metadata).
+
+Host-side lists on purpose: the eager sampler turns them into the few small device tensors it needs (pinned,
+non-blocking copies). A later CUDA-graph path can keep persistent device tensors instead (per-row temperature,
+top-k, top-p, min-p and penalty columns, bias / seen-token / stop-id masks of [max_batch, vocab]) and refill
+them from this object before each replay; nothing in the sampler reads anything but this."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingMetadata:
+    """Row i of the logits samples with:
+
+    - params[i]: its SamplingParams (temperature, top-k/p, min-p, penalties, logit bias, min_tokens,
+      stop_token_ids, ignore_eos, logprobs count);
+    - seen_token_ids[i]: prompt + output ids, read by the repetition penalty (may be empty when
+      repetition_penalty == 1);
+    - output_token_ids[i]: the output ids so far, read by the presence / frequency penalties (may be empty
+      when both are 0);
+    - num_output_tokens[i]: how many tokens it has generated so far (min_tokens);
+    - eos_token_ids[i]: the ids masked with stop_token_ids while below min_tokens (unless ignore_eos);
+    - generators[i]: its own generator (a seeded request) or None for the sampler's default one.
+
+    The token lists may be the requests' own lists (not copies): use the metadata within the step."""
+
+    params: list[SamplingParams]
+    seen_token_ids: list[Sequence[int]]
+    output_token_ids: list[Sequence[int]]
+    num_output_tokens: list[int]
+    eos_token_ids: list[frozenset[int]]
+    generators: list[torch.Generator | None]
+
+    def __len__(self) -> int:
+        return len(self.params)

@@ -1,0 +1,161 @@
+"""The paged KV cache: writing new keys and values into it (reshape_and_cache) and decode attention over it
+(paged_decode_attention). Dispatch as described in engine/ops/native.py."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.ops import reference
+from engine.ops.native import (
+    _C,
+    _check_contiguous,
+    _check_dtype,
+    _check_last_contiguous,
+    _check_shape,
+    _cuda_ready,
+    _dtype_code,
+    _fail,
+    _not_cpu,
+    _stream,
+)
+
+
+def _validate_caches(op, k_cache, v_cache, dtype) -> None:
+    _check_shape(op, "k_cache", k_cache, (None, None, None, None))
+    _check_shape(op, "v_cache", v_cache, tuple(k_cache.shape))
+    _check_dtype(op, "k_cache", k_cache, dtype)
+    _check_dtype(op, "v_cache", v_cache, dtype)
+    _check_contiguous(op, "k_cache", k_cache)
+    _check_contiguous(op, "v_cache", v_cache)
+
+
+def _validate_cache_write(op, key, value, k_cache, v_cache, slot_mapping) -> None:
+    _check_dtype(op, "key", key)
+    _check_shape(op, "key", key, (None, None, None))
+    T, nkv, hd = key.shape
+    _check_dtype(op, "value", value, key.dtype)
+    _check_shape(op, "value", value, (T, nkv, hd))
+    _check_last_contiguous(op, "key", key)
+    _check_last_contiguous(op, "value", value)
+    _validate_caches(op, k_cache, v_cache, key.dtype)
+    _check_shape(op, "k_cache", k_cache, (None, None, nkv, hd))
+    _check_dtype(op, "slot_mapping", slot_mapping, torch.int64)
+    _check_shape(op, "slot_mapping", slot_mapping, (T,))
+    _check_contiguous(op, "slot_mapping", slot_mapping)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write key/value [T, nkv, hd] (strided views fine; last dim contiguous) into the caches
+    [num_blocks, block_size, nkv, hd] at slot_mapping [T] int64 (block * block_size + offset; < 0 skips).
+    On CPU a slot past the cache raises ValueError; on CUDA slots are not checked."""
+    if _C is None:
+        return reference.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
+    dt = _dtype_code(key.dtype)
+    shape, cshape = key.shape, k_cache.shape
+    ks, vs = key.stride(), value.stride()
+    ss = slot_mapping.shape
+    if (dt is None or len(shape) != 3 or value.shape != shape or value.dtype != key.dtype or ks[2] != 1
+            or vs[2] != 1 or len(cshape) != 4 or v_cache.shape != cshape or cshape[2] != shape[1] or cshape[3] != shape[2]
+            or k_cache.dtype != key.dtype or v_cache.dtype != key.dtype or not k_cache.is_contiguous()
+            or not v_cache.is_contiguous() or slot_mapping.dtype != torch.int64 or len(ss) != 1 or ss[0] != shape[0]
+            or not slot_mapping.is_contiguous()):
+        _validate_cache_write("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
+    T, nkv, hd = shape
+    if key.is_cuda:
+        _cuda_ready("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
+        _C.cuda_reshape_and_cache(dt, key.data_ptr(), ks[0], ks[1], value.data_ptr(), vs[0], vs[1],
+                                  k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), T, nkv, hd,
+                                  key.get_device(), _stream(key))
+    else:
+        if not (key.is_cpu and value.is_cpu and k_cache.is_cpu and v_cache.is_cpu and slot_mapping.is_cpu):
+            _not_cpu("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
+        _C.reshape_and_cache(dt, key.data_ptr(), ks[0], ks[1], value.data_ptr(), vs[0], vs[1], k_cache.data_ptr(),
+                             v_cache.data_ptr(), slot_mapping.data_ptr(), T, nkv, hd, cshape[0] * cshape[1])
+
+
+def _validate_attention(op, q, k_cache, v_cache, block_tables, context_lens, out) -> None:
+    _check_dtype(op, "q", q)
+    _check_shape(op, "q", q, (None, None, None))
+    _check_last_contiguous(op, "q", q)
+    B, nh, hd = q.shape
+    _validate_caches(op, k_cache, v_cache, q.dtype)
+    nkv = k_cache.shape[2]
+    if k_cache.shape[3] != hd:
+        _fail(op, f"q's head_size {hd} differs from the caches' {k_cache.shape[3]}")
+    if nkv == 0 or nh % nkv:
+        _fail(op, f"num_heads {nh} must be a multiple of the caches' num_kv_heads {nkv}")
+    _check_dtype(op, "block_tables", block_tables, torch.int32)
+    _check_shape(op, "block_tables", block_tables, (B, None))
+    _check_last_contiguous(op, "block_tables", block_tables)
+    _check_dtype(op, "context_lens", context_lens, torch.int32)
+    _check_shape(op, "context_lens", context_lens, (B,))
+    _check_contiguous(op, "context_lens", context_lens)
+    if out is not None:
+        _check_dtype(op, "out", out, q.dtype)
+        _check_shape(op, "out", out, (B, nh, hd))
+        _check_last_contiguous(op, "out", out)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention: q [B, nh, hd] (one token per sequence; strided views fine, last dim contiguous)
+    over the first context_lens[b] tokens of the caches [num_blocks, block_size, nkv, hd] through
+    block_tables [B, M] int32; context_lens [B] int32. Head h uses kv head h // (nh / nkv).
+
+    Returns `out`: a new [B, nh, hd] tensor unless given (then [B, nh, hd] of q's dtype, last dim
+    contiguous). A sequence with context length 0 gets zeros. On CPU, context lengths and block ids are
+    checked against the tables and the caches (ValueError); on CUDA they are not."""
+    if _C is None:
+        y = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return y if out is None else out.copy_(y)
+    dt = _dtype_code(q.dtype)
+    shape, cshape, btshape = q.shape, k_cache.shape, block_tables.shape
+    qs = q.stride()
+    cls = context_lens.shape
+    if (dt is None or len(shape) != 3 or qs[2] != 1 or len(cshape) != 4 or v_cache.shape != cshape
+            or cshape[3] != shape[2] or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype
+            or not k_cache.is_contiguous() or not v_cache.is_contiguous() or not cshape[2] or shape[1] % cshape[2]
+            or block_tables.dtype != torch.int32 or len(btshape) != 2 or btshape[0] != shape[0]
+            or block_tables.stride()[1] != 1 or context_lens.dtype != torch.int32
+            or len(cls) != 1 or cls[0] != shape[0] or not context_lens.is_contiguous()):
+        _validate_attention("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, None)
+    B, nh, hd = shape
+    if out is None:
+        out = torch.empty_like(q)  # q is dense with a contiguous last dim, or this is contiguous
+    elif out.dtype != q.dtype or out.shape != shape or out.stride()[2] != 1:
+        _validate_attention("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
+    if B == 0:
+        return out
+    os_ = out.stride()
+    if q.is_cuda:
+        _cuda_ready("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
+        dev = q.get_device()
+        n_ws = _C.cuda_paged_decode_attention_workspace(B, nh, hd, btshape[1] * cshape[1], dev)
+        ws = torch.empty(n_ws, dtype=torch.float32, device=q.device) if n_ws else None
+        _C.cuda_paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
+                                       k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                                       block_tables.stride(0), btshape[1], context_lens.data_ptr(), B, nh,
+                                       cshape[2], hd, cshape[1], scale, ws.data_ptr() if n_ws else 0, n_ws, dev,
+                                       _stream(q))
+    else:
+        if not (q.is_cpu and k_cache.is_cpu and v_cache.is_cpu and block_tables.is_cpu and context_lens.is_cpu
+                and out.is_cpu):
+            _not_cpu("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
+        _C.paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
+                                  k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                                  block_tables.stride(0), btshape[1], context_lens.data_ptr(), B, nh, cshape[2], hd,
+                                  cshape[1], cshape[0], scale)
+    return out

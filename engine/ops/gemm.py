@@ -1,0 +1,143 @@
+"""linear (GEMM / GEMV, csrc/cpu/gemm*): y = x @ weight^T + bias with a weight tensor or an Int8Weight, on the
+native CPU kernels or torch's F.linear. Dispatch as described in engine/ops/native.py; CUDA tensors go to torch.
+
+(Named gemm, not linear, so that the module does not shadow the function ``engine.ops.linear``.)"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.ops.int8 import Int8Weight
+from engine.ops.native import (
+    _C,
+    _check_contiguous,
+    _check_dtype,
+    _check_last_contiguous,
+    _check_shape,
+    _dtype_code,
+    _fail,
+    _not_cpu,
+)
+
+# Rows of x (M) from which a CPU call goes to torch's F.linear instead of the native kernel, per dtype
+# (None: never). Measured side by side on the 2-core EPYC dev machine (torch 2.13 with oneDNN / MKL;
+# SmolLM2 shapes K 576 / 1536, N 576 ... 49152; M 1 ... 512): per core (thread CPU time, so the shared
+# machine's load does not count) the native kernel was faster or on par at every M: decode GEMV
+# (M <= 16, weights from DRAM) 1.2-2.2x, bf16 prefill GEMM (M = 512) ~200 GFLOP/s against torch's
+# ~190-200 (~90% of this core's vdpbf16ps peak), fp32 ~105 against ~85-92 GFLOP/s, fp16 ~4-5x at
+# M >= 16 (torch has no fast fp16 path on this CPU).
+# With 2 threads torch's OpenMP regions are the fragile ones on a loaded machine (one descheduled
+# thread stalls the call for a time slice). So no M is routed to torch; re-measure on other CPUs
+# (python -m engine.ops.bench) before setting one.
+_LINEAR_TORCH_MIN_M = {torch.float32: None, torch.bfloat16: None, torch.float16: None}
+
+
+def _torch_linear(x, weight, bias, out):
+    if out is None:
+        return F.linear(x, weight, bias)
+    if x.dim() != 2:
+        return out.copy_(F.linear(x, weight, bias))
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
+
+
+def _validate_linear(op, x, weight, bias, out) -> None:
+    _check_dtype(op, "x", x)
+    _check_shape(op, "x", x, (None, None))
+    _check_last_contiguous(op, "x", x)
+    M, K = x.shape
+    _check_dtype(op, "weight", weight, x.dtype)
+    _check_shape(op, "weight", weight, (None, K))
+    _check_contiguous(op, "weight", weight)
+    N = weight.shape[0]
+    if bias is not None:
+        _check_dtype(op, "bias", bias, x.dtype)
+        _check_shape(op, "bias", bias, (N,))
+        _check_contiguous(op, "bias", bias)
+    if out is not None:
+        _check_dtype(op, "out", out, x.dtype)
+        _check_shape(op, "out", out, (M, N))
+        _check_last_contiguous(op, "out", out)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight^T + bias, like F.linear: x [..., K] (rows may be strided, last dim contiguous),
+    weight [N, K] contiguous, bias [N] or None, all of one dtype; fp32 accumulation, one rounding.
+    weight may be an Int8Weight (engine/ops/int8.py): int8 with a scale per group of 32, x's dtype out.
+
+    Returns `out`: a new [..., N] tensor unless given (then [M, N] for a 2-D x, rows may be strided;
+    for x with more dims, a tensor that views as [M, N]). CPU calls run the native GEMV (decode, M <= 16)
+    / GEMM kernels on up to set_num_threads() threads (fewer when the call is small); CUDA tensors (and
+    CPU calls without engine._C, or at an M routed by _LINEAR_TORCH_MIN_M) go to torch's F.linear."""
+    if isinstance(weight, Int8Weight):
+        return _linear_int8(x, weight, bias, out)
+    shape = x.shape
+    if len(shape) != 2:
+        if len(shape) < 1:
+            _fail("linear", f"x must have at least 1 dim, got {list(shape)}")
+        lead = shape[:-1]
+        out2 = None if out is None else out.view(-1, weight.shape[0])
+        y = linear(x.reshape(-1, shape[-1]), weight, bias, out2)
+        return y.view(*lead, weight.shape[0]) if out is None else out
+    if _C is None or not x.is_cpu:
+        return _torch_linear(x, weight, bias, out)
+    dtype = x.dtype
+    dt = _dtype_code(dtype)
+    ws = weight.shape
+    xs = x.stride()
+    if (dt is None or weight.dtype != dtype or len(ws) != 2 or ws[1] != shape[1] or (xs[1] != 1 and shape[1] > 1)
+            or not weight.is_contiguous()
+            or (bias is not None and (bias.dtype != dtype or bias.shape != (ws[0],) or not bias.is_contiguous()))):
+        _validate_linear("linear", x, weight, bias, out)
+    M, K = shape
+    N = ws[0]
+    if not (weight.is_cpu and (bias is None or bias.is_cpu)):
+        _not_cpu("linear", x, weight, *(() if bias is None else (bias,)))
+    min_m = _LINEAR_TORCH_MIN_M[dtype]
+    if min_m is not None and M >= min_m:
+        return _torch_linear(x, weight, bias, out)
+    if out is None:
+        out = torch.empty(M, N, dtype=dtype)
+        os0 = N
+    else:
+        if out.dtype != dtype or out.shape != (M, N) or (out.stride()[1] != 1 and N > 1):
+            _validate_linear("linear", x, weight, bias, out)
+        if not out.is_cpu:
+            _not_cpu("linear", x, weight, out)
+        os0 = out.stride()[0]
+    _C.linear(dt, out.data_ptr(), os0, x.data_ptr(), xs[0], weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+              M, N, K)
+    return out
+
+
+def _linear_int8(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None, out: torch.Tensor | None
+                 ) -> torch.Tensor:
+    """linear() with int8 weights: the native kernels on the CPU, else (CUDA, no engine._C) the weights
+    dequantized for this call."""
+    N, K = weight.shape
+    if x.shape[-1] != K:
+        _fail("linear", f"x's last dim {x.shape[-1]} does not match the int8 weight's K {K}")
+    if x.dim() != 2:
+        y = _linear_int8(x.reshape(-1, K), weight, bias, None if out is None else out.view(-1, N))
+        return y.view(*x.shape[:-1], N) if out is None else out
+    dt = _dtype_code(x.dtype)
+    if _C is None or not x.is_cpu or dt is None:
+        return _torch_linear(x, weight.dequantize(x.dtype), bias, out)
+    _check_last_contiguous("linear", "x", x)
+    if bias is not None:
+        _check_dtype("linear", "bias", bias, x.dtype)
+        _check_shape("linear", "bias", bias, (N,))
+        _check_contiguous("linear", "bias", bias)
+    M = x.shape[0]
+    if out is None:
+        out = torch.empty(M, N, dtype=x.dtype)
+    else:
+        _check_dtype("linear", "out", out, x.dtype)
+        _check_shape("linear", "out", out, (M, N))
+        _check_last_contiguous("linear", "out", out)
+    _C.linear(dt, out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), weight.q.data_ptr(),
+              0 if bias is None else bias.data_ptr(), M, N, K, weight.scales.data_ptr())
+    return out

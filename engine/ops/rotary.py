@@ -1,0 +1,81 @@
+"""Rotary position embedding, in place on q and k (NeoX or GPT-J pairing). Dispatch as described in
+engine/ops/native.py."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.ops import reference
+from engine.ops.native import (
+    _C,
+    _check_contiguous,
+    _check_dtype,
+    _check_last_contiguous,
+    _check_shape,
+    _cuda_ready,
+    _dtype_code,
+    _fail,
+    _not_cpu,
+    _stream,
+)
+
+
+def _validate_rotary(op, positions, q, k, head_size, cache) -> None:
+    _check_dtype(op, "q", q)
+    _check_shape(op, "q", q, (None, None))
+    T = q.shape[0]
+    _check_dtype(op, "k", k, q.dtype)
+    _check_shape(op, "k", k, (T, None))
+    _check_last_contiguous(op, "q", q)
+    _check_last_contiguous(op, "k", k)
+    if head_size <= 0 or q.shape[1] % head_size or k.shape[1] % head_size:
+        _fail(op, f"head_size {head_size} must divide q's width {q.shape[1]} and k's width {k.shape[1]}")
+    _check_dtype(op, "positions", positions, torch.int64)
+    _check_shape(op, "positions", positions, (T,))
+    _check_contiguous(op, "positions", positions)
+    _check_dtype(op, "cos_sin_cache", cache, torch.float32)
+    _check_shape(op, "cos_sin_cache", cache, (None, None))
+    _check_contiguous(op, "cos_sin_cache", cache)
+    rot = cache.shape[1]
+    if rot == 0 or rot % 2 or rot > head_size:
+        _fail(op, f"cos_sin_cache's rot_dim {rot} must be even, > 0 and <= head_size {head_size}")
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    """In place on q [T, nh*hd] and k [T, nkv*hd] (row-strided views with a contiguous last dim are fine).
+
+    positions [T] int64; cos_sin_cache [max_pos, rot_dim] float32, cos in the first rot_dim/2 columns and
+    sin in the rest; only the first rot_dim dims of each head rotate. is_neox: pairs (i, i + rot_dim/2)
+    (HF Llama's rotate_half); otherwise GPT-J's interleaved pairs (2i, 2i + 1). On CPU a position outside
+    the cache raises ValueError; on CUDA positions are not checked (they live on the device)."""
+    if _C is None:
+        return reference.rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
+    dt = _dtype_code(q.dtype)
+    qshape, kshape, cshape = q.shape, k.shape, cos_sin_cache.shape
+    qs, ks = q.stride(), k.stride()
+    ps = positions.shape
+    if (dt is None or len(qshape) != 2 or len(kshape) != 2 or k.dtype != q.dtype or qs[1] != 1 or ks[1] != 1
+            or kshape[0] != qshape[0] or head_size <= 0 or qshape[1] % head_size or kshape[1] % head_size
+            or positions.dtype != torch.int64 or len(ps) != 1 or ps[0] != qshape[0] or not positions.is_contiguous()
+            or cos_sin_cache.dtype != torch.float32 or len(cshape) != 2 or not cos_sin_cache.is_contiguous()
+            or cshape[1] % 2 or cshape[1] > head_size or cshape[1] == 0):
+        _validate_rotary("rotary_embedding", positions, q, k, head_size, cos_sin_cache)
+    T = qshape[0]
+    if q.is_cuda:
+        _cuda_ready("rotary_embedding", q, k, positions, cos_sin_cache)
+        _C.cuda_rotary_embedding(dt, positions.data_ptr(), q.data_ptr(), qs[0], k.data_ptr(), ks[0], T,
+                                 qshape[1] // head_size, kshape[1] // head_size, head_size, cos_sin_cache.data_ptr(),
+                                 cshape[1], bool(is_neox), q.get_device(), _stream(q))
+    else:
+        if not (q.is_cpu and k.is_cpu and positions.is_cpu and cos_sin_cache.is_cpu):
+            _not_cpu("rotary_embedding", q, k, positions, cos_sin_cache)
+        _C.rotary_embedding(dt, positions.data_ptr(), q.data_ptr(), qs[0], k.data_ptr(), ks[0], T,
+                            qshape[1] // head_size, kshape[1] // head_size, head_size, cos_sin_cache.data_ptr(),
+                            cshape[0], cshape[1], bool(is_neox))

@@ -1,0 +1,91 @@
+"""The Triton kernel of paged varlen attention; engine/ops/varlen_attention.py is its Python face, plan and
+reference (read that first). Imported on first use: importing Triton costs ~0.5 s, and the interpreter
+(TRITON_INTERPRET=1, CPU tests) must be chosen before Triton is imported."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def varlen_paged_attention_kernel(
+    Q, K, V, O, BLOCK_TABLES, SEQ_LENS, QUERY_START, TILE_SEQ, TILE_START,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    QUERIES_PER_KV: tl.constexpr, CACHE_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(TILE_SEQ + tile)
+    row0 = tl.load(TILE_START + tile)
+    q_begin = tl.load(QUERY_START + seq)
+    q_len = tl.load(QUERY_START + seq + 1) - q_begin
+    ctx = tl.load(SEQ_LENS + seq)
+    prefix = ctx - q_len
+    kv_head = head // QUERIES_PER_KV
+
+    rows = row0 + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = rows < q_len
+    dim_ok = dims < HEAD_DIM
+    q = tl.load(Q + (q_begin + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if DOT_F32:  # Triton's interpreter computes bf16 dots wrongly: upcast there
+        q = q.to(tl.float32)
+    q_pos = prefix + rows  # absolute positions of the tile's rows
+    table = BLOCK_TABLES + seq * stride_bt
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # keys every row of the tile sees (before the tile's first position): no masks
+    full_end = (prefix + row0) // BLOCK_N * BLOCK_N
+    for start in range(0, full_end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        blk = tl.load(table + cols // CACHE_BLOCK)
+        slot = cols % CACHE_BLOCK
+        k = tl.load(K + (blk * stride_kb + slot * stride_ks + kv_head * stride_kh)[None, :] + dims[:, None],
+                    mask=dim_ok[:, None], other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + (blk * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + dims[None, :],
+                    mask=dim_ok[None, :], other=0.0)
+        if DOT_F32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    # the diagonal blocks: causal mask and the end of the context
+    end = tl.minimum(ctx, prefix + row0 + BLOCK_M)
+    for start in range(full_end, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < ctx
+        blk = tl.load(table + cols // CACHE_BLOCK, mask=col_ok, other=0)
+        slot = cols % CACHE_BLOCK
+        k = tl.load(K + (blk * stride_kb + slot * stride_ks + kv_head * stride_kh)[None, :] + dims[:, None],
+                    mask=dim_ok[:, None] & col_ok[None, :], other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        s = tl.where((cols[None, :] <= q_pos[:, None]) & col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + (blk * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + dims[None, :],
+                    mask=dim_ok[None, :] & col_ok[:, None], other=0.0)
+        if DOT_F32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    tl.store(O + (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
+             acc.to(O.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])

@@ -1,0 +1,111 @@
+"""The compiled Triton varlen attention kernel on the GPU against the float32 reference (random paged layouts up to
+4,096-token chunks, GQA 1 / 4 / 8, head sizes 64 / 128, both kernel configurations: sm_90's and the 99 KB sm_89
+one forced on this GPU), and the engine on the GPU against the engine on the CPU: greedy tokens of the tiny model of
+every architecture in float32, with prefix caching and chunked prefill on and off; KV-cache sizing by profiling."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from engine.ops import varlen_attention as va  # noqa: E402
+from tests.support.tiny_models import TINY_ARCHS  # noqa: E402
+from tests.support.varlen_cases import BOUNDS, run_case  # noqa: E402
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def test_configs_fit_their_targets():
+    for limit, target in ((99 * 1024, "sm89"), (227 * 1024, "sm90")):
+        small, large = va.CONFIGS[target]  # for head sizes <= 64 and <= 128
+        assert small.smem_bytes(64) <= limit and large.smem_bytes(128) <= limit
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_varlen_on_fresh_prompts(dtype):
+    """Fresh prompts of a step (nothing cached) go through torch's FlashAttention-2 varlen in one launch."""
+    import itertools
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    lens = [1, 17, 512, 1000, 64]
+    T, nh, nkv, hd = sum(lens), 32, 8, 128
+    qkv = torch.randn(T, (nh + 2 * nkv) * hd, generator=g, device="cuda").to(dtype)
+    q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)  # row-strided views, as in the model
+    qsl = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+    assert va.flash_varlen_supported(q)
+    out = va.flash_varlen_attention(q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd), qsl, max(lens),
+                                    hd ** -0.5)
+    # the reference reads the same K/V from a paged cache: one block per token
+    kc = k.reshape(T, 1, nkv, hd).contiguous()
+    vc = v.reshape(T, 1, nkv, hd).contiguous()
+    tables, start = [], 0
+    for n in lens:
+        tables.append(list(range(start, start + n)))
+        start += n
+    ref = va.reference(q.view(T, nh, hd), kc, vc, tables, lens, lens, hd ** -0.5)
+    assert (out.float() - ref).abs().max().item() <= BOUNDS[dtype]
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm89"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_random_layouts_on_gpu(target, dtype):
+    rng = random.Random(hash((target, str(dtype))) & 0xFFFF)
+    for nh, nkv in ((8, 8), (32, 8), (16, 2)):
+        for hd in (64, 128):
+            seqs = [(1, rng.randrange(1, 3000)) for _ in range(rng.randrange(0, 4))]  # decodes
+            seqs += [(rng.choice([2, 17, 129, 700]), rng.choice([0, 7, 16, 33, 1500]))]
+            run_case(rng, nh, nkv, hd, seqs, dtype, target=target, device="cuda")
+
+
+@pytest.mark.parametrize("target", ["sm90", "sm89"])
+def test_long_chunks(target):
+    rng = random.Random(5)
+    run_case(rng, 32, 8, 128, [(4096, 0)], torch.bfloat16, target=target, device="cuda")
+    run_case(rng, 32, 8, 128, [(1, 4000), (2048, 2048), (1000, 15)], torch.bfloat16, target=target, device="cuda")
+    assert BOUNDS[torch.bfloat16] > 0
+
+
+
+
+def _greedy(model_dir, device: str, prefix: bool, chunk: int | None) -> list[list[int]]:
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    prompts = ["The quick brown fox jumps over the lazy dog " * 6, "The quick brown fox jumps over a fence",
+               "Paged attention over a block table", "x"]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    opts = {"max_num_batched_tokens": chunk} if chunk else {}
+    with LLM(str(model_dir), dtype="float32", device=device, enable_prefix_caching=prefix,
+             kv_cache_memory_gib=0.25, **opts) as llm:
+        first = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        if prefix:  # the second round hits the prefix cache
+            assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == first
+        return first
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_gpu_greedy_equals_cpu_float32(tiny_model_dir, arch):
+    d = tiny_model_dir(arch)
+    cpu = _greedy(d, "cpu", False, None)
+    for prefix, chunk in ((False, None), (True, None), (True, 16), (False, 24)):
+        assert _greedy(d, "cuda", prefix, chunk) == cpu, (arch, prefix, chunk)
+
+
+def test_kv_cache_sized_by_profiling(tiny_model_dir):
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    with LLM(str(tiny_model_dir("llama")), dtype="bfloat16", device="cuda", max_num_batched_tokens=4096,
+             gpu_memory_utilization=0.5) as llm:
+        runner = llm.core.runner
+        assert runner.activation_peak_bytes and runner.activation_peak_bytes > 0
+        free, total = torch.cuda.mem_get_info()
+        kv = runner.num_blocks * runner.kv_bytes_per_block()
+        assert kv <= 0.5 * total
+        out = llm.generate(["hello " * 1000], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 2

@@ -1,0 +1,52 @@
+"""Random paged layouts for the varlen attention kernel and the check against its float32 reference (shared by
+tests/unit, through Triton's interpreter, and tests/gpu)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import torch
+
+from engine.ops import varlen_attention as va
+
+BOUNDS = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+
+
+def make_case(rng: random.Random, nh: int, nkv: int, hd: int, seqs: list[tuple[int, int]], dtype,
+              block_size: int = 16, device="cpu"):
+    """seqs: (query_len, prefix_len) per sequence. Returns the kernel's inputs and the reference's."""
+    ctxs = [q + p for q, p in seqs]
+    qlens = [q for q, _ in seqs]
+    need = sum(-(-c // block_size) for c in ctxs)
+    num_blocks = need + 5
+    perm = list(range(num_blocks))
+    rng.shuffle(perm)  # scrambled: a sequence's blocks are anywhere in the cache, in any order
+    tables, i = [], 0
+    for c in ctxs:
+        nb = -(-c // block_size)
+        tables.append(perm[i:i + nb])
+        i += nb
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    kc = torch.randn(num_blocks, block_size, nkv, hd, generator=g).to(dtype).to(device)
+    vc = torch.randn(num_blocks, block_size, nkv, hd, generator=g).to(dtype).to(device)
+    T = sum(qlens)
+    q = torch.randn(T, nh, hd, generator=g).to(dtype).to(device)
+    width = max(len(t) for t in tables)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
+    sl = torch.tensor(ctxs, dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, *itertools.accumulate(qlens)], dtype=torch.int32, device=device)
+    return (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens)
+
+
+def run_case(rng, nh, nkv, hd, seqs, dtype, target=None, device="cpu"):
+    (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens) = make_case(rng, nh, nkv, hd, seqs, dtype, device=device)
+    cfg = va.config_for(q.device, hd, target)
+    plan = va.VarlenPlan.build(qlens, ctxs, cfg.block_m, q.device)
+    out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
+    va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, hd ** -0.5, out=out, config=cfg)
+    ref = va.reference(q, kc, vc, tables, ctxs, qlens, hd ** -0.5)
+    assert not out.isnan().any()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= BOUNDS[dtype], (nh, nkv, hd, seqs, dtype, err)
+    return err
