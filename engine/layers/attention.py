@@ -6,8 +6,9 @@ lower-right causal mask (chunked prefill and prefix-cache hits look the same her
 
 Backends, per step:
 - CUDA, decodes only: the split-K paged decode kernel (csrc/cuda).
-- CUDA, fresh prompts only (no decode, nothing cached before any chunk: a cold prompt, a batch of them): torch's
-  FlashAttention-2 varlen kernel on the step's own K/V, one launch for all (faster than the Triton kernel there).
+- CUDA, one fresh prompt alone in its step (nothing cached, no decode): SDPA's flash backend on the step's own K/V
+  (4-D inputs, ``enable_gqa``), which measured faster than the Triton kernel there (kestrel bench gpu, H200,
+  8B shape: 8,192-token TTFT 220 ms against 240; torch's FlashAttention-2 varlen entry point was slower than both).
 - CUDA, any other step with a prefill: one launch of the Triton varlen kernel (engine/ops/varlen_attention.py) for every sequence
   of the step, decodes included; it reads the prefix from the paged cache through the block table (no gathered
   copy, GQA by indexing). ``KESTREL_PREFILL_ATTENTION=sdpa`` (or no Triton) takes the SDPA path below instead;
@@ -147,12 +148,7 @@ class Attention(torch.nn.Module):
         out = torch.empty(T, self.num_heads, hd, dtype=q.dtype, device=q.device)
         q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
-        if nd == 0 and meta.all_fresh and ops.flash_varlen_supported(q) and _use_varlen(q):
-            # fresh prompts only: their own K/V, FlashAttention-2 varlen, one launch for all of them
-            o = ops.flash_varlen_attention(q3, k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
-                                           meta.query_start_loc, meta.max_query_len, self.scale)
-            return o.view(T, self.num_heads * hd)
-        if nd < T and _use_varlen(q):
+        if nd < T and _use_varlen(q, meta):
             ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, _varlen_plan(meta, q.device, hd), self.scale, out=out)
             return out.view(T, self.num_heads * hd)
@@ -186,11 +182,14 @@ class Attention(torch.nn.Module):
         return o[0].transpose(0, 1)
 
 
-def _use_varlen(q: torch.Tensor) -> bool:
+def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
     choice = envs.KESTREL_PREFILL_ATTENTION
-    if choice == "sdpa":
+    if choice == "sdpa" or not ops.varlen_attention_available():
         return False
-    return (choice == "triton" or q.is_cuda) and ops.varlen_attention_available()
+    if choice == "triton":
+        return True
+    # auto: on CUDA, except for one fresh prompt alone in its step (SDPA's flash backend is faster there)
+    return q.is_cuda and not (len(meta.seqs) == 1 and meta.all_fresh)
 
 
 def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int) -> ops.VarlenPlan:

@@ -37,7 +37,7 @@ from engine.ops.native import (
 )
 from engine.ops.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 from engine.ops.rotary import rotary_embedding
-from engine.ops.varlen_attention import VarlenPlan, flash_varlen_attention, flash_varlen_supported, varlen_paged_attention
+from engine.ops.varlen_attention import VarlenPlan, varlen_paged_attention
 from engine.ops.varlen_attention import available as varlen_attention_available
 from engine.ops.varlen_attention import config_for as varlen_config
 
@@ -51,8 +51,6 @@ __all__ = [
     "reshape_and_cache",
     "paged_decode_attention",
     "varlen_paged_attention",
-    "flash_varlen_attention",
-    "flash_varlen_supported",
     "varlen_attention_available",
     "varlen_config",
     "VarlenPlan",

@@ -20,11 +20,10 @@ tests force the sm_89 one on the H200.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
-
-import importlib.util
 
 LOG2E = 1.4426950408889634
 
@@ -167,22 +166,6 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_start_loc: torch.Tensor,
-                           max_len: int, scale: float) -> torch.Tensor:
-    """Causal attention of fresh sequences (nothing cached before them: keys and values are the step's own) packed
-    one after the other, through torch's FlashAttention-2 varlen kernel (what SDPA's flash backend runs), one
-    launch for all of them. q [T, nh, hd], k and v [T, nkv, hd] (row-strided views fine, last dim contiguous),
-    bf16 / fp16 on CUDA; query_start_loc [S + 1] int32. Returns [T, nh, hd]."""
-    out = torch.ops.aten._flash_attention_forward(q, k, v, query_start_loc, query_start_loc, max_len, max_len, 0.0,
-                                                  True, False, scale=scale)
-    return out[0]
-
-
-def flash_varlen_supported(q: torch.Tensor) -> bool:
-    return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] % 8 == 0
-            and q.shape[-1] <= 256 and hasattr(torch.ops.aten, "_flash_attention_forward"))
-
-
 def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: list[list[int]],
               context_lens: list[int], query_lens: list[int], scale: float) -> torch.Tensor:
     """Float32 reference: for each sequence, gather its context from the cache and attend with a lower-right
@@ -215,5 +198,13 @@ def flops(query_lens: list[int], context_lens: list[int], num_heads: int, head_d
     return 4.0 * pairs * num_heads * head_dim
 
 
-__all__ = ["available", "varlen_paged_attention", "VarlenPlan", "KernelConfig", "CONFIGS", "config_for",
-           "flash_varlen_attention", "flash_varlen_supported", "reference", "flops"]
+__all__ = [
+    "CONFIGS",
+    "KernelConfig",
+    "VarlenPlan",
+    "available",
+    "config_for",
+    "flops",
+    "reference",
+    "varlen_paged_attention",
+]

@@ -13,9 +13,9 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from engine.ops import varlen_attention as va  # noqa: E402
-from tests.support.tiny_models import TINY_ARCHS  # noqa: E402
-from tests.support.varlen_cases import BOUNDS, run_case  # noqa: E402
+from engine.ops import varlen_attention as va
+from tests.support.tiny_models import TINY_ARCHS
+from tests.support.varlen_cases import BOUNDS, run_case
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -24,31 +24,6 @@ def test_configs_fit_their_targets():
     for limit, target in ((99 * 1024, "sm89"), (227 * 1024, "sm90")):
         small, large = va.CONFIGS[target]  # for head sizes <= 64 and <= 128
         assert small.smem_bytes(64) <= limit and large.smem_bytes(128) <= limit
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_flash_varlen_on_fresh_prompts(dtype):
-    """Fresh prompts of a step (nothing cached) go through torch's FlashAttention-2 varlen in one launch."""
-    import itertools
-
-    g = torch.Generator(device="cuda").manual_seed(11)
-    lens = [1, 17, 512, 1000, 64]
-    T, nh, nkv, hd = sum(lens), 32, 8, 128
-    qkv = torch.randn(T, (nh + 2 * nkv) * hd, generator=g, device="cuda").to(dtype)
-    q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)  # row-strided views, as in the model
-    qsl = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
-    assert va.flash_varlen_supported(q)
-    out = va.flash_varlen_attention(q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd), qsl, max(lens),
-                                    hd ** -0.5)
-    # the reference reads the same K/V from a paged cache: one block per token
-    kc = k.reshape(T, 1, nkv, hd).contiguous()
-    vc = v.reshape(T, 1, nkv, hd).contiguous()
-    tables, start = [], 0
-    for n in lens:
-        tables.append(list(range(start, start + n)))
-        start += n
-    ref = va.reference(q.view(T, nh, hd), kc, vc, tables, lens, lens, hd ** -0.5)
-    assert (out.float() - ref).abs().max().item() <= BOUNDS[dtype]
 
 
 @pytest.mark.parametrize("target", ["sm90", "sm89"])
@@ -104,7 +79,7 @@ def test_kv_cache_sized_by_profiling(tiny_model_dir):
              gpu_memory_utilization=0.5) as llm:
         runner = llm.core.runner
         assert runner.activation_peak_bytes and runner.activation_peak_bytes > 0
-        free, total = torch.cuda.mem_get_info()
+        total = torch.cuda.mem_get_info()[1]
         kv = runner.num_blocks * runner.kv_bytes_per_block()
         assert kv <= 0.5 * total
         out = llm.generate(["hello " * 1000], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))

@@ -49,7 +49,7 @@ def test_plan_covers_every_query_row_once_heaviest_first():
 
 def test_validation_errors():
     rng = random.Random(3)
-    (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens) = make_case(rng, 4, 2, 32, [(5, 3)], torch.float32)
+    (q, kc, vc, bt, sl, qsl), (_, ctxs, qlens) = make_case(rng, 4, 2, 32, [(5, 3)], torch.float32)
     plan = va.VarlenPlan.build(qlens, ctxs, va.config_for(q.device, 32).block_m, q.device)
     with pytest.raises(ValueError, match="int32"):
         va.varlen_paged_attention(q, kc, vc, bt.long(), sl, qsl, plan, 0.1)
