@@ -12,7 +12,7 @@ def _param(shape, dtype) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
 
 
-class _Linear(torch.nn.Module):
+class LinearBase(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
         super().__init__()
         self.weight = _param((out_features, in_features), dtype)
@@ -53,7 +53,7 @@ class _Linear(torch.nn.Module):
             raise ValueError(f"expected {self.weight.shape[0]} rows, got {row}")
 
 
-class QKVParallelLinear(_Linear):
+class QKVParallelLinear(LinearBase):
     """Fused q/k/v projection; heads split across ranks, KV heads replicated when fewer than ranks."""
 
     def __init__(self, hidden: int, head_dim: int, n_heads: int, n_kv_heads: int, bias: bool,
@@ -84,7 +84,7 @@ class QKVParallelLinear(_Linear):
         self._copy_rows(parts)
 
 
-class MergedColumnParallelLinear(_Linear):
+class MergedColumnParallelLinear(LinearBase):
     """Several column-parallel projections of the same input fused into one GEMM (gate + up)."""
 
     def __init__(self, in_features: int, out_each: int, names: list[str], dtype, tp: TPContext):
@@ -98,7 +98,7 @@ class MergedColumnParallelLinear(_Linear):
                          for n in self.names])
 
 
-class RowParallelLinear(_Linear):
+class RowParallelLinear(LinearBase):
     """Input dimension split across ranks; the partial outputs are summed by an all-reduce."""
 
     def __init__(self, in_features: int, out_features: int, dtype, tp: TPContext, what: str):

@@ -9,7 +9,7 @@ from engine import ops
 from engine.config import ModelConfig
 from engine.layers.attention import Attention, AttentionMetadata
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, _Linear
+from engine.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models import overlap
@@ -117,7 +117,7 @@ class LlamaForCausalLM(torch.nn.Module):
     def quantize_int8(self) -> tuple[int, int]:
         """Weight-only int8 for every linear layer whose K allows it, and the LM head (whose float rows stay
         only when they are also the token embedding). Returns (quantized, linear layers)."""
-        linears = [m for m in self.modules() if isinstance(m, _Linear)]
+        linears = [m for m in self.modules() if isinstance(m, LinearBase)]
         done = sum(m.quantize_int8() for m in linears)
         head = self.lm_head
         if head.quantize_head_int8() and head is not self.embed_tokens:

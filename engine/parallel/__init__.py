@@ -5,7 +5,8 @@
 - worker.py     a worker process (python -m engine.parallel.worker)
 - mailbox.py    the per-step channel (pickled StepInputs through the shared segment)
 - comm/         the communication strategies (nccl, host, int8, auto) and their counters
-- overlap.py    the dual-stream micro-batch forward (comm_strategy=overlap)
+The dual-stream micro-batch overlap (comm_strategy=overlap) drives the model's own decoder layers:
+engine/models/overlap.py.
 
 The native side (host all-reduce, SIMD reductions, int8 kernels, CUDA kernels) is csrc/comm.
 """
