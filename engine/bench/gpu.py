@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import random
 import statistics
@@ -134,7 +135,7 @@ def measure_kernels(repeats: int = 5) -> dict:
             i += nb
         bt = torch.stack(rows)
         sl = torch.tensor(ctxs, dtype=torch.int32, device=DEVICE)
-        qsl = torch.tensor([0] + list(__import__("itertools").accumulate(qlens)), dtype=torch.int32, device=DEVICE)
+        qsl = torch.tensor([0] + list(itertools.accumulate(qlens)), dtype=torch.int32, device=DEVICE)
         q = torch.randn(sum(qlens), nh, hd, generator=g, device="cuda", dtype=torch.bfloat16)
         o = torch.empty_like(q)
         fl = va.flops(qlens, ctxs, nh, hd)

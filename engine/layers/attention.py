@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import envs, ops
+from engine.ops.transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,6 @@ class SeqSpan:
     query_len: int
     context_len: int  # tokens in the cache after this step's write (prefix + query)
     block_ids: tuple[int, ...]  # the blocks holding the first context_len tokens
-
-
-def _to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    t = torch.tensor(values, dtype=dtype)
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
@@ -59,22 +53,30 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # [num_decode, M] view of block_tables
     decode_context_lens: torch.Tensor | None = None  # [num_decode] view of seq_lens
     all_fresh: bool = False  # no decode and no cached prefix: every sequence is a whole new prompt
-    max_query_len: int = 0
 
     @classmethod
     def build(cls, positions: list[int], slots: list[int], seqs: list[SeqSpan], device: torch.device
               ) -> AttentionMetadata:
         """Device tensors of one step from its host description: one int64 and one int32 transfer."""
+        T = len(positions)
+        if T != len(slots):
+            raise ValueError("attention metadata: positions and slots disagree")
+        longs = to_device(positions + slots, torch.long, device)
+        return cls._with_seqs(longs[:T], longs[T:], seqs)
+
+    @classmethod
+    def _with_seqs(cls, positions: torch.Tensor, slot_mapping: torch.Tensor, seqs: list[SeqSpan]
+                   ) -> AttentionMetadata:
+        """The metadata of tokens whose positions and slots are already on the device."""
         num_decode = 0
         for s in seqs:
             if s.query_len != 1 or num_decode != s.query_start:
                 break
             num_decode += 1
-        T = len(positions)
-        if T != len(slots) or (seqs and seqs[-1].query_start + seqs[-1].query_len != T):
+        T = positions.shape[0]
+        if seqs and seqs[-1].query_start + seqs[-1].query_len != T:
             raise ValueError("attention metadata: positions, slots and sequences disagree")
-        longs = _to_device(positions + slots, torch.long, device)
-        meta = cls(positions=longs[:T], slot_mapping=longs[T:], num_decode_tokens=num_decode, seqs=list(seqs),
+        meta = cls(positions=positions, slot_mapping=slot_mapping, num_decode_tokens=num_decode, seqs=list(seqs),
                    block_tables=None, seq_lens=None, query_start_loc=None)
         if seqs:
             S = len(seqs)
@@ -86,14 +88,13 @@ class AttentionMetadata:
             ints.extend(s.context_len for s in seqs)
             ints.extend(s.query_start for s in seqs)
             ints.append(T)
-            packed = _to_device(ints, torch.int32, device)
+            packed = to_device(ints, torch.int32, positions.device)
             meta.block_tables = packed[:S * width].view(S, width)
             meta.seq_lens = packed[S * width:S * width + S]
             meta.query_start_loc = packed[S * width + S:]
             if num_decode:
                 meta.decode_block_tables = meta.block_tables[:num_decode]
                 meta.decode_context_lens = meta.seq_lens[:num_decode]
-            meta.max_query_len = max(s.query_len for s in seqs)
         meta.all_fresh = num_decode == 0 and all(s.context_len == s.query_len for s in seqs)
         return meta
 
@@ -122,10 +123,9 @@ class AttentionMetadata:
                 na = cut - q0
                 a.append(replace(s, query_len=na, context_len=ctx - (n - na)))
                 b.append(replace(s, query_start=0, query_len=n - na))
-        pos, slots = self.positions.tolist(), self.slot_mapping.tolist()
-        dev = self.positions.device
-        return (AttentionMetadata.build(pos[:cut], slots[:cut], a, dev),
-                AttentionMetadata.build(pos[cut:T], slots[cut:T], b, dev))
+        # the device positions and slots are sliced, not read back (no host synchronisation)
+        return (self._with_seqs(self.positions[:cut], self.slot_mapping[:cut], a),
+                self._with_seqs(self.positions[cut:T], self.slot_mapping[cut:T], b))
 
 
 class Attention(torch.nn.Module):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from engine.layers.sampling_metadata import SamplingMetadata
+from engine.ops.transfer import to_device
 from engine.outputs import TokenLogprobs
 
 
@@ -23,14 +24,6 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     """Extreme but valid parameters (a temperature of 1e-5, a repetition penalty of 1e-30) overflow float32:
     NaN becomes impossible (-inf) and +inf the largest float, so softmax and argmax stay defined."""
     return torch.nan_to_num(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max)
-
-
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on the device without a host synchronisation (pinned staging, asynchronous copy)."""
-    t = torch.tensor(values, dtype=dtype)
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _rows_cols(pairs: list[tuple[int, list[int]]], vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,11 +34,11 @@ def _rows_cols(pairs: list[tuple[int, list[int]]], vocab: int, device) -> tuple[
         ids = [t for t in ids if 0 <= t < vocab]
         rows.extend([r] * len(ids))
         cols.extend(ids)
-    return _to_device(rows, torch.long, device), _to_device(cols, torch.long, device)
+    return to_device(rows, torch.long, device), to_device(cols, torch.long, device)
 
 
 def _column(values: list[float], device) -> torch.Tensor:
-    return _to_device(values, torch.float32, device).unsqueeze(1)
+    return to_device(values, torch.float32, device).unsqueeze(1)
 
 
 def filtered_probs(x: torch.Tensor, params: list) -> torch.Tensor:
@@ -56,7 +49,7 @@ def filtered_probs(x: torch.Tensor, params: list) -> torch.Tensor:
     vocab = y.shape[-1]
     ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     if min(ks) < vocab:
-        kth = torch.topk(y, max(ks), dim=-1).values.gather(1, _to_device(ks, torch.long, dev).unsqueeze(1) - 1)
+        kth = torch.topk(y, max(ks), dim=-1).values.gather(1, to_device(ks, torch.long, dev).unsqueeze(1) - 1)
         y = y.masked_fill(y < kth, float("-inf"))
     probs = torch.softmax(y, dim=-1)
     if any(p.min_p > 0 for p in params):
@@ -100,7 +93,7 @@ class Sampler:
         if bias:
             rows, cols = _rows_cols([(i, list(b)) for i, b in bias], vocab, dev)
             vals = [b[t] for _, b in bias for t in b if 0 <= t < vocab]
-            x.index_put_((rows, cols), _to_device(vals, x.dtype, dev), accumulate=True)
+            x.index_put_((rows, cols), to_device(vals, x.dtype, dev), accumulate=True)
         if masked:
             stop = [(i, list(set(params[i].stop_token_ids)
                              | (set() if params[i].ignore_eos else md.eos_token_ids[i]))) for i in masked]
@@ -125,7 +118,7 @@ class Sampler:
     def _draw(self, x: torch.Tensor, md: SamplingMetadata, draw: list[int], greedy_tokens: torch.Tensor
               ) -> torch.Tensor:
         """Tokens drawn for the rows in ``draw``; the other rows keep their greedy token."""
-        rows = _to_device(draw, torch.long, x.device)
+        rows = to_device(draw, torch.long, x.device)
         probs = filtered_probs(x.index_select(0, rows), [md.params[i] for i in draw])
         generators = md.generators
         noise = torch.empty_like(probs)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.ops.transfer import to_device
+
 LOG2E = 1.4426950408889634
 
 
@@ -98,9 +100,7 @@ class VarlenPlan:
                 tiles.append((prefix + min(n, start + block_m), s, start))
         tiles.sort(key=lambda t: -t[0])
         flat = [t[1] for t in tiles] + [t[2] for t in tiles]
-        packed = torch.tensor(flat, dtype=torch.int32)
-        if device.type != "cpu":
-            packed = packed.pin_memory().to(device, non_blocking=True)
+        packed = to_device(flat, torch.int32, device)
         n = len(tiles)
         return cls(block_m, packed[:n], packed[n:], n)
 

@@ -17,6 +17,7 @@ from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.layers.sampler import Sampler
 from engine.layers.sampling_metadata import SamplingMetadata
 from engine.models.registry import model_class
+from engine.ops.transfer import to_device
 from engine.outputs import TokenLogprobs
 from engine.parallel.context import SINGLE, TPContext
 from engine.runner.device import physical_cores, resolve_device, resolve_dtype
@@ -183,10 +184,7 @@ class ModelRunner:
 
     def _tensors(self, inp: StepInputs) -> tuple[torch.Tensor, AttentionMetadata]:
         meta = AttentionMetadata.build(inp.positions, inp.slots, inp.seqs, self.device)
-        ids = torch.tensor(inp.token_ids, dtype=torch.long)
-        if self.device.type != "cpu":
-            ids = ids.pin_memory().to(self.device, non_blocking=True)
-        return ids, meta
+        return to_device(inp.token_ids, torch.long, self.device), meta
 
     @torch.inference_mode()
     def run(self, inp: StepInputs) -> torch.Tensor | None:

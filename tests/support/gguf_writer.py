@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.tokenizer import bytes_to_unicode
+
 _GGUF_ARCH = {"llama": "llama", "llama3": "llama", "mistral": "llama", "smollm2": "llama", "qwen2": "qwen2",
               "qwen3": "qwen3"}
 _HF_TO_GGUF = {
@@ -42,7 +44,8 @@ def _random_blocks(qtype, n_blocks: int, rng):
     """Random but valid blocks of a type gguf-py cannot quantize to (the K-quants): random quant bits and
     small finite fp16 scales at the offsets ggml's block structs put them."""
     import numpy as np
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as Q
 
     _, size = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
@@ -56,7 +59,8 @@ def _random_blocks(qtype, n_blocks: int, rng):
 def encode_tensor(array, qtype, rng):
     """``(data, raw_dtype)`` for GGUFWriter.add_tensor: float32 values stored as ``qtype``."""
     import numpy as np
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
+    from gguf import GGML_QUANT_SIZES, quants
+    from gguf import GGMLQuantizationType as Q
 
     if qtype == Q.F32:
         return array.astype(np.float32), None
@@ -81,8 +85,8 @@ def write_gguf(model, out: Path, arch: str, types=None, tokenizer_source: Path |
     ``types``: None (all F32), a GGMLQuantizationType for every 2-D tensor, or a callable(hf_name, shape)
     -> type. 1-D tensors stay F32, as llama.cpp writes them. ``skip``: HF
     names of tensors to leave out (to make broken files)."""
-    import numpy as np
     import gguf
+    import numpy as np
     from gguf import GGMLQuantizationType as Q
 
     from engine.loader.gguf_file import GGUFFile
@@ -114,7 +118,7 @@ def write_gguf(model, out: Path, arch: str, types=None, tokenizer_source: Path |
         # a small synthetic byte-level vocabulary of the model's size (keeps gguf.GGUFReader, which
         # transformers uses, fast): 3 control tokens, the 256 byte symbols, fillers
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-        tokens = specials + list(_bytes_to_unicode().values()) + ["Ġt", "he"]
+        tokens = specials + list(bytes_to_unicode().values()) + ["Ġt", "he"]
         tokens += [f"<x{i}>" for i in range(cfg.vocab_size - len(tokens))]
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("gpt2")
@@ -171,20 +175,6 @@ def write_gguf(model, out: Path, arch: str, types=None, tokenizer_source: Path |
     w.write_tensors_to_file()
     w.close()
     return out
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table (the byte symbols of a byte-level vocabulary)."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def convert_model_dir(model_dir: Path, out: Path, arch: str, quant: str = "F32",
