@@ -133,6 +133,9 @@ class EngineConfig:
                               choices=list(COMM_STRATEGIES))
     num_threads: int | None = _opt("CPU threads (default: physical cores)")
     seed: int = _opt("Seed of the default random generator", default=0)
+    deterministic: bool = _opt("Batch-invariant CPU kernels: a greedy (or seeded) request gives the same tokens "
+                               "alone or beside any other requests, at some speed (CPU, tensor-parallel size 1)",
+                               default=False)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -368,6 +368,8 @@ void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_
 // compute-bound for prefill. Use more than one when a single thread would need more than kLinearMinUs
 // by a rough estimate of both: SmolLM2's smallest decode projection (576 x 576 bf16, 0.66 MB) went
 // 37 -> 32 us with two; tiny calls stay on the calling thread.
+namespace {
+
 constexpr double kLinearBytesPerUs = 20e3;   // one core streaming weights from DRAM
 constexpr double kLinearFlopsPerUs = 100e3;  // one core, fp32-accumulated FMAs, well blocked
 constexpr double kLinearMinUs = 15.0;
@@ -394,32 +396,13 @@ void linear_chunk(void* ctx, int64_t c) {
   }
 }
 
-void linear(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_t w, uintptr_t bias, int64_t M,
-            int64_t N, int64_t K, uintptr_t w_scales) {
-  check_dtype(dt);
-  check(M >= 0 && N >= 0 && K >= 0, "linear: sizes must be >= 0");
-  check(w_scales == 0 || K % kQ8Group == 0, "linear: int8 weights need K to be a multiple of 32");
-  check(M <= 1 || os >= N, "linear: out's row stride must be >= N (rows must not overlap)");
-  (void)xs;  // x's rows may overlap (e.g. a broadcast x): they are only read
-  if (M == 0 || N == 0) return;
-  if (K == 0) {  // an empty sum: out = bias (or 0)
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t n = 0; n < N; ++n) {
-        const size_t o = size_t(m * os + n);
-        switch (dt) {
-          case kFloat32: ptr<float>(out)[o] = bias ? ptr<const float>(bias)[n] : 0.f; break;
-          case kBFloat16: ptr<bf16_t>(out)[o] = bias ? ptr<const bf16_t>(bias)[n] : bf16_t{0}; break;
-          default: ptr<f16_t>(out)[o] = bias ? ptr<const f16_t>(bias)[n] : f16_t{0}; break;
-        }
-      }
-    }
-    return;
-  }
-  LinearParams p{dt, ptr<const void>(x), xs, ptr<const void>(w), ptr<const void>(bias), ptr<void>(out), os, M, N, K,
-                 ptr<const float>(w_scales)};
-  const LinearTable& L = KL();
+// One call of the kernels over all N columns of p's M rows, threaded as described above.
+void run_linear(const LinearTable& L, const LinearParams& p) {
+  const int64_t N = p.N, K = p.K, M = p.M;
+  const int dt = p.dtype;
   const int64_t align = std::max<int64_t>(1, L.n_align(p));
-  const double row_bytes = w_scales ? double(K) * (1.0 + 4.0 / kQ8Group) : double(K) * (dt == kFloat32 ? 4 : 2);
+  const double row_bytes =
+      p.w_scales ? double(K) * (1.0 + 4.0 / kQ8Group) : double(K) * (dt == kFloat32 ? 4 : 2);
   const double bytes = double(N) * row_bytes;
   const double flops = 2.0 * double(M) * double(N) * double(K);
   const double est_us = std::max(bytes / kLinearBytesPerUs, flops / kLinearFlopsPerUs);
@@ -433,7 +416,7 @@ void linear(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_
     return;
   }
 #ifdef _OPENMP
-  if (M > L.gemv_max_m) {
+  if (M > L.gemv_max_m && !p.gemv_any_m) {
     const int64_t chunks = (N + align - 1) / align;
     bool failed = false;
 #pragma omp parallel num_threads(int(nt)) reduction(|| : failed)
@@ -461,10 +444,66 @@ void linear(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_
   if (job.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
 }
 
-void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uintptr_t q, int64_t qs0, int64_t qs1,
-                            uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables, int64_t bt_stride,
-                            int64_t max_blocks, uintptr_t context_lens, int64_t B, int64_t nh, int64_t nkv,
-                            int64_t hd, int64_t bs, int64_t num_blocks, double scale) {
+}  // namespace
+
+void linear(int dt_flags, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_t w, uintptr_t bias,
+            int64_t M, int64_t N, int64_t K, uintptr_t w_scales) {
+  check((dt_flags & ~(kDTypeMask | kBatchInvariant)) == 0, "linear: unknown option bits in the dtype code");
+  const int dt = dt_flags & kDTypeMask;
+  const bool invariant = (dt_flags & kBatchInvariant) != 0;
+  check_dtype(dt);
+  check(M >= 0 && N >= 0 && K >= 0, "linear: sizes must be >= 0");
+  check(w_scales == 0 || K % kQ8Group == 0, "linear: int8 weights need K to be a multiple of 32");
+  check(M <= 1 || os >= N, "linear: out's row stride must be >= N (rows must not overlap)");
+  (void)xs;  // x's rows may overlap (e.g. a broadcast x): they are only read
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: out = bias (or 0)
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t o = size_t(m * os + n);
+        switch (dt) {
+          case kFloat32: ptr<float>(out)[o] = bias ? ptr<const float>(bias)[n] : 0.f; break;
+          case kBFloat16: ptr<bf16_t>(out)[o] = bias ? ptr<const bf16_t>(bias)[n] : bf16_t{0}; break;
+          default: ptr<f16_t>(out)[o] = bias ? ptr<const f16_t>(bias)[n] : f16_t{0}; break;
+        }
+      }
+    }
+    return;
+  }
+  LinearParams p{dt, ptr<const void>(x), xs, ptr<const void>(w), ptr<const void>(bias), ptr<void>(out), os, M, N, K,
+                 ptr<const float>(w_scales)};
+  const LinearTable& L = KL();
+  if (!invariant) {
+    run_linear(L, p);
+    return;
+  }
+  // Batch-invariant: the GEMV kernels for every row, kInvariantRows rows per call (a row's result is the same
+  // in any block: gemm_impl.h), so a request's rows come out the same bits whatever else the step holds.
+  p.gemv_any_m = true;
+  const size_t esz = dt == kFloat32 ? 4 : 2;
+  for (int64_t m0 = 0; m0 < M; m0 += kInvariantRows) {
+    LinearParams pb = p;
+    pb.M = std::min<int64_t>(kInvariantRows, M - m0);
+    pb.x = ptr<const char>(x) + size_t(m0 * xs) * esz;
+    pb.out = ptr<char>(out) + size_t(m0 * os) * esz;
+    run_linear(L, pb);
+  }
+}
+
+// Batch-invariant mode (types.h kBatchInvariant): every context is cut into partitions of this many tokens
+// (rounded up to whole blocks), whatever the batch and the threads, so a sequence's result depends on its own
+// context only. A sequence that fits one partition comes out as without partitions (its one partial softmax is
+// rescaled by exp(0) = 1).
+constexpr int64_t kInvariantPartTokens = 512;
+
+void paged_decode_attention(int dt_flags, uintptr_t out, int64_t os0, int64_t os1, uintptr_t q, int64_t qs0,
+                            int64_t qs1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables,
+                            int64_t bt_stride, int64_t max_blocks, uintptr_t context_lens, int64_t B, int64_t nh,
+                            int64_t nkv, int64_t hd, int64_t bs, int64_t num_blocks, double scale) {
+  check((dt_flags & ~(kDTypeMask | kBatchInvariant)) == 0,
+        "paged_decode_attention: unknown option bits in the dtype code");
+  const int dt = dt_flags & kDTypeMask;
+  const bool invariant = (dt_flags & kBatchInvariant) != 0;
   check_dtype(dt);
   check(nkv > 0 && nh % nkv == 0, "paged_decode_attention: num_heads must be a multiple of num_kv_heads");
   check(hd > 0 && hd <= kAttnMaxHeadDim, "paged_decode_attention: head_size must be in 1..512");
@@ -514,9 +553,16 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
   p.part_tokens = std::max<int64_t>(max_ctx, 1);
   p.ws = nullptr;
 
-  // Too few (sequence, kv head) items to keep every thread busy: split the context (split-K) into
-  // partitions of >= 64 tokens, about 4 items per thread, and combine the partial softmaxes after.
-  if (nt > 1 && base_items < 2 * nt) {
+  if (invariant) {
+    const int64_t pt = (kInvariantPartTokens + bs - 1) / bs * bs;
+    const int64_t parts = (max_ctx + pt - 1) / pt;
+    if (parts > 1) {
+      p.num_parts = parts;
+      p.part_tokens = pt;
+    }
+  } else if (nt > 1 && base_items < 2 * nt) {
+    // Too few (sequence, kv head) items to keep every thread busy: split the context (split-K) into
+    // partitions of >= 64 tokens, about 4 items per thread, and combine the partial softmaxes after.
     const int64_t want = (4 * nt + base_items - 1) / base_items;
     int64_t pt = std::max<int64_t>(64, (max_ctx + want - 1) / want);
     pt = (pt + bs - 1) / bs * bs;
@@ -543,6 +589,27 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
   const size_t need = size_t(B * nh * p.num_parts * (2 + hd));
   if (ws.size() < need) ws.resize(need);
   p.ws = ws.data();
+  if (invariant && (nt <= 1 || base_items >= 2 * nt)) {
+    // Enough (sequence, kv head, head group) items for the threads: each one runs its partitions and combines
+    // its heads' partial softmaxes itself, one worksharing loop (the same arithmetic as below, in any order;
+    // a second barrier costs milliseconds when the cores are oversubscribed).
+    const int64_t P = p.num_parts;
+    auto whole = [&](int64_t i) {
+      k.attn_items(p, i * P, (i + 1) * P);
+      const int64_t grp = i % groups, kvh = (i / groups) % nkv, b = i / (groups * nkv);
+      const int64_t h0 = kvh * G + grp * kAttnGroup, ng = std::min<int64_t>(kAttnGroup, G - grp * kAttnGroup);
+      k.attn_reduce(p, b * nh + h0, b * nh + h0 + ng);
+    };
+    if (nt <= 1) {
+      for (int64_t i = 0; i < base_items; ++i) whole(i);
+      return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t i = 0; i < base_items; ++i) whole(i);
+#endif
+    return;
+  }
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
   {

@@ -4,7 +4,9 @@
 //   out[m, n] = dtype(sum_k x[m, k] * w[n, k] + bias[n])      fp32 accumulation, one rounding at the end
 //
 // A kernel computes the output columns [n0, n1) for all M rows, serially; the dispatcher splits N across
-// threads in chunks aligned to `n_align(M)`. Two regimes inside each kernel:
+// threads in chunks aligned to `n_align(M)`. Each output element is reduced in one order whatever n0, n1, M and
+// the row's place in the call, within a regime; the regime depends on M (below) unless `gemv_any_m`. Two regimes
+// inside each kernel:
 //  - M <= gemv_max_m ("decode"): a memory-bound GEMV. Each weight row is streamed from memory once for
 //    all M rows of x (x stays in L1), several weight rows at a time, dot products along K in the vector
 //    lanes, a horizontal reduction at the end.
@@ -32,7 +34,14 @@ struct LinearParams {
   // int8 weights (weight-only quantization): w is int8 [N, K] and w_scales fp32 [N, K / kQ8Group], one scale
   // per group of kQ8Group consecutive weights of a row (w = q * scale); nullptr for weights of `dtype`.
   const float* w_scales = nullptr;
+  // Batch-invariant mode (types.h kBatchInvariant): the GEMV regime whatever M (the dispatcher passes row blocks
+  // of kInvariantRows), so that a row's result never depends on M.
+  bool gemv_any_m = false;
 };
+
+// Rows per call of the kernels in batch-invariant mode: x's block (fp32, <= 64 x K) stays in L2 while each weight
+// block streams once per 64 rows.
+constexpr int64_t kInvariantRows = 64;
 
 constexpr int64_t kQ8Group = 32;
 

@@ -103,6 +103,19 @@ inline __m512 transpose_sum(const __m512* v) {
                        _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// res[i * NB + j] = the sum of acc[i][j]'s lanes, for every tile shape by the one transposing tree (zero vectors
+// fill a partial tile; each lane sums only its own vector), so a row's result does not depend on its place in M
+// or on M. res holds 16 floats.
+template <int MB, int NB>
+inline void reduce_tile(const __m512 (&acc)[MB][NB], float* res) {
+  static_assert(MB * NB <= 16, "one transpose_sum per tile");
+  __m512 flat[16];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) flat[i * NB + j] = acc[i][j];
+  for (int t = MB * NB; t < 16; ++t) flat[t] = _mm512_setzero_ps();
+  _mm512_storeu_ps(res, transpose_sum(flat));
+}
+
 inline float bf16_to_f32(bf16_t v) { return to_f32(v); }
 
 // ---------------------------------------------------------------------------------------------------
@@ -136,15 +149,7 @@ inline void gemv_tile(const bf16_t* x, int64_t xs, const bf16_t* w, int64_t K, f
       for (int j = 0; j < NB; ++j) acc[i][j] = dp(acc[i][j], wv[j], xv);
     }
   }
-  if constexpr (MB * NB == 16) {
-    __m512 flat[16];
-    for (int i = 0; i < MB; ++i)
-      for (int j = 0; j < NB; ++j) flat[i * NB + j] = acc[i][j];
-    _mm512_storeu_ps(res, transpose_sum(flat));
-  } else {
-    for (int i = 0; i < MB; ++i)
-      for (int j = 0; j < NB; ++j) res[i * NB + j] = _mm512_reduce_add_ps(acc[i][j]);
-  }
+  reduce_tile<MB, NB>(acc, res);
 }
 
 // Output columns [n0, n1) of a GEMV, in blocks of GEMV_NB weight rows (then single rows) and GEMV_MB rows of
@@ -289,15 +294,7 @@ inline void gemv_q8_tile(const uint8_t* xu, const float* xsc, const int8_t* w, c
       }
     }
   }
-  if constexpr (MB * NB == 16) {
-    __m512 flat[16];
-    for (int i = 0; i < MB; ++i)
-      for (int j = 0; j < NB; ++j) flat[i * NB + j] = acc[i][j];
-    _mm512_storeu_ps(res, transpose_sum(flat));
-  } else {
-    for (int i = 0; i < MB; ++i)
-      for (int j = 0; j < NB; ++j) res[i * NB + j] = _mm512_reduce_add_ps(acc[i][j]);
-  }
+  reduce_tile<MB, NB>(acc, res);
 }
 
 struct Q8Tile {
@@ -441,9 +438,10 @@ void gemm(const LinearParams& p, int64_t n0, int64_t n1) {
 void linear_k(const LinearParams& p, int64_t n0, int64_t n1) {
   // float32 / float16 (weights of any kind): the plain AVX-512 kernels
   if (p.dtype != kBFloat16) return linear_table_avx512()->linear(p, n0, n1);
-  if (p.M <= GEMV_MAX_M && p.w_scales != nullptr)
+  const bool gemv_regime = p.M <= GEMV_MAX_M || p.gemv_any_m;
+  if (gemv_regime && p.w_scales != nullptr)
     gemv_q8(p, n0, n1);
-  else if (p.M <= GEMV_MAX_M)
+  else if (gemv_regime)
     gemv(p, n0, n1);
   else
     gemm(p, n0, n1);
@@ -451,7 +449,7 @@ void linear_k(const LinearParams& p, int64_t n0, int64_t n1) {
 
 int64_t n_align_k(const LinearParams& p) {
   if (p.dtype != kBFloat16) return linear_table_avx512()->n_align(p);
-  return p.M <= GEMV_MAX_M ? GEMV_NB : NC;
+  return p.M <= GEMV_MAX_M || p.gemv_any_m ? GEMV_NB : NC;
 }
 
 }  // namespace

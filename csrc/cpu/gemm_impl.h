@@ -6,8 +6,9 @@
 // Arithmetic is fp32 throughout (weights and x widened to fp32); gemm_avx512bf16.cpp has the
 // bfloat16 dot-product (vdpbf16ps) versions and reuses these for float32 / float16.
 //
-// GEMV regime (small M): for a block of NB weight rows and up to MB rows of x, NB * MB accumulator
-// vectors run along K; each weight vector is loaded (and widened) once and used for all MB rows of x;
+// GEMV regime (small M, or any M in batch-invariant mode): for a block of NB weight rows and up to MB rows of
+// x, NB * MB accumulator vectors run along K, reduced by one transposing tree whatever the tile's fill (so a
+// row's result does not depend on M); each weight vector is loaded (and widened) once and used for all MB rows of x;
 // x is converted to fp32 once per call into a zero-padded per-thread buffer (so only the weight rows
 // need a tail). The weight block (NB rows x K) stays in L1 while the MB-row chunks of x go over it,
 // so W is read from memory exactly once.
@@ -44,6 +45,7 @@ constexpr int NC = NR * W;                             // panel width (weight ro
 constexpr int64_t KC = 1024;                           // K slice per packed panel (in L2)
 constexpr int GEMV_MB = W == 16 ? 4 : 2;               // GEMV: rows of x per pass over a weight block
 constexpr int GEMV_NB = 4;                             // GEMV: weight rows per block
+static_assert(W == 1 || GEMV_MB * GEMV_NB <= W, "gemv_tile reduces a tile's accumulators with one transpose_sum");
 constexpr int64_t GEMV_MAX_M = 16;  // M at or below this: the GEMV regime (crossover measured at M ~ 16-24)
 // GEMV reads NB weight rows side by side, which the hardware prefetchers do not follow well (measured on
 // the 2-core EPYC dev machine: ~10 GB/s from one core, against ~19 GB/s reading rows one after the
@@ -174,13 +176,17 @@ inline void gemv_tile(const float* xf, int64_t ldx, const WV& w, int64_t n, int6
       for (int j = 0; j < NB; ++j) acc[i][j] = Vec::fma(wv[j], xv, acc[i][j]);
     }
   }
-  if constexpr (W > 1 && MB * NB == W) {
+  // Every tile, full or not, reduces its accumulators with the one transposing tree (zero vectors fill a
+  // partial tile: each lane sums only its own vector), so a row's result does not depend on its place in M or
+  // on M (a horizontal sum per vector would add the lanes in another order).
+  if constexpr (W > 1 && MB * NB <= W) {
     alignas(64) float tmp[W];
     R flat[W];
     for (int i = 0; i < MB; ++i)
       for (int j = 0; j < NB; ++j) flat[i * NB + j] = acc[i][j];
+    for (int t = MB * NB; t < W; ++t) flat[t] = Vec::zero();
     Vec::store(tmp, Vec::transpose_sum(flat));
-    for (int t = 0; t < W; ++t) res[t] = tmp[t];
+    for (int t = 0; t < MB * NB; ++t) res[t] = tmp[t];
   } else {
     for (int i = 0; i < MB; ++i)
       for (int j = 0; j < NB; ++j) res[i * NB + j] = Vec::hsum(acc[i][j]);
@@ -352,7 +358,7 @@ void gemm_f32(const LinearParams& p, const WV& w, int64_t n0, int64_t n1) {
 
 template <class T, class WV>
 void linear_w(const LinearParams& p, const WV& w, int64_t n0, int64_t n1) {
-  if (p.M <= GEMV_MAX_M)
+  if (p.M <= GEMV_MAX_M || p.gemv_any_m)
     gemv<T>(p, w, n0, n1);
   else
     gemm_f32<T>(p, w, n0, n1);
@@ -377,7 +383,7 @@ void linear_k(const LinearParams& p, int64_t n0, int64_t n1) {
 }
 
 int64_t n_align_k(const LinearParams& p) {
-  return p.M <= gemm::GEMV_MAX_M ? gemm::GEMV_NB : gemm::NC;
+  return p.M <= gemm::GEMV_MAX_M || p.gemv_any_m ? gemm::GEMV_NB : gemm::NC;
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // CPU entry points of engine._C (implemented in dispatch.cpp): argument validation, ISA dispatch and
 // threading around the per-ISA kernels. Pointers arrive as integers (torch's data_ptr()), sizes and
-// strides in elements, dtype codes as in types.h. Invalid arguments throw std::invalid_argument
-// (pybind11 turns that into ValueError).
+// strides in elements, dtype codes as in types.h (linear and paged_decode_attention also take the option bit
+// kBatchInvariant OR-ed into theirs). Invalid arguments throw std::invalid_argument (pybind11 turns that into
+// ValueError).
 #pragma once
 
 #include <cstdint>

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from engine.bench.timing import decode_step_times, random_ids, run_until_done, timed_prompts, ttft_runs
+
 SHAPE = "llama3-8b"
 DEVICE = "cuda"
 
@@ -169,54 +171,19 @@ def measure_kernels(repeats: int = 5) -> dict:
 # Kestrel
 
 
-def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
-    return [rng.randrange(10, vocab) for _ in range(n)]
-
-
-def _run_until_done(core) -> None:
-    while core.has_unfinished():
-        core.step()
-
-
-def _timed_prompts(core, prompts: list[list[int]], max_tokens: int = 1) -> float:
-    from engine.sampling_params import SamplingParams
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for p in prompts:
-        core.add_request(f"b{time.monotonic_ns()}", None, params, prompt_token_ids=p)
-    _run_until_done(core)
-    return time.perf_counter() - t0
-
-
 def kestrel_ttft(core, rng, vocab: int, lengths: list[int], repeats: int, chunk: int | None = None) -> dict:
     """Median seconds from submission to the first token of one prompt of each length (cold: prefix cache
     reset); with ``chunk`` the step budget is cut to that many tokens (chunked prefill)."""
-    sched = core.scheduler
-    saved = sched.max_num_batched_tokens
-    if chunk:
-        sched.max_num_batched_tokens = chunk
-    out = {}
-    try:
-        for n in lengths:
-            times = []
-            for _ in range(repeats + 1):
-                core.blocks.reset_prefix_cache()
-                times.append(_timed_prompts(core, [_ids(rng, n, vocab)]))
-            out[str(n)] = statistics.median(times[1:])
-    finally:
-        sched.max_num_batched_tokens = saved
-    return out
+    return {str(n): statistics.median(ttft_runs(core, n, repeats, rng, chunk)) for n in lengths}
 
 
 def kestrel_prefix_hit(core, rng, vocab: int, total: int, cached: int, repeats: int) -> float:
     times = []
     for _ in range(repeats + 1):
         core.blocks.reset_prefix_cache()
-        prefix = _ids(rng, cached, vocab)
-        _timed_prompts(core, [prefix])  # fills the prefix cache
-        times.append(_timed_prompts(core, [prefix + _ids(rng, total - cached, vocab)]))
+        prefix = random_ids(rng, cached, vocab)
+        timed_prompts(core, [prefix])  # fills the prefix cache
+        times.append(timed_prompts(core, [prefix + random_ids(rng, total - cached, vocab)]))
     return statistics.median(times[1:])
 
 
@@ -224,26 +191,13 @@ def kestrel_batch_prefill(core, rng, vocab: int, n: int, length: int, repeats: i
     times = []
     for _ in range(repeats + 1):
         core.blocks.reset_prefix_cache()
-        times.append(_timed_prompts(core, [_ids(rng, length, vocab) for _ in range(n)]))
+        times.append(timed_prompts(core, [random_ids(rng, length, vocab) for _ in range(n)]))
     return statistics.median(times[1:])
 
 
 def kestrel_tpot(core, rng, vocab: int, batch: int, prompt: int, steps: int) -> float:
     """Median seconds of a decode step with every one of ``batch`` requests decoding."""
-    from engine.sampling_params import SamplingParams
-
-    core.blocks.reset_prefix_cache()
-    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
-    for _ in range(batch):
-        core.add_request(f"t{time.monotonic_ns()}", None, params, prompt_token_ids=_ids(rng, prompt, vocab))
-    times = []
-    while core.has_unfinished():
-        decoding = all(r.request.output_token_ids for r in core.requests.values())
-        t0 = time.perf_counter()
-        core.step()
-        if decoding and len(core.requests) == batch:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(decode_step_times(core, batch, prompt, steps, rng).step_seconds)
 
 
 def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) -> dict:
@@ -254,7 +208,7 @@ def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
-        core.add_request(f"x{time.monotonic_ns()}", None, params, prompt_token_ids=_ids(rng, prompt, vocab))
+        core.add_request(f"x{time.monotonic_ns()}", None, params, prompt_token_ids=random_ids(rng, prompt, vocab))
     steps = 0
     while core.has_unfinished():
         core.step()
@@ -274,23 +228,23 @@ def profile_cases(core, rng, vocab: int, top: int = 12) -> dict:
 
     def fresh_8192():
         core.blocks.reset_prefix_cache()
-        return lambda: _timed_prompts(core, [_ids(rng, 8192, vocab)])
+        return lambda: timed_prompts(core, [random_ids(rng, 8192, vocab)])
 
     def cached_4096():
         core.blocks.reset_prefix_cache()
-        prefix = _ids(rng, 4096, vocab)
-        _timed_prompts(core, [prefix])
-        return lambda: _timed_prompts(core, [prefix + _ids(rng, 4096, vocab)])
+        prefix = random_ids(rng, 4096, vocab)
+        timed_prompts(core, [prefix])
+        return lambda: timed_prompts(core, [prefix + random_ids(rng, 4096, vocab)])
 
     def batch_64x512():
         core.blocks.reset_prefix_cache()
-        return lambda: _timed_prompts(core, [_ids(rng, 512, vocab) for _ in range(64)])
+        return lambda: timed_prompts(core, [random_ids(rng, 512, vocab) for _ in range(64)])
 
     def decode_1():
         core.blocks.reset_prefix_cache()
         core.add_request(f"p{time.monotonic_ns()}", None, SamplingParams(max_tokens=8, temperature=0.0,
                                                                          ignore_eos=True),
-                         prompt_token_ids=_ids(rng, 512, vocab))
+                         prompt_token_ids=random_ids(rng, 512, vocab))
         for _ in range(3):
             core.step()
         return lambda: core.step()
@@ -306,7 +260,7 @@ def profile_cases(core, rng, vocab: int, top: int = 12) -> dict:
             run_case()
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
-        _run_until_done(core)
+        run_until_done(core)
         rows = []
         for e in prof.key_averages():
             dev = getattr(e, "self_device_time_total", None)
@@ -373,7 +327,7 @@ def hf_prefill(model, rng, vocab: int, batch: int, length: int, repeats: int) ->
     kw = _hf_kwargs(model)
     times = []
     for _ in range(repeats + 1):
-        ids = torch.tensor([_ids(rng, length, vocab) for _ in range(batch)], device=DEVICE)
+        ids = torch.tensor([random_ids(rng, length, vocab) for _ in range(batch)], device=DEVICE)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         logits = model(ids, use_cache=True, **kw).logits
@@ -386,7 +340,7 @@ def hf_prefill(model, rng, vocab: int, batch: int, length: int, repeats: int) ->
 @torch.inference_mode()
 def hf_tpot(model, rng, vocab: int, batch: int, prompt: int, steps: int) -> float:
     kw = _hf_kwargs(model)
-    ids = torch.tensor([_ids(rng, prompt, vocab) for _ in range(batch)], device=DEVICE)
+    ids = torch.tensor([random_ids(rng, prompt, vocab) for _ in range(batch)], device=DEVICE)
     out = model(ids, use_cache=True, **kw)
     cache = out.past_key_values
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from engine.bench.timing import decode_step_times, ttft_runs
 from engine.loader.weights import WeightSource
 
 # ---------------------------------------------------------------------------------------------------
@@ -158,58 +159,16 @@ def make_core(checkpoint, **options):
 # measurements on an EngineCore
 
 
-def _ids(n: int, vocab: int, rng: random.Random) -> list[int]:
-    return [rng.randrange(10, vocab) for _ in range(n)]
-
-
-def _sync(core) -> None:
-    if core.runner.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure_ttft(core, length: int, repeats: int, seed: int = 0) -> dict:
-    from engine.sampling_params import SamplingParams
-
-    rng = random.Random(seed + length)
-    vocab = core.model_config.vocab_size
-    times = []
-    for rep in range(repeats + 1):  # the first run warms up (cuBLAS heuristics, allocator)
-        core.blocks.reset_prefix_cache()
-        rid = f"ttft-{length}-{rep}-{time.monotonic_ns()}"
-        _sync(core)
-        t0 = time.perf_counter()
-        core.add_request(rid, None, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
-                         prompt_token_ids=_ids(length, vocab, rng))
-        while core.has_unfinished():
-            core.step()
-        times.append(time.perf_counter() - t0)
-    times = times[1:]
+    times = ttft_runs(core, length, repeats, random.Random(seed + length))
     return {"ms": statistics.median(times) * 1e3, "runs_ms": [round(t * 1e3, 3) for t in times]}
 
 
 def measure_tpot(core, batch: int, prompt_len: int = 128, steps: int = 32, seed: int = 1) -> dict:
-    from engine.sampling_params import SamplingParams
-
-    rng = random.Random(seed + batch)
-    vocab = core.model_config.vocab_size
-    core.blocks.reset_prefix_cache()
-    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
-    for i in range(batch):
-        core.add_request(f"tpot-{batch}-{i}-{time.monotonic_ns()}", None, params,
-                         prompt_token_ids=_ids(prompt_len, vocab, rng))
-    step_times, comm = [], []
-    while core.has_unfinished():
-        decoding = all(r.request.output_token_ids for r in core.requests.values())
-        t0 = time.perf_counter()
-        core.step()
-        dt = time.perf_counter() - t0
-        if decoding and core.requests:
-            step_times.append(dt)
-            if core.executor is not None and core.recent_comm_steps:
-                comm.append(core.recent_comm_steps[-1].seconds)
-    out = {"ms": statistics.median(step_times) * 1e3 if step_times else None, "steps": len(step_times)}
-    if comm:
-        out["comm_ms"] = statistics.median(comm) * 1e3
+    d = decode_step_times(core, batch, prompt_len, steps, random.Random(seed + batch))
+    out = {"ms": statistics.median(d.step_seconds) * 1e3 if d.step_seconds else None, "steps": len(d.step_seconds)}
+    if d.comm_seconds:
+        out["comm_ms"] = statistics.median(d.comm_seconds) * 1e3
     return out
 
 

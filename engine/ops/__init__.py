@@ -15,6 +15,8 @@ KESTREL_REQUIRE_NATIVE=1 to make a missing native module an ImportError instead.
 CPU: the dispatcher picks AVX-512, AVX2 or scalar kernels at import (``cpu_isa()``); KESTREL_CPU_ISA
 forces a level ("avx512bf16": AVX-512 plus the bf16 dot product, used by ``linear``; ``linear_isa()``).
 CUDA tensors need a build with the CUDA toolkit (``engine._C.has_cuda``); ``linear`` hands them to torch.
+``set_batch_invariant(True)`` (--deterministic) makes the CPU ``linear`` and ``paged_decode_attention`` compute
+each row the same way whatever else is in the call.
 
 Modules: ``native`` (loading engine._C, and the dispatch and validation every op shares), ``norm`` (rms_norm,
 fused_add_rms_norm, silu_and_mul), ``rotary`` (rotary_embedding), ``attention`` (reshape_and_cache,
@@ -29,10 +31,12 @@ from engine.ops.gemm import linear
 from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
     available_isas,
+    batch_invariant,
     cpu_isa,
     cuda_available,
     linear_isa,
     native_available,
+    set_batch_invariant,
     set_num_threads,
 )
 from engine.ops.norm import fused_add_rms_norm, rms_norm, silu_and_mul
@@ -60,5 +64,7 @@ __all__ = [
     "available_isas",
     "linear_isa",
     "set_num_threads",
+    "set_batch_invariant",
+    "batch_invariant",
     "reference",
 ]

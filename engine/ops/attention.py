@@ -7,41 +7,42 @@ import torch
 
 from engine.ops import reference
 from engine.ops.native import (
-    _C,
-    _check_contiguous,
-    _check_dtype,
-    _check_last_contiguous,
-    _check_shape,
-    _cuda_ready,
-    _dtype_code,
-    _fail,
-    _not_cpu,
-    _stream,
+    check_contiguous,
+    check_cuda,
+    check_dtype,
+    check_last_contiguous,
+    check_shape,
+    dtype_code,
+    fail,
+    fail_not_cpu,
+    mode,
+    native_lib,
+    raw_stream,
 )
 
 
 def _validate_caches(op, k_cache, v_cache, dtype) -> None:
-    _check_shape(op, "k_cache", k_cache, (None, None, None, None))
-    _check_shape(op, "v_cache", v_cache, tuple(k_cache.shape))
-    _check_dtype(op, "k_cache", k_cache, dtype)
-    _check_dtype(op, "v_cache", v_cache, dtype)
-    _check_contiguous(op, "k_cache", k_cache)
-    _check_contiguous(op, "v_cache", v_cache)
+    check_shape(op, "k_cache", k_cache, (None, None, None, None))
+    check_shape(op, "v_cache", v_cache, tuple(k_cache.shape))
+    check_dtype(op, "k_cache", k_cache, dtype)
+    check_dtype(op, "v_cache", v_cache, dtype)
+    check_contiguous(op, "k_cache", k_cache)
+    check_contiguous(op, "v_cache", v_cache)
 
 
 def _validate_cache_write(op, key, value, k_cache, v_cache, slot_mapping) -> None:
-    _check_dtype(op, "key", key)
-    _check_shape(op, "key", key, (None, None, None))
+    check_dtype(op, "key", key)
+    check_shape(op, "key", key, (None, None, None))
     T, nkv, hd = key.shape
-    _check_dtype(op, "value", value, key.dtype)
-    _check_shape(op, "value", value, (T, nkv, hd))
-    _check_last_contiguous(op, "key", key)
-    _check_last_contiguous(op, "value", value)
+    check_dtype(op, "value", value, key.dtype)
+    check_shape(op, "value", value, (T, nkv, hd))
+    check_last_contiguous(op, "key", key)
+    check_last_contiguous(op, "value", value)
     _validate_caches(op, k_cache, v_cache, key.dtype)
-    _check_shape(op, "k_cache", k_cache, (None, None, nkv, hd))
-    _check_dtype(op, "slot_mapping", slot_mapping, torch.int64)
-    _check_shape(op, "slot_mapping", slot_mapping, (T,))
-    _check_contiguous(op, "slot_mapping", slot_mapping)
+    check_shape(op, "k_cache", k_cache, (None, None, nkv, hd))
+    check_dtype(op, "slot_mapping", slot_mapping, torch.int64)
+    check_shape(op, "slot_mapping", slot_mapping, (T,))
+    check_contiguous(op, "slot_mapping", slot_mapping)
 
 
 def reshape_and_cache(
@@ -54,9 +55,9 @@ def reshape_and_cache(
     """Write key/value [T, nkv, hd] (strided views fine; last dim contiguous) into the caches
     [num_blocks, block_size, nkv, hd] at slot_mapping [T] int64 (block * block_size + offset; < 0 skips).
     On CPU a slot past the cache raises ValueError; on CUDA slots are not checked."""
-    if _C is None:
+    if native_lib is None:
         return reference.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
-    dt = _dtype_code(key.dtype)
+    dt = dtype_code(key.dtype)
     shape, cshape = key.shape, k_cache.shape
     ks, vs = key.stride(), value.stride()
     ss = slot_mapping.shape
@@ -68,38 +69,39 @@ def reshape_and_cache(
         _validate_cache_write("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
     T, nkv, hd = shape
     if key.is_cuda:
-        _cuda_ready("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
-        _C.cuda_reshape_and_cache(dt, key.data_ptr(), ks[0], ks[1], value.data_ptr(), vs[0], vs[1],
-                                  k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), T, nkv, hd,
-                                  key.get_device(), _stream(key))
+        check_cuda("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
+        native_lib.cuda_reshape_and_cache(dt, key.data_ptr(), ks[0], ks[1], value.data_ptr(), vs[0], vs[1],
+                                          k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), T,
+                                          nkv, hd, key.get_device(), raw_stream(key))
     else:
         if not (key.is_cpu and value.is_cpu and k_cache.is_cpu and v_cache.is_cpu and slot_mapping.is_cpu):
-            _not_cpu("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
-        _C.reshape_and_cache(dt, key.data_ptr(), ks[0], ks[1], value.data_ptr(), vs[0], vs[1], k_cache.data_ptr(),
-                             v_cache.data_ptr(), slot_mapping.data_ptr(), T, nkv, hd, cshape[0] * cshape[1])
+            fail_not_cpu("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
+        native_lib.reshape_and_cache(dt, key.data_ptr(), ks[0], ks[1], value.data_ptr(), vs[0], vs[1],
+                                     k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), T, nkv,
+                                     hd, cshape[0] * cshape[1])
 
 
 def _validate_attention(op, q, k_cache, v_cache, block_tables, context_lens, out) -> None:
-    _check_dtype(op, "q", q)
-    _check_shape(op, "q", q, (None, None, None))
-    _check_last_contiguous(op, "q", q)
+    check_dtype(op, "q", q)
+    check_shape(op, "q", q, (None, None, None))
+    check_last_contiguous(op, "q", q)
     B, nh, hd = q.shape
     _validate_caches(op, k_cache, v_cache, q.dtype)
     nkv = k_cache.shape[2]
     if k_cache.shape[3] != hd:
-        _fail(op, f"q's head_size {hd} differs from the caches' {k_cache.shape[3]}")
+        fail(op, f"q's head_size {hd} differs from the caches' {k_cache.shape[3]}")
     if nkv == 0 or nh % nkv:
-        _fail(op, f"num_heads {nh} must be a multiple of the caches' num_kv_heads {nkv}")
-    _check_dtype(op, "block_tables", block_tables, torch.int32)
-    _check_shape(op, "block_tables", block_tables, (B, None))
-    _check_last_contiguous(op, "block_tables", block_tables)
-    _check_dtype(op, "context_lens", context_lens, torch.int32)
-    _check_shape(op, "context_lens", context_lens, (B,))
-    _check_contiguous(op, "context_lens", context_lens)
+        fail(op, f"num_heads {nh} must be a multiple of the caches' num_kv_heads {nkv}")
+    check_dtype(op, "block_tables", block_tables, torch.int32)
+    check_shape(op, "block_tables", block_tables, (B, None))
+    check_last_contiguous(op, "block_tables", block_tables)
+    check_dtype(op, "context_lens", context_lens, torch.int32)
+    check_shape(op, "context_lens", context_lens, (B,))
+    check_contiguous(op, "context_lens", context_lens)
     if out is not None:
-        _check_dtype(op, "out", out, q.dtype)
-        _check_shape(op, "out", out, (B, nh, hd))
-        _check_last_contiguous(op, "out", out)
+        check_dtype(op, "out", out, q.dtype)
+        check_shape(op, "out", out, (B, nh, hd))
+        check_last_contiguous(op, "out", out)
 
 
 def paged_decode_attention(
@@ -117,11 +119,12 @@ def paged_decode_attention(
 
     Returns `out`: a new [B, nh, hd] tensor unless given (then [B, nh, hd] of q's dtype, last dim
     contiguous). A sequence with context length 0 gets zeros. On CPU, context lengths and block ids are
-    checked against the tables and the caches (ValueError); on CUDA they are not."""
-    if _C is None:
+    checked against the tables and the caches (ValueError); on CUDA they are not. Under set_batch_invariant
+    a CPU row's result depends on its own query, cache and context length only."""
+    if native_lib is None:
         y = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
         return y if out is None else out.copy_(y)
-    dt = _dtype_code(q.dtype)
+    dt = dtype_code(q.dtype)
     shape, cshape, btshape = q.shape, k_cache.shape, block_tables.shape
     qs = q.stride()
     cls = context_lens.shape
@@ -141,21 +144,22 @@ def paged_decode_attention(
         return out
     os_ = out.stride()
     if q.is_cuda:
-        _cuda_ready("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
+        check_cuda("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
         dev = q.get_device()
-        n_ws = _C.cuda_paged_decode_attention_workspace(B, nh, hd, btshape[1] * cshape[1], dev)
+        n_ws = native_lib.cuda_paged_decode_attention_workspace(B, nh, hd, btshape[1] * cshape[1], dev)
         ws = torch.empty(n_ws, dtype=torch.float32, device=q.device) if n_ws else None
-        _C.cuda_paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
-                                       k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-                                       block_tables.stride(0), btshape[1], context_lens.data_ptr(), B, nh,
-                                       cshape[2], hd, cshape[1], scale, ws.data_ptr() if n_ws else 0, n_ws, dev,
-                                       _stream(q))
+        native_lib.cuda_paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
+                                               k_cache.data_ptr(), v_cache.data_ptr(),
+                                               block_tables.data_ptr(), block_tables.stride(0), btshape[1],
+                                               context_lens.data_ptr(), B, nh, cshape[2], hd, cshape[1],
+                                               scale, ws.data_ptr() if n_ws else 0, n_ws, dev, raw_stream(q))
     else:
         if not (q.is_cpu and k_cache.is_cpu and v_cache.is_cpu and block_tables.is_cpu and context_lens.is_cpu
                 and out.is_cpu):
-            _not_cpu("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
-        _C.paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
-                                  k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-                                  block_tables.stride(0), btshape[1], context_lens.data_ptr(), B, nh, cshape[2], hd,
-                                  cshape[1], cshape[0], scale)
+            fail_not_cpu("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
+        native_lib.paged_decode_attention(dt | mode.flags, out.data_ptr(), os_[0], os_[1], q.data_ptr(),
+                                          qs[0], qs[1], k_cache.data_ptr(), v_cache.data_ptr(),
+                                          block_tables.data_ptr(), block_tables.stride(0), btshape[1],
+                                          context_lens.data_ptr(), B, nh, cshape[2], hd, cshape[1], cshape[0],
+                                          scale)
     return out

@@ -10,14 +10,15 @@ import torch.nn.functional as F
 
 from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
-    _C,
-    _check_contiguous,
-    _check_dtype,
-    _check_last_contiguous,
-    _check_shape,
-    _dtype_code,
-    _fail,
-    _not_cpu,
+    check_contiguous,
+    check_dtype,
+    check_last_contiguous,
+    check_shape,
+    dtype_code,
+    fail,
+    fail_not_cpu,
+    mode,
+    native_lib,
 )
 
 # Rows of x (M) from which a CPU call goes to torch's F.linear instead of the native kernel, per dtype
@@ -44,22 +45,22 @@ def _torch_linear(x, weight, bias, out):
 
 
 def _validate_linear(op, x, weight, bias, out) -> None:
-    _check_dtype(op, "x", x)
-    _check_shape(op, "x", x, (None, None))
-    _check_last_contiguous(op, "x", x)
+    check_dtype(op, "x", x)
+    check_shape(op, "x", x, (None, None))
+    check_last_contiguous(op, "x", x)
     M, K = x.shape
-    _check_dtype(op, "weight", weight, x.dtype)
-    _check_shape(op, "weight", weight, (None, K))
-    _check_contiguous(op, "weight", weight)
+    check_dtype(op, "weight", weight, x.dtype)
+    check_shape(op, "weight", weight, (None, K))
+    check_contiguous(op, "weight", weight)
     N = weight.shape[0]
     if bias is not None:
-        _check_dtype(op, "bias", bias, x.dtype)
-        _check_shape(op, "bias", bias, (N,))
-        _check_contiguous(op, "bias", bias)
+        check_dtype(op, "bias", bias, x.dtype)
+        check_shape(op, "bias", bias, (N,))
+        check_contiguous(op, "bias", bias)
     if out is not None:
-        _check_dtype(op, "out", out, x.dtype)
-        _check_shape(op, "out", out, (M, N))
-        _check_last_contiguous(op, "out", out)
+        check_dtype(op, "out", out, x.dtype)
+        check_shape(op, "out", out, (M, N))
+        check_last_contiguous(op, "out", out)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
@@ -70,22 +71,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tenso
 
     Returns `out`: a new [..., N] tensor unless given (then [M, N] for a 2-D x, rows may be strided;
     for x with more dims, a tensor that views as [M, N]). CPU calls run the native GEMV (decode, M <= 16)
-    / GEMM kernels on up to set_num_threads() threads (fewer when the call is small); CUDA tensors (and
-    CPU calls without engine._C, or at an M routed by _LINEAR_TORCH_MIN_M) go to torch's F.linear."""
+    / GEMM kernels on up to set_num_threads() threads (fewer when the call is small), or the GEMV kernels at
+    every M under set_batch_invariant; CUDA tensors (and CPU calls without engine._C, or at an M routed by
+    _LINEAR_TORCH_MIN_M) go to torch's F.linear."""
     if isinstance(weight, Int8Weight):
         return _linear_int8(x, weight, bias, out)
     shape = x.shape
     if len(shape) != 2:
         if len(shape) < 1:
-            _fail("linear", f"x must have at least 1 dim, got {list(shape)}")
+            fail("linear", f"x must have at least 1 dim, got {list(shape)}")
         lead = shape[:-1]
         out2 = None if out is None else out.view(-1, weight.shape[0])
         y = linear(x.reshape(-1, shape[-1]), weight, bias, out2)
         return y.view(*lead, weight.shape[0]) if out is None else out
-    if _C is None or not x.is_cpu:
+    if native_lib is None or not x.is_cpu:
         return _torch_linear(x, weight, bias, out)
     dtype = x.dtype
-    dt = _dtype_code(dtype)
+    dt = dtype_code(dtype)
     ws = weight.shape
     xs = x.stride()
     if (dt is None or weight.dtype != dtype or len(ws) != 2 or ws[1] != shape[1] or (xs[1] != 1 and shape[1] > 1)
@@ -95,9 +97,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tenso
     M, K = shape
     N = ws[0]
     if not (weight.is_cpu and (bias is None or bias.is_cpu)):
-        _not_cpu("linear", x, weight, *(() if bias is None else (bias,)))
+        fail_not_cpu("linear", x, weight, *(() if bias is None else (bias,)))
     min_m = _LINEAR_TORCH_MIN_M[dtype]
-    if min_m is not None and M >= min_m:
+    if min_m is not None and M >= min_m and not mode.flags:
         return _torch_linear(x, weight, bias, out)
     if out is None:
         out = torch.empty(M, N, dtype=dtype)
@@ -106,10 +108,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tenso
         if out.dtype != dtype or out.shape != (M, N) or (out.stride()[1] != 1 and N > 1):
             _validate_linear("linear", x, weight, bias, out)
         if not out.is_cpu:
-            _not_cpu("linear", x, weight, out)
+            fail_not_cpu("linear", x, weight, out)
         os0 = out.stride()[0]
-    _C.linear(dt, out.data_ptr(), os0, x.data_ptr(), xs[0], weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
-              M, N, K)
+    native_lib.linear(dt | mode.flags, out.data_ptr(), os0, x.data_ptr(), xs[0], weight.data_ptr(),
+                      0 if bias is None else bias.data_ptr(), M, N, K)
     return out
 
 
@@ -119,25 +121,26 @@ def _linear_int8(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None,
     dequantized for this call."""
     N, K = weight.shape
     if x.shape[-1] != K:
-        _fail("linear", f"x's last dim {x.shape[-1]} does not match the int8 weight's K {K}")
+        fail("linear", f"x's last dim {x.shape[-1]} does not match the int8 weight's K {K}")
     if x.dim() != 2:
         y = _linear_int8(x.reshape(-1, K), weight, bias, None if out is None else out.view(-1, N))
         return y.view(*x.shape[:-1], N) if out is None else out
-    dt = _dtype_code(x.dtype)
-    if _C is None or not x.is_cpu or dt is None:
+    dt = dtype_code(x.dtype)
+    if native_lib is None or not x.is_cpu or dt is None:
         return _torch_linear(x, weight.dequantize(x.dtype), bias, out)
-    _check_last_contiguous("linear", "x", x)
+    check_last_contiguous("linear", "x", x)
     if bias is not None:
-        _check_dtype("linear", "bias", bias, x.dtype)
-        _check_shape("linear", "bias", bias, (N,))
-        _check_contiguous("linear", "bias", bias)
+        check_dtype("linear", "bias", bias, x.dtype)
+        check_shape("linear", "bias", bias, (N,))
+        check_contiguous("linear", "bias", bias)
     M = x.shape[0]
     if out is None:
         out = torch.empty(M, N, dtype=x.dtype)
     else:
-        _check_dtype("linear", "out", out, x.dtype)
-        _check_shape("linear", "out", out, (M, N))
-        _check_last_contiguous("linear", "out", out)
-    _C.linear(dt, out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), weight.q.data_ptr(),
-              0 if bias is None else bias.data_ptr(), M, N, K, weight.scales.data_ptr())
+        check_dtype("linear", "out", out, x.dtype)
+        check_shape("linear", "out", out, (M, N))
+        check_last_contiguous("linear", "out", out)
+    native_lib.linear(dt | mode.flags, out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0),
+                      weight.q.data_ptr(), 0 if bias is None else bias.data_ptr(), M, N, K,
+                      weight.scales.data_ptr())
     return out

@@ -1,23 +1,34 @@
 """The dispatch mechanism every op in engine.ops shares: loading engine._C (or falling back to the references),
-the dtype codes, the CUDA stream getter, the device checks and the cold validation helpers.
+the dtype codes, the CUDA stream getter, the device checks and the cold validation helpers. They are public
+(this module's interface to the op modules, not to the rest of the engine, which goes through engine.ops):
+
+- ``native_lib``: the loaded engine._C, or None when it is not built;
+- ``dtype_code(dtype)``: engine._C's dtype code, None for a dtype it lacks;
+- ``raw_stream(t)``: the current CUDA stream of t's device as the raw handle engine._C takes;
+- ``check_cuda(op, first, *others)``: first is a CUDA tensor; the others on its device and a CUDA build;
+- ``fail_not_cpu(op, *tensors)``: raise for the first tensor not on the CPU;
+- ``fail`` and the ``check_*`` helpers the ops' cold validators are built from;
+- ``mode``: process-wide kernel options (``mode.flags``, OR-ed into the dtype code of the CPU linear and
+  paged_decode_attention calls; ``set_batch_invariant``).
 
 Each op (engine/ops/norm.py, rotary.py, attention.py, gemm.py) is written the same way:
 
-1. ``if _C is None``: the pure-torch reference (engine/ops/reference.py);
+1. ``if native_lib is None``: the pure-torch reference (engine/ops/reference.py);
 2. one compact boolean test of cheap attributes (dtype code, shape, strides); only when it fails does the op's
-   cold validator (built from the ``_check_*`` helpers below) work out what exactly is wrong and raise
+   cold validator (built from the ``check_*`` helpers below) work out what exactly is wrong and raise
    ValueError, or accept the input (e.g. a size-1 dim whose stride the compact test did not like);
-3. by the first tensor's device: ``_cuda_ready`` then ``_C.cuda_<op>(common args..., device, _stream(t))``, or
-   (a cheap ``is_cpu`` test, ``_not_cpu`` when it fails) ``_C.<op>(common args...)``.
+3. by the first tensor's device: ``check_cuda`` then ``native_lib.cuda_<op>(common args..., device,
+   raw_stream(t))``, or (a cheap ``is_cpu`` test, ``fail_not_cpu`` when it fails) ``native_lib.<op>(common
+   args...)``.
 
 The calls to engine._C are written out in full in both branches, on purpose: splatting a shared tuple of
-arguments (``_C.x(*args, eps)``) cost ~0.2 us more per call through pybind11 than positional arguments
+arguments (``native_lib.x(*args, eps)``) cost ~0.2 us more per call through pybind11 than positional arguments
 (measured, CPython 3.11), and a helper choosing the device would add a Python call per op; this is the decode
 hot path (~10 calls per layer, ~2-4 us each on small CPU tensors).
 
-The op modules bind ``_C`` at import (a module global: reading ``native._C`` instead costs an attribute load
-per use); a test that simulates a build without engine._C patches ``_C`` in each of them
-(tests/unit/test_ops.py does).
+The op modules bind ``native_lib`` and the helpers at import (``from engine.ops.native import ...``: module
+globals, because reading ``native.native_lib`` instead costs an attribute load per use); a test that simulates
+a build without engine._C patches ``native_lib`` in each of them (tests/unit/test_ops.py does).
 
 Not registered with torch.library (``torch.library.custom_op`` / ``register_fake`` in a "kestrel" namespace):
 the custom-op dispatcher costs ~40-60 us per call on CPU (torch 2.13, measured on rms_norm with ``out=``: 2.7 us
@@ -38,11 +49,11 @@ from engine import envs
 log = logging.getLogger(__name__)
 
 try:
-    from engine import _C
+    from engine import _C as native_lib
 except ImportError as _exc:  # not built: fall back to the references, loudly
     if envs.KESTREL_REQUIRE_NATIVE:
         raise ImportError(f"engine._C (Kestrel's native kernels) is not importable: {_exc}") from _exc
-    _C = None
+    native_lib = None
     _msg = (
         f"engine._C is not importable ({_exc}); engine.ops runs the slow pure-torch reference kernels. "
         "Build the native module with `pip install -e .` (or `pip install .`)."
@@ -52,16 +63,16 @@ except ImportError as _exc:  # not built: fall back to the references, loudly
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # What the ops call: engine._C's dtype code, None for a dtype it lacks. The dict's bound get, not
-# `_DTYPE_CODE.get(...)` in the op modules: there `_DTYPE_CODE` is an imported name, and CPython compiles
+# `DTYPE_CODE.get(...)` in the op modules: there the dict would be an imported name, and CPython compiles
 # `imported_name.attr(...)` as an attribute load plus a call (it assumes a module), a new bound method per call.
-_dtype_code = _DTYPE_CODE.get
-_HAS_CUDA = bool(_C is not None and _C.has_cuda)
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+dtype_code = _DTYPE_CODE.get
+_HAS_CUDA = bool(native_lib is not None and native_lib.has_cuda)
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def native_available() -> bool:
     """True when engine._C is loaded (the kernels below are native, not the torch references)."""
-    return _C is not None
+    return native_lib is not None
 
 
 def cuda_available() -> bool:
@@ -70,86 +81,119 @@ def cuda_available() -> bool:
 
 
 def cpu_isa() -> str:
-    """The ISA level the CPU dispatcher uses ('avx512', 'avx2', 'scalar'), or 'reference' without _C."""
-    return _C.cpu_isa() if _C is not None else "reference"
+    """The ISA level the CPU dispatcher uses ('avx512', 'avx2', 'scalar'), or 'reference' without engine._C."""
+    return native_lib.cpu_isa() if native_lib is not None else "reference"
 
 
 def available_isas() -> list[str]:
-    return list(_C.available_isas()) if _C is not None else []
+    return list(native_lib.available_isas()) if native_lib is not None else []
 
 
 def linear_isa() -> str:
     """The level the CPU linear kernels use: cpu_isa(), or 'avx512bf16' (AVX-512 with the bf16 dot product
-    vdpbf16ps) where the CPU has it; 'reference' without _C."""
-    return _C.linear_isa() if _C is not None else "reference"
+    vdpbf16ps) where the CPU has it; 'reference' without engine._C."""
+    return native_lib.linear_isa() if native_lib is not None else "reference"
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernel options
+
+
+# Option bits OR-ed into the dtype code of the CPU linear and paged_decode_attention calls (csrc/cpu/types.h).
+BATCH_INVARIANT = 1 << 8  # kBatchInvariant
+
+
+class KernelMode:
+    """Process-wide options of the CPU kernels; the ops read ``mode.flags`` at every call (one attribute load)."""
+
+    __slots__ = ("flags",)
+
+    def __init__(self) -> None:
+        self.flags = 0  # option bits for the CPU linear and paged_decode_attention calls
+
+
+mode = KernelMode()
+
+
+def set_batch_invariant(on: bool) -> None:
+    """Batch-invariant CPU kernels (--deterministic): each row of ``linear`` and of ``paged_decode_attention`` is
+    computed the same way whatever the other rows of the call and the thread count (linear: the GEMV kernels
+    for every M, never the GEMM ones; attention: context partitions of a fixed length), so a request gets the
+    same bits alone or in any batch. Slower for large M (prefill, big batches). CUDA tensors are not covered.
+    Process-wide: ModelRunner sets it from its config at every step."""
+    mode.flags = BATCH_INVARIANT if on else 0
+
+
+def batch_invariant() -> bool:
+    return bool(mode.flags & BATCH_INVARIANT)
 
 
 def set_num_threads(n: int) -> None:
     """Threads the native CPU kernels may use (they use fewer when the work is small)."""
     if n < 1:
         raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
-    if _C is not None:
-        _C.set_num_threads(int(n))
+    if native_lib is not None:
+        native_lib.set_num_threads(int(n))
 
 
 # ------------------------------------------------------------------------------------------------
 # Device dispatch
 
 
-def _stream(t: torch.Tensor) -> int:
+def raw_stream(t: torch.Tensor) -> int:
     """The current CUDA stream of t's device, as the raw handle engine._C takes."""
-    if _raw_stream is not None:
-        return _raw_stream(t.get_device())
+    if _current_raw_stream is not None:
+        return _current_raw_stream(t.get_device())
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-def _cuda_ready(op: str, first: torch.Tensor, *others: torch.Tensor) -> None:
+def check_cuda(op: str, first: torch.Tensor, *others: torch.Tensor) -> None:
     """first is a CUDA tensor: the others must be on its device and the CUDA kernels must exist."""
     dev = first.device
     for t in others:
         if t.device != dev:
-            _fail(op, f"all tensors must be on {dev}, got one on {t.device}")
+            fail(op, f"all tensors must be on {dev}, got one on {t.device}")
     if not _HAS_CUDA:
-        _fail(op, "got CUDA tensors, but engine._C was built without CUDA (no CUDA compiler at build time). "
-                  "Rebuild on a machine with the CUDA toolkit (nvcc on PATH), or run on CPU.")
+        fail(op, "got CUDA tensors, but engine._C was built without CUDA (no CUDA compiler at build time). "
+                 "Rebuild on a machine with the CUDA toolkit (nvcc on PATH), or run on CPU.")
 
 
-def _not_cpu(op: str, *tensors: torch.Tensor):
+def fail_not_cpu(op: str, *tensors: torch.Tensor):
     """Called when the CPU branch's is_cpu test failed: raise for the first tensor not on the CPU."""
     for t in tensors:
         if not t.is_cpu:
-            _fail(op, f"tensors must all be on CPU or all on one CUDA device, got one on {t.device}")
+            fail(op, f"tensors must all be on CPU or all on one CUDA device, got one on {t.device}")
 
 
 # ------------------------------------------------------------------------------------------------
 # Cold validation: what the ops' validators are built from (never on the hot path of a valid call).
 
 
-def _fail(op: str, msg: str):
+def fail(op: str, msg: str):
     raise ValueError(f"{op}: {msg}")
 
 
-def _check_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+def check_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     if dtype is None:
         if t.dtype not in _DTYPE_CODE:
-            _fail(op, f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+            fail(op, f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
     elif t.dtype != dtype:
-        _fail(op, f"{name} must be {dtype}, got {t.dtype}")
+        fail(op, f"{name} must be {dtype}, got {t.dtype}")
 
 
-def _check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
+def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
     """shape: ints, or None for 'any size'."""
     ok = t.dim() == len(shape) and all(s is None or t.shape[i] == s for i, s in enumerate(shape))
     if not ok:
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        _fail(op, f"{name} must have shape {want}, got {list(t.shape)}")
+        fail(op, f"{name} must have shape {want}, got {list(t.shape)}")
 
 
-def _check_last_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+def check_last_contiguous(op: str, name: str, t: torch.Tensor) -> None:
     if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
-        _fail(op, f"{name}'s last dimension must be contiguous (row-strided views are fine)")
+        fail(op, f"{name}'s last dimension must be contiguous (row-strided views are fine)")
 
 
-def _check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+def check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
-        _fail(op, f"{name} must be contiguous")
+        fail(op, f"{name} must be contiguous")

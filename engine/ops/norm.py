@@ -7,16 +7,16 @@ import torch
 
 from engine.ops import reference
 from engine.ops.native import (
-    _C,
-    _check_contiguous,
-    _check_dtype,
-    _check_last_contiguous,
-    _check_shape,
-    _cuda_ready,
-    _dtype_code,
-    _fail,
-    _not_cpu,
-    _stream,
+    check_contiguous,
+    check_cuda,
+    check_dtype,
+    check_last_contiguous,
+    check_shape,
+    dtype_code,
+    fail,
+    fail_not_cpu,
+    native_lib,
+    raw_stream,
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -24,28 +24,28 @@ from engine.ops.native import (
 
 
 def _validate_norm(op: str, x, weight, residual=None, out=None) -> None:
-    _check_dtype(op, "x", x)
-    _check_shape(op, "x", x, (None, None))
-    _check_last_contiguous(op, "x", x)
+    check_dtype(op, "x", x)
+    check_shape(op, "x", x, (None, None))
+    check_last_contiguous(op, "x", x)
     T, H = x.shape
-    _check_dtype(op, "weight", weight, x.dtype)
-    _check_shape(op, "weight", weight, (H,))
-    _check_contiguous(op, "weight", weight)
+    check_dtype(op, "weight", weight, x.dtype)
+    check_shape(op, "weight", weight, (H,))
+    check_contiguous(op, "weight", weight)
     for name, t in (("residual", residual), ("out", out)):
         if t is not None:
-            _check_dtype(op, name, t, x.dtype)
-            _check_shape(op, name, t, (T, H))
-            _check_last_contiguous(op, name, t)
+            check_dtype(op, name, t, x.dtype)
+            check_shape(op, name, t, (T, H))
+            check_last_contiguous(op, name, t)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of x [T, H] (last dim contiguous, rows may be strided) with weight [H].
 
     Returns `out`: a new [T, H] tensor unless given (then [T, H] of x's dtype, rows may be strided)."""
-    if _C is None:
+    if native_lib is None:
         y = reference.rms_norm(x, weight, eps)
         return y if out is None else out.copy_(y)
-    dt = _dtype_code(x.dtype)
+    dt = dtype_code(x.dtype)
     shape = x.shape
     xs = x.stride()
     ws = weight.shape
@@ -57,23 +57,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     elif out.dtype != x.dtype or out.shape != shape or out.stride()[1] != 1:
         _validate_norm("rms_norm", x, weight, out=out)
     if x.is_cuda:
-        _cuda_ready("rms_norm", x, weight, out)
-        _C.cuda_rms_norm(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], weight.data_ptr(), shape[0],
-                         shape[1], eps, x.get_device(), _stream(x))
+        check_cuda("rms_norm", x, weight, out)
+        native_lib.cuda_rms_norm(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], weight.data_ptr(),
+                                 shape[0], shape[1], eps, x.get_device(), raw_stream(x))
     else:
         if not (x.is_cpu and weight.is_cpu and out.is_cpu):
-            _not_cpu("rms_norm", x, weight, out)
-        _C.rms_norm(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], weight.data_ptr(), shape[0], shape[1],
-                    eps)
+            fail_not_cpu("rms_norm", x, weight, out)
+        native_lib.rms_norm(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], weight.data_ptr(),
+                            shape[0], shape[1], eps)
     return out
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place (vLLM semantics): residual <- x + residual (stored in the dtype), then
     x <- rms_norm(residual) * weight. x and residual: [T, H], rows may be strided."""
-    if _C is None:
+    if native_lib is None:
         return reference.fused_add_rms_norm(x, residual, weight, eps)
-    dt = _dtype_code(x.dtype)
+    dt = dtype_code(x.dtype)
     shape = x.shape
     xs = x.stride()
     rs = residual.stride()
@@ -83,14 +83,15 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
             or not weight.is_contiguous()):
         _validate_norm("fused_add_rms_norm", x, weight, residual=residual)
     if x.is_cuda:
-        _cuda_ready("fused_add_rms_norm", x, residual, weight)
-        _C.cuda_fused_add_rms_norm(dt, x.data_ptr(), xs[0], residual.data_ptr(), rs[0], weight.data_ptr(), shape[0],
-                                   shape[1], eps, x.get_device(), _stream(x))
+        check_cuda("fused_add_rms_norm", x, residual, weight)
+        native_lib.cuda_fused_add_rms_norm(dt, x.data_ptr(), xs[0], residual.data_ptr(), rs[0],
+                                           weight.data_ptr(), shape[0], shape[1], eps, x.get_device(),
+                                           raw_stream(x))
     else:
         if not (x.is_cpu and residual.is_cpu and weight.is_cpu):
-            _not_cpu("fused_add_rms_norm", x, residual, weight)
-        _C.fused_add_rms_norm(dt, x.data_ptr(), xs[0], residual.data_ptr(), rs[0], weight.data_ptr(), shape[0],
-                              shape[1], eps)
+            fail_not_cpu("fused_add_rms_norm", x, residual, weight)
+        native_lib.fused_add_rms_norm(dt, x.data_ptr(), xs[0], residual.data_ptr(), rs[0], weight.data_ptr(),
+                                      shape[0], shape[1], eps)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -98,25 +99,25 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 
 def _validate_silu(op, x, out) -> None:
-    _check_dtype(op, "x", x)
-    _check_shape(op, "x", x, (None, None))
+    check_dtype(op, "x", x)
+    check_shape(op, "x", x, (None, None))
     if x.shape[1] % 2:
-        _fail(op, f"x must be [T, 2*I] (an even last dim), got {list(x.shape)}")
-    _check_last_contiguous(op, "x", x)
+        fail(op, f"x must be [T, 2*I] (an even last dim), got {list(x.shape)}")
+    check_last_contiguous(op, "x", x)
     if out is not None:
-        _check_dtype(op, "out", out, x.dtype)
-        _check_shape(op, "out", out, (x.shape[0], x.shape[1] // 2))
-        _check_last_contiguous(op, "out", out)
+        check_dtype(op, "out", out, x.dtype)
+        check_shape(op, "out", out, (x.shape[0], x.shape[1] // 2))
+        check_last_contiguous(op, "out", out)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, 2I] (last dim contiguous, rows may be strided) -> [T, I] = silu(x[:, :I]) * x[:, I:].
 
     Returns `out`: a new contiguous tensor unless given (then [T, I] of x's dtype, rows may be strided)."""
-    if _C is None:
+    if native_lib is None:
         y = reference.silu_and_mul(x)
         return y if out is None else out.copy_(y)
-    dt = _dtype_code(x.dtype)
+    dt = dtype_code(x.dtype)
     shape = x.shape
     xs = x.stride()
     if dt is None or len(shape) != 2 or shape[1] % 2 or xs[1] != 1:
@@ -129,11 +130,11 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     if inter == 0 or T == 0:
         return out
     if x.is_cuda:
-        _cuda_ready("silu_and_mul", x, out)
-        _C.cuda_silu_and_mul(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], T, inter, x.get_device(),
-                             _stream(x))
+        check_cuda("silu_and_mul", x, out)
+        native_lib.cuda_silu_and_mul(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], T, inter,
+                                     x.get_device(), raw_stream(x))
     else:
         if not (x.is_cpu and out.is_cpu):
-            _not_cpu("silu_and_mul", x, out)
-        _C.silu_and_mul(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], T, inter)
+            fail_not_cpu("silu_and_mul", x, out)
+        native_lib.silu_and_mul(dt, out.data_ptr(), out.stride(0), x.data_ptr(), xs[0], T, inter)
     return out

@@ -7,38 +7,38 @@ import torch
 
 from engine.ops import reference
 from engine.ops.native import (
-    _C,
-    _check_contiguous,
-    _check_dtype,
-    _check_last_contiguous,
-    _check_shape,
-    _cuda_ready,
-    _dtype_code,
-    _fail,
-    _not_cpu,
-    _stream,
+    check_contiguous,
+    check_cuda,
+    check_dtype,
+    check_last_contiguous,
+    check_shape,
+    dtype_code,
+    fail,
+    fail_not_cpu,
+    native_lib,
+    raw_stream,
 )
 
 
 def _validate_rotary(op, positions, q, k, head_size, cache) -> None:
-    _check_dtype(op, "q", q)
-    _check_shape(op, "q", q, (None, None))
+    check_dtype(op, "q", q)
+    check_shape(op, "q", q, (None, None))
     T = q.shape[0]
-    _check_dtype(op, "k", k, q.dtype)
-    _check_shape(op, "k", k, (T, None))
-    _check_last_contiguous(op, "q", q)
-    _check_last_contiguous(op, "k", k)
+    check_dtype(op, "k", k, q.dtype)
+    check_shape(op, "k", k, (T, None))
+    check_last_contiguous(op, "q", q)
+    check_last_contiguous(op, "k", k)
     if head_size <= 0 or q.shape[1] % head_size or k.shape[1] % head_size:
-        _fail(op, f"head_size {head_size} must divide q's width {q.shape[1]} and k's width {k.shape[1]}")
-    _check_dtype(op, "positions", positions, torch.int64)
-    _check_shape(op, "positions", positions, (T,))
-    _check_contiguous(op, "positions", positions)
-    _check_dtype(op, "cos_sin_cache", cache, torch.float32)
-    _check_shape(op, "cos_sin_cache", cache, (None, None))
-    _check_contiguous(op, "cos_sin_cache", cache)
+        fail(op, f"head_size {head_size} must divide q's width {q.shape[1]} and k's width {k.shape[1]}")
+    check_dtype(op, "positions", positions, torch.int64)
+    check_shape(op, "positions", positions, (T,))
+    check_contiguous(op, "positions", positions)
+    check_dtype(op, "cos_sin_cache", cache, torch.float32)
+    check_shape(op, "cos_sin_cache", cache, (None, None))
+    check_contiguous(op, "cos_sin_cache", cache)
     rot = cache.shape[1]
     if rot == 0 or rot % 2 or rot > head_size:
-        _fail(op, f"cos_sin_cache's rot_dim {rot} must be even, > 0 and <= head_size {head_size}")
+        fail(op, f"cos_sin_cache's rot_dim {rot} must be even, > 0 and <= head_size {head_size}")
 
 
 def rotary_embedding(
@@ -55,9 +55,9 @@ def rotary_embedding(
     sin in the rest; only the first rot_dim dims of each head rotate. is_neox: pairs (i, i + rot_dim/2)
     (HF Llama's rotate_half); otherwise GPT-J's interleaved pairs (2i, 2i + 1). On CPU a position outside
     the cache raises ValueError; on CUDA positions are not checked (they live on the device)."""
-    if _C is None:
+    if native_lib is None:
         return reference.rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
-    dt = _dtype_code(q.dtype)
+    dt = dtype_code(q.dtype)
     qshape, kshape, cshape = q.shape, k.shape, cos_sin_cache.shape
     qs, ks = q.stride(), k.stride()
     ps = positions.shape
@@ -69,13 +69,14 @@ def rotary_embedding(
         _validate_rotary("rotary_embedding", positions, q, k, head_size, cos_sin_cache)
     T = qshape[0]
     if q.is_cuda:
-        _cuda_ready("rotary_embedding", q, k, positions, cos_sin_cache)
-        _C.cuda_rotary_embedding(dt, positions.data_ptr(), q.data_ptr(), qs[0], k.data_ptr(), ks[0], T,
-                                 qshape[1] // head_size, kshape[1] // head_size, head_size, cos_sin_cache.data_ptr(),
-                                 cshape[1], bool(is_neox), q.get_device(), _stream(q))
+        check_cuda("rotary_embedding", q, k, positions, cos_sin_cache)
+        native_lib.cuda_rotary_embedding(dt, positions.data_ptr(), q.data_ptr(), qs[0], k.data_ptr(), ks[0],
+                                         T, qshape[1] // head_size, kshape[1] // head_size, head_size,
+                                         cos_sin_cache.data_ptr(), cshape[1], bool(is_neox), q.get_device(),
+                                         raw_stream(q))
     else:
         if not (q.is_cpu and k.is_cpu and positions.is_cpu and cos_sin_cache.is_cpu):
-            _not_cpu("rotary_embedding", q, k, positions, cos_sin_cache)
-        _C.rotary_embedding(dt, positions.data_ptr(), q.data_ptr(), qs[0], k.data_ptr(), ks[0], T,
-                            qshape[1] // head_size, kshape[1] // head_size, head_size, cos_sin_cache.data_ptr(),
-                            cshape[0], cshape[1], bool(is_neox))
+            fail_not_cpu("rotary_embedding", q, k, positions, cos_sin_cache)
+        native_lib.rotary_embedding(dt, positions.data_ptr(), q.data_ptr(), qs[0], k.data_ptr(), ks[0], T,
+                                    qshape[1] // head_size, kshape[1] // head_size, head_size,
+                                    cos_sin_cache.data_ptr(), cshape[0], cshape[1], bool(is_neox))

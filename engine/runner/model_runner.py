@@ -1,5 +1,6 @@
 """Model runner: owns the model and the KV cache on one device; turns a scheduler step into
-input tensors, runs the forward pass and samples."""
+input tensors, runs the forward pass and samples. It reads the step through the protocols of
+engine/runner/step.py (the core's objects satisfy them), never the core's types."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import torch
 
 from engine import ops
 from engine.config import EngineConfig, ModelConfig
-from engine.core.request import Request
-from engine.core.scheduler import SchedulerOutput
 from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.layers.sampler import Sampler
 from engine.layers.sampling_metadata import SamplingMetadata
@@ -21,6 +20,7 @@ from engine.ops.transfer import to_device
 from engine.outputs import TokenLogprobs
 from engine.parallel.context import SINGLE, TPContext
 from engine.runner.device import physical_cores, resolve_device, resolve_dtype
+from engine.runner.step import ScheduledStep, SequenceState
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,9 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
         self.tp = tp
+        self.deterministic = config.deterministic
+        if self.deterministic:
+            check_deterministic(self.device, tp)
         if self.device.type == "cpu":
             threads = config.num_threads or physical_cores()
             if tp.size > 1:  # tensor parallelism on the CPU: the ranks share the cores
@@ -152,7 +155,7 @@ class ModelRunner:
             attn.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
 
     # -- per-request sampling state -----------------------------------------------------------
-    def add_request(self, req: Request) -> None:
+    def add_request(self, req: SequenceState) -> None:
         if req.params.seed is not None:
             self.generators[req.request_id] = torch.Generator(device=self.device).manual_seed(req.params.seed)
 
@@ -160,11 +163,18 @@ class ModelRunner:
         self.generators.pop(request_id, None)
 
     # -- one step -------------------------------------------------------------------------
-    def prepare(self, sched: SchedulerOutput, all_logits: bool = False) -> tuple[StepInputs, list[Request]]:
-        """Plain-Python description of the step (what TP workers receive) and the requests that sample."""
+    def prepare(self, sched: ScheduledStep, all_logits: bool = False
+                ) -> tuple[StepInputs, list[SequenceState]]:
+        """Plain-Python description of the step (what TP workers receive) and the requests that sample.
+
+        Deterministic: every token of a prefill chunk becomes a span of its own (query length 1, its own
+        context), so attention computes each query row with the paged decode kernel, as a decode would: the
+        same bits whatever the chunking, the prefix-cache hits and the other sequences of the step. The spans
+        of a chunk share one block tuple (the chunk's; a span reads only its context's blocks)."""
         bs = self.block_size
         inp = StepInputs()
-        sample_reqs: list[Request] = []
+        sample_reqs: list[SequenceState] = []
+        per_token = self.deterministic
         for s in sched.scheduled:
             req, n = s.request, s.num_new_tokens
             start = req.num_computed_tokens
@@ -174,7 +184,11 @@ class ModelRunner:
             table = req.block_ids
             inp.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             ctx = start + n
-            inp.seqs.append(SeqSpan(q0, n, ctx, tuple(table[: -(-ctx // bs)])))
+            blocks = tuple(table[: -(-ctx // bs)])
+            if per_token and n > 1:
+                inp.seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
+            else:
+                inp.seqs.append(SeqSpan(q0, n, ctx, blocks))
             if s.samples:
                 inp.logit_rows.append(q0 + n - 1)
                 sample_reqs.append(req)
@@ -195,6 +209,7 @@ class ModelRunner:
         return self._run(inp)
 
     def _run(self, inp: StepInputs) -> torch.Tensor | None:
+        ops.set_batch_invariant(self.deterministic)  # process-wide: another engine here may differ
         input_ids, meta = self._tensors(inp)
         hidden = self.model(input_ids, meta)
         if inp.logit_rows is not None:
@@ -203,7 +218,10 @@ class ModelRunner:
             hidden = hidden[inp.logit_rows]
         return self.model.compute_logits(hidden).float()
 
-    def execute(self, sched: SchedulerOutput) -> tuple[list[Request], list[int], list[TokenLogprobs | None]]:
+    def execute(self, sched: ScheduledStep
+                ) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None]]:
+        """Run one step; the requests that sampled (sched's own objects, in step order), their tokens and
+        logprobs."""
         inp, reqs = self.prepare(sched)
         if self.on_step is not None:
             self.on_step(inp)
@@ -214,7 +232,7 @@ class ModelRunner:
         tokens, lps = self.sampler(logits, sampling_metadata(reqs, gens))
         return reqs, tokens, lps
 
-    def all_logits(self, sched: SchedulerOutput) -> torch.Tensor:
+    def all_logits(self, sched: ScheduledStep) -> torch.Tensor:
         """Float32 logits at every position the step computes (scoring, perplexity, tests)."""
         inp, _ = self.prepare(sched, all_logits=True)
         if self.on_step is not None:
@@ -222,7 +240,22 @@ class ModelRunner:
         return self.run(inp)
 
 
-def sampling_metadata(reqs: list[Request], generators: list[torch.Generator | None] | None = None
+def check_deterministic(device: torch.device, tp: TPContext) -> None:
+    """--deterministic covers the native CPU kernels of one process."""
+    from engine.errors import KestrelError
+
+    if device.type != "cpu":
+        raise KestrelError("--deterministic makes the CPU kernels batch-invariant; on a GPU load without it "
+                           "(or with --device cpu)")
+    if tp.size > 1:
+        raise KestrelError("--deterministic runs with --tensor-parallel-size 1 (the all-reduce strategies are not "
+                           "batch-invariant)")
+    if not ops.native_available():
+        raise KestrelError("--deterministic needs Kestrel's native CPU kernels (engine._C); build them with "
+                           "`pip install -e .`")
+
+
+def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generator | None] | None = None
                       ) -> SamplingMetadata:
     """What the sampler needs of each sampling request, row i for reqs[i]: its params, the token histories its
     penalties read (only where a penalty applies; the requests' own lists, so use it within the step), its

@@ -72,28 +72,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "engine.metrics", "engine.ipc")),
 )
 
-# Known upward imports, (importer, imported module). Each must still occur (test_allowances_are_still_needed).
-LAYER_ALLOWANCES: frozenset[tuple[str, str]] = frozenset({
-    # ModelRunner's signatures name core's Request and SchedulerOutput (annotations only; at run time it reads
-    # their attributes). The fix is to move those data types below the runner (or behind a runner-side
-    # protocol), which touches core, runner, parallel and tests: more than an import-line edit.
-    ("engine.runner.model_runner", "engine.core.request"),
-    ("engine.runner.model_runner", "engine.core.scheduler"),
-})
+# Known upward imports, (importer, imported module), each with its reason beside it; none today (the runner reads
+# core's step through engine/runner/step.py's protocols). Each must still occur (test_allowances_are_still_needed).
+LAYER_ALLOWANCES: frozenset[tuple[str, str]] = frozenset()
 
-# engine/ops/native.py is, by its docstring, "the dispatch mechanism every op in engine.ops shares": the op
-# modules bind its underscore helpers (and its maybe-None _C) as module globals on purpose, the decode hot path
-# avoiding an attribute load per use, and tests/unit/test_ops.py patches _C in each op module. Making them
-# public is a rename of ~200 uses across five hot-path files and a test, not an import-line edit.
-_NATIVE_HELPERS = frozenset({"_C", "_check_contiguous", "_check_dtype", "_check_last_contiguous", "_check_shape",
-                             "_dtype_code", "_fail", "_not_cpu"})
-# Known imports of another module's private names, (importer, module) -> names. Each must still occur.
-PRIVATE_ALLOWANCES: Mapping[tuple[str, str], frozenset[str]] = {
-    ("engine.ops.attention", "engine.ops.native"): _NATIVE_HELPERS | {"_cuda_ready", "_stream"},
-    ("engine.ops.norm", "engine.ops.native"): _NATIVE_HELPERS | {"_cuda_ready", "_stream"},
-    ("engine.ops.rotary", "engine.ops.native"): _NATIVE_HELPERS | {"_cuda_ready", "_stream"},
-    ("engine.ops.gemm", "engine.ops.native"): _NATIVE_HELPERS,
-}
+# Known imports of another module's private names, (importer, module) -> names, each with its reason; none today
+# (engine/ops/native.py's helpers are public: native_lib, check_*, dtype_code, ...). Each must still occur.
+PRIVATE_ALLOWANCES: Mapping[tuple[str, str], frozenset[str]] = {}
 
 
 # --- the scan ---------------------------------------------------------------------------------------------------

@@ -414,10 +414,10 @@ def test_env_var_forces_isa_at_import():
 
 
 def test_reference_fallback_when_native_missing(monkeypatch):
-    # every engine.ops module binds _C at import (a module global: the cheapest lookup on the hot path)
+    # every engine.ops module binds native_lib at import (a module global: the cheapest lookup on the hot path)
     for mod in [m for name, m in sys.modules.items() if name.startswith("engine.ops.")]:
-        if getattr(mod, "_C", None) is not None:
-            monkeypatch.setattr(mod, "_C", None)
+        if getattr(mod, "native_lib", None) is not None:
+            monkeypatch.setattr(mod, "native_lib", None)
     assert not ops.native_available() and ops.cpu_isa() == "reference"
     g = gen("fallback")
     x, w = randn(g, 3, 32), randn(g, 32)
@@ -434,6 +434,104 @@ def test_cuda_tensors_without_cuda_build_raise_clearly(monkeypatch):
 
     monkeypatch.setattr(native, "_HAS_CUDA", False)
     with pytest.raises(ValueError, match="built without CUDA"):
-        native._cuda_ready("rms_norm", FakeCuda(), FakeCuda())
+        native.check_cuda("rms_norm", FakeCuda(), FakeCuda())
     with pytest.raises(ValueError, match="must be on"):
-        native._cuda_ready("rms_norm", FakeCuda(), torch.zeros(1))
+        native.check_cuda("rms_norm", FakeCuda(), torch.zeros(1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batch invariance (--deterministic): a row's bits must not depend on the other rows of the call
+
+
+@pytest.fixture
+def batch_invariant():
+    ops.set_batch_invariant(True)
+    yield
+    ops.set_batch_invariant(False)
+
+
+def _linear_isas():
+    from engine import _C
+
+    return list(_C.linear_isas()) if ops.native_available() else []
+
+
+def _weights(g, dtype, N, K, int8):
+    w = randn(g, N, K, dtype=dtype, scale=0.05)
+    return ops.Int8Weight.quantize(w) if int8 else w
+
+
+@pytest.mark.parametrize("linear_isa", _linear_isas())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("int8", [False, True], ids=["dense", "int8"])
+def test_linear_rows_do_not_depend_on_the_batch_when_batch_invariant(linear_isa, dtype, int8, batch_invariant,
+                                                                     threads):
+    from engine import _C
+
+    _C.force_isa(linear_isa)
+    try:
+        # K with a vector tail (not for int8: groups of 32), N not a multiple of the GEMV block; M across the
+        # GEMV / GEMM threshold (16) and the invariant row block (64)
+        K, N = (96 if int8 else 200), 77
+        g = gen("linear-invariant", linear_isa, str(dtype), int8)
+        x = randn(g, 150, K, dtype=dtype)
+        w, b = _weights(g, dtype, N, K, int8), randn(g, N, dtype=dtype)
+        threads(2)
+        full = ops.linear(x, w, b)
+        for start, M in [(0, 1), (5, 1), (3, 2), (0, 3), (7, 16), (1, 17), (9, 64), (10, 65), (0, 150)]:
+            for n in (1, 2):
+                threads(n)
+                got = ops.linear(x[start:start + M], w, b)
+                assert torch.equal(got, full[start:start + M]), f"rows {start}..{start + M} threads={n}"
+        close(full.float(), ref.linear(x, w.dequantize(dtype) if int8 else w, b).float(), torch.bfloat16
+              if int8 else dtype)
+    finally:
+        _C.force_isa("auto")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gemv_rows_do_not_depend_on_their_place(isa, dtype):
+    # Without batch invariance too: at decode sizes (M <= 16, the GEMV kernels) a row's result does not
+    # depend on M or on its place in the tile of rows the kernel reduces together.
+    g = gen("gemv-place", isa, str(dtype))
+    x, w = randn(g, 16, 200, dtype=dtype), randn(g, 77, 200, dtype=dtype, scale=0.05)
+    full = ops.linear(x, w)
+    for start, M in [(0, 1), (1, 1), (3, 1), (2, 3), (5, 7), (0, 16)]:
+        assert torch.equal(ops.linear(x[start:start + M], w), full[start:start + M]), f"rows {start}..{start + M}"
+
+
+def test_linear_batch_invariance_changes_the_large_m_kernel():
+    # The check above could pass by accident if both modes ran the same kernel: at M = 17 the default mode
+    # runs the GEMM kernels (sequential K), whose bits differ from the GEMV kernels' somewhere.
+    g = gen("gemm-vs-gemv")
+    x, w = randn(g, 17, 1000), randn(g, 300, 1000)
+    default = ops.linear(x, w)
+    ops.set_batch_invariant(True)
+    try:
+        invariant = ops.linear(x, w)
+    finally:
+        ops.set_batch_invariant(False)
+    assert ops.batch_invariant() is False
+    assert torch.equal(invariant[:1], ops.linear(x[:1], w))  # M = 1 runs the GEMV kernels in both modes
+    assert not torch.equal(default, invariant)
+    torch.testing.assert_close(default, invariant, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_decode_attention_rows_do_not_depend_on_the_batch_when_batch_invariant(isa, dtype, batch_invariant,
+                                                                                    threads):
+    # Contexts below, at and above the fixed partition length (512 tokens), one empty; each row alone, in
+    # pairs and all together, on 1 and 2 threads: the same bits.
+    B, nh, nkv, hd, bs = 6, 9, 3, 64, 16
+    ctx = [1300, 37, 512, 0, 700, 1]
+    g = gen("attn-invariant", isa, str(dtype))
+    q, kc, vc, bt, cl = _attention_inputs(g, dtype, B, nh, nkv, hd, bs, ctx)
+    threads(2)
+    full = ops.paged_decode_attention(q, kc, vc, bt, cl, 0.125)
+    close(full, ref.paged_decode_attention(q, kc, vc, bt, cl, 0.125), dtype)
+    for n in (1, 2):
+        threads(n)
+        for rows in ([0], [1], [2], [4], [5], [1, 0], [3, 2, 5], list(range(B))):
+            idx = torch.tensor(rows)
+            got = ops.paged_decode_attention(q[idx], kc, vc, bt[idx], cl[idx], 0.125)
+            assert torch.equal(got, full[idx]), f"rows {rows} threads={n}"

@@ -82,3 +82,19 @@ def test_max_num_seqs():
         s.add(mk(str(i), 3))
     out = s.schedule()
     assert len(out.scheduled) == 2 and len(s.waiting) == 3
+
+
+def test_scheduler_output_is_what_the_runner_reads():
+    # ModelRunner names no core type: it reads a step through engine/runner/step.py's protocols, which the
+    # scheduler's own objects must satisfy (checked here, as nothing else would check the structural match).
+    from engine.runner.step import ScheduledSequence, ScheduledStep, SequenceState
+
+    s = Scheduler(BlockManager(100, 4, enable_prefix_caching=False), 8, max_num_batched_tokens=16)
+    r = mk("a", 5)
+    s.add(r)
+    out = s.schedule()
+    assert isinstance(out, ScheduledStep)
+    (item,) = out.scheduled
+    assert isinstance(item, ScheduledSequence) and item.samples
+    assert isinstance(item.request, SequenceState)
+    assert item.request.all_token_ids == [1, 2, 3, 4, 5] and item.request.token_at(4) == 5

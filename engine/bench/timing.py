@@ -1,0 +1,88 @@
+"""Timing an EngineCore step by step, shared by `kestrel bench gpu` (engine/bench/gpu.py) and the tensor-parallel
+benchmark (engine/bench/tp.py): TTFT of one cold prompt, the decode step time of a batch (TPOT), and the helpers
+under them (random prompts, running a set of prompts to the end). Greedy, EOS ignored, so every request runs to
+its max_tokens; the prefix cache is reset before each measurement so prompts are computed, not found."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    """n random token ids in [10, vocab) (the low ids are often special tokens)."""
+    return [rng.randrange(10, vocab) for _ in range(n)]
+
+
+def sync(core) -> None:
+    """Wait for the core's device (CUDA) before reading the clock."""
+    if core.runner.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_until_done(core) -> None:
+    while core.has_unfinished():
+        core.step()
+
+
+def timed_prompts(core, prompts: list[list[int]], max_tokens: int = 1) -> float:
+    """Seconds from submitting all the prompts together to the end of the last one (max_tokens each)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    sync(core)
+    t0 = time.perf_counter()
+    for p in prompts:
+        core.add_request(f"bench-{time.monotonic_ns()}", None, params, prompt_token_ids=p)
+    run_until_done(core)
+    return time.perf_counter() - t0
+
+
+def ttft_runs(core, length: int, repeats: int, rng: random.Random, chunk: int | None = None) -> list[float]:
+    """Seconds from submission to the first token of one cold prompt of ``length`` random tokens, ``repeats``
+    times after one warm-up run (cuBLAS heuristics, allocator), which is dropped. With ``chunk`` the step budget
+    is cut to that many tokens for the measurement (chunked prefill)."""
+    vocab = core.model_config.vocab_size
+    sched = core.scheduler
+    saved = sched.max_num_batched_tokens
+    if chunk:
+        sched.max_num_batched_tokens = chunk
+    times = []
+    try:
+        for _ in range(repeats + 1):
+            core.blocks.reset_prefix_cache()
+            times.append(timed_prompts(core, [random_ids(rng, length, vocab)]))
+    finally:
+        sched.max_num_batched_tokens = saved
+    return times[1:]
+
+
+@dataclass
+class DecodeTimes:
+    step_seconds: list[float] = field(default_factory=list)  # each step with the whole batch decoding
+    comm_seconds: list[float] = field(default_factory=list)  # tensor parallelism: rank 0's comm time in them
+
+
+def decode_step_times(core, batch: int, prompt_len: int, steps: int, rng: random.Random) -> DecodeTimes:
+    """Submit ``batch`` prompts of ``prompt_len`` random tokens for ``steps + 1`` tokens each and time every step
+    in which all of them decode (the prefill steps, and the last one that finishes them, do not count)."""
+    vocab = core.model_config.vocab_size
+    core.blocks.reset_prefix_cache()
+    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        core.add_request(f"tpot-{batch}-{i}-{time.monotonic_ns()}", None, params,
+                         prompt_token_ids=random_ids(rng, prompt_len, vocab))
+    out = DecodeTimes()
+    while core.has_unfinished():
+        decoding = all(r.request.output_token_ids for r in core.requests.values())
+        t0 = time.perf_counter()
+        core.step()
+        dt = time.perf_counter() - t0
+        if decoding and len(core.requests) == batch:
+            out.step_seconds.append(dt)
+            if core.executor is not None and core.recent_comm_steps:
+                out.comm_seconds.append(core.recent_comm_steps[-1].seconds)
+    return out
