@@ -32,6 +32,18 @@ from a failed load, ...) are rebuilt on this side with their message. A dead eng
 noticed at once (engine.engine_supervisor's thread waiting on the process); every pending and later call then
 raises EngineDeadError (EngineShuttingDownError after shutdown()) instead of hanging.
 
+Prompts are tokenized here, not in the engine process: after loading, the engine hands over its tokenizer
+(``tokenizer_state``), and add_request renders the chat template and tokenizes on a worker thread (the
+tokenizers library releases the GIL), so the engine's step loop never stalls on a huge prompt. Where the
+tokenizer allows it (engine_process.length_bound_is_certain), a prompt whose UTF-8 length alone proves it
+longer than the context is refused before it is tokenized at all (PromptTooLongError, "at least N tokens").
+
+Restarts: ``EngineClient.start(..., restart=RestartPolicy())`` restarts an engine process that dies (same model,
+same options) after a back-off, up to ``max_restarts`` times within ``window_s``; meanwhile calls raise
+EngineRestartingError (503, retry). ``client.state`` is "ready", "restarting", "dead" or "closed";
+``client.add_state_listener(fn)`` calls ``fn(state, detail)`` on every change; ``client.restarts`` counts the
+restarts that succeeded. Without a policy a dead engine stays dead (EngineDeadError until reloaded).
+
 The engine process itself (starting it, its sockets, watching it, stopping it and cleaning up, also at
 interpreter exit) is engine.engine_supervisor.EngineSupervisor's; this module is the request API on top.
 
@@ -44,9 +56,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -57,14 +71,22 @@ import zmq.asyncio
 from engine import ipc
 from engine.config import EngineConfig
 from engine.engine_supervisor import EngineSupervisor, describe_exit
-from engine.errors import EngineDeadError, EngineShuttingDownError, InvalidRequestError, KestrelError
+from engine.errors import (
+    EngineDeadError,
+    EngineRestartingError,
+    EngineShuttingDownError,
+    InvalidRequestError,
+    KestrelError,
+    PromptTooLongError,
+)
 from engine.ipc import Delta, EngineStats, ModelInfo
 from engine.metrics import RequestRecord
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Delta", "EngineClient", "EngineStats", "ModelInfo", "RequestRecord", "RequestStream", "fan_out"]
+__all__ = ["Delta", "EngineClient", "EngineStats", "ModelInfo", "RequestRecord", "RequestStream", "RestartPolicy",
+           "fan_out"]
 
 _ids = itertools.count()
 
@@ -76,6 +98,140 @@ def fan_out(params: SamplingParams) -> list[SamplingParams]:
         return [params]
     return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
             for i in range(params.n)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+    """How EngineClient restarts an engine process that died: after ``delay_s`` (doubled for every restart
+    already made within ``window_s``, at most ``max_delay_s``), with the same model and options, at most
+    ``max_restarts`` times within ``window_s`` seconds (a failed attempt counts); then it gives up and the
+    client stays dead. ``load_timeout_s`` bounds each reload."""
+
+    max_restarts: int = 5
+    window_s: float = 600.0
+    delay_s: float = 1.0
+    max_delay_s: float = 30.0
+    load_timeout_s: float | None = 900.0
+
+    def delay(self, recent: int) -> float:
+        return min(self.delay_s * (2 ** max(recent, 0)), self.max_delay_s)
+
+
+def _as_request_error(e: Exception) -> KestrelError:
+    if isinstance(e, KestrelError):
+        return e
+    if isinstance(e, (ValueError, TypeError, KeyError, IndexError, UnicodeError, OverflowError)):
+        return InvalidRequestError(f"Invalid request ({type(e).__name__}: {e}).")
+    return KestrelError(f"Internal error while tokenizing ({type(e).__name__}: {e}).")
+
+
+class _LocalTokenizer:
+    """The engine's tokenizer, rebuilt in this process from its tokenizer.json (``tokenizer_state``), and the
+    checks that refuse a prompt before it reaches the engine. Work on large inputs runs on a small thread
+    pool: rendering a chat template is Python (it shares the GIL in 5 ms slices), encoding and decoding go
+    through tokenizers' batch calls, which release the GIL."""
+
+    INLINE_CHARS = 8192  # smaller inputs are handled on the event loop (faster than a thread hop)
+    INLINE_MESSAGES = 32
+
+    def __init__(self, tokenizer, max_token_bytes: int | None):
+        self.tok = tokenizer
+        self.max_token_bytes = max_token_bytes
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kestrel-tokenize")
+
+    @classmethod
+    def build(cls, state: dict) -> _LocalTokenizer:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one text at a time; no fork warnings
+        from tokenizers import Tokenizer as Backend
+
+        from engine.tokenizer import Tokenizer
+
+        tok = Tokenizer(Backend.from_str(state["backend"]), bos_token=state.get("bos_token"),
+                        eos_token=state.get("eos_token"), unk_token=state.get("unk_token"),
+                        pad_token=state.get("pad_token"), chat_template=state.get("chat_templates") or None,
+                        extra_eos_token_ids=state.get("eos_token_ids") or (), name_or_path=state.get("name_or_path"))
+        bound = state.get("max_token_bytes")
+        return cls(tok, int(bound) if bound else None)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, inline: bool, fn, *args):
+        if inline:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    # -- pieces --------------------------------------------------------------------------------------
+    def lower_bound(self, text: str) -> int:
+        """At least this many tokens (0 when the tokenizer gives no certain bound)."""
+        if not self.max_token_bytes:
+            return 0
+        nbytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        return -(-nbytes // self.max_token_bytes)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tok.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self.tok.backend.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+
+    @staticmethod
+    def _chars(messages: list[dict]) -> int:
+        return sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), str))
+
+    async def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        inline = len(messages) <= self.INLINE_MESSAGES and self._chars(messages) <= self.INLINE_CHARS
+        try:
+            return await self._run(inline, self._render, messages, add_generation_prompt)
+        except Exception as e:  # noqa: BLE001 - typed for the caller
+            raise _as_request_error(e) from None
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        try:
+            return await self._run(len(text) <= self.INLINE_CHARS, self._encode, text, add_special_tokens)
+        except Exception as e:  # noqa: BLE001
+            raise _as_request_error(e) from None
+
+    async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return await self._run(len(ids) <= self.INLINE_CHARS // 4, self._decode, ids, skip_special_tokens)
+
+    # -- a request's prompt -------------------------------------------------------------------------------
+    async def prompt_ids(self, prompt: str | None, messages: list[dict] | None, params: SamplingParams,
+                         max_len: int) -> list[int]:
+        """The prompt's token ids, or PromptTooLongError as the engine would raise it (by the byte-length
+        bound, before tokenizing, where that already decides). Nothing of a refused prompt is kept."""
+        if messages is not None:
+            text = await self.render(messages)
+            special = False  # the template writes the special tokens (as transformers)
+        elif isinstance(prompt, str):
+            text, special = prompt, True
+        else:
+            raise InvalidRequestError("The prompt must be a string, a list of token ids, or chat messages.",
+                                      param="prompt")
+        at_least = self.lower_bound(text)
+        if at_least and (at_least >= max_len or (params.max_tokens is not None
+                                                  and at_least + params.max_tokens > max_len)):
+            text = None
+            raise PromptTooLongError(at_least, max_len, params.max_tokens if at_least < max_len else None,
+                                     at_least=True)
+        ids = await self.encode(text, special)
+        text = None
+        n = len(ids)
+        if n >= max_len or (params.max_tokens is not None and n + params.max_tokens > max_len):
+            ids = None  # not kept alive by the exception's traceback
+            check_prompt_length(n, params, max_len)
+        return ids
+
+
+def check_prompt_length(n: int, params: SamplingParams, max_len: int) -> None:
+    """The engine's own length rule (EngineCore.validate_prompt), applied before sending."""
+    if n >= max_len:
+        raise PromptTooLongError(n, max_len)
+    if params.max_tokens is not None and n + params.max_tokens > max_len:
+        raise PromptTooLongError(n, max_len, params.max_tokens)
 
 
 class RequestStream:
@@ -212,6 +368,18 @@ class EngineClient:
         self._listeners: list[Callable[[RequestRecord], None]] = []
         self._recent: collections.deque[RequestRecord] = collections.deque(maxlen=512)
         self._token_bytes: list[bytes] | None = None
+        self._tokenizer: _LocalTokenizer | None = None
+        # how the engine was started (a restart repeats it)
+        self._core_factory: str | None = None
+        self._log_level: int | None = None
+        self._on_progress: Callable[[str, str], None] | None = None
+        self.restart_policy: RestartPolicy | None = None
+        self.restarts = 0  # restarts that succeeded
+        self._restart_times: collections.deque[float] = collections.deque()
+        self._restart_task: asyncio.Task | None = None
+        self.state = "starting"
+        self.state_detail = ""
+        self._state_listeners: list[Callable[[str, str], None]] = []
 
     # ------------------------------------------------------------------------------------------------
     # start
@@ -219,30 +387,42 @@ class EngineClient:
     @classmethod
     async def start(cls, config: EngineConfig | None = None, *, core_factory: str | None = None,
                     on_progress: Callable[[str, str], None] | None = None, log_level: int | None = None,
-                    startup_timeout: float | None = None) -> EngineClient:
+                    startup_timeout: float | None = None, restart: RestartPolicy | None = None) -> EngineClient:
         """Start the engine process and wait until its model is loaded. A load failure raises its typed
         error (ModelNotFoundError, CheckpointError, ...); a process that dies while loading raises
         EngineDeadError with the end of its error output. ``core_factory`` ("module:callable", taking the
-        EngineConfig) replaces EngineCore, for tests."""
+        EngineConfig) replaces EngineCore, for tests. ``restart``: restart the engine if it dies later."""
         self = cls()
         self.config = config or EngineConfig()
         self.loop = asyncio.get_running_loop()
-        self._engine = EngineSupervisor(self.loop, on_exit=self._on_exit)
+        self._core_factory, self._log_level, self._on_progress = core_factory, log_level, on_progress
+        self.restart_policy = restart
         try:
-            self._engine.spawn(self.config, core_factory, log_level)
-            self._in, self._out = self._engine.input, self._engine.output
-            await asyncio.wait_for(self._wait_ready(on_progress), startup_timeout)
+            await asyncio.wait_for(self._launch(on_progress), startup_timeout)
         except BaseException:
             await self._cleanup(kill=True)
             raise
-        self._reader = self.loop.create_task(self._read_loop(), name="engine-client-reader")
+        self._set_state("ready", "")
         return self
+
+    async def _launch(self, on_progress) -> None:
+        """Spawn an engine process, wait until it is ready, take over its tokenizer, start reading."""
+        self._engine = EngineSupervisor(self.loop, on_exit=self._on_exit)
+        self._engine.spawn(self.config, self._core_factory, self._log_level)
+        self._in, self._out = self._engine.input, self._engine.output
+        await self._wait_ready(on_progress)
+        self._reader = self.loop.create_task(self._read_loop(), name="engine-client-reader")
+        await self._load_tokenizer()
 
     async def _wait_ready(self, on_progress) -> None:
         while True:
             recv = asyncio.ensure_future(self._out.recv(copy=False))
             exited = self._engine.exited
-            done, _ = await asyncio.wait({recv, exited}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait({recv, exited}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                recv.cancel()
+                raise
             if recv not in done:
                 recv.cancel()
                 await asyncio.sleep(0.2)  # let the stderr relay catch the last lines
@@ -260,6 +440,21 @@ class EngineClient:
             elif isinstance(msg, ipc.LoadFailed):
                 raise ipc.error_from_info(msg.error)
 
+    async def _load_tokenizer(self) -> None:
+        """Take over the engine's tokenizer (prompts are then tokenized here, off the engine's loop); an
+        engine that has none to give (a stand-in core) tokenizes for itself."""
+        old, self._tokenizer = self._tokenizer, None
+        if old is not None:
+            old.close()
+        state = await self._call("tokenizer_state", _launching=True)
+        if state is None:
+            return
+        try:
+            self._tokenizer = await self.loop.run_in_executor(None, _LocalTokenizer.build, state)
+        except Exception:  # noqa: BLE001 - the engine can still tokenize for itself
+            log.warning("the engine's tokenizer could not be rebuilt here; the engine will tokenize",
+                        exc_info=True)
+
     # ------------------------------------------------------------------------------------------------
     # state
 
@@ -272,8 +467,17 @@ class EngineClient:
         return None if self._dead is None else str(self._dead)
 
     @property
+    def restarting(self) -> bool:
+        return self.state == "restarting"
+
+    @property
     def engine_pid(self) -> int | None:
         return None if self._engine is None else self._engine.pid
+
+    @property
+    def tokenizer(self):
+        """The engine.tokenizer.Tokenizer this client tokenizes with (None: the engine tokenizes)."""
+        return None if self._tokenizer is None else self._tokenizer.tok
 
     @property
     def _proc(self):  # the engine's subprocess.Popen (tests look at it)
@@ -282,6 +486,22 @@ class EngineClient:
     @property
     def _ipc_dir(self) -> str | None:  # the sockets' directory (tests check that it is removed)
         return None if self._engine is None else self._engine.ipc_dir
+
+    def add_state_listener(self, fn: Callable[[str, str], None]) -> None:
+        """Call ``fn(state, detail)`` (on the loop) on every change of ``state``: "restarting" (the engine
+        died; detail: why), "ready" (started or restarted), "dead" (for good; detail: why), "closed"."""
+        self._state_listeners.append(fn)
+
+    def remove_state_listener(self, fn: Callable[[str, str], None]) -> None:
+        self._state_listeners.remove(fn)
+
+    def _set_state(self, state: str, detail: str) -> None:
+        self.state, self.state_detail = state, detail
+        for fn in list(self._state_listeners):
+            try:
+                fn(state, detail)
+            except Exception:
+                log.exception("engine state listener failed")
 
     def _check(self) -> None:
         if self._dead is not None:
@@ -298,12 +518,17 @@ class EngineClient:
     # ------------------------------------------------------------------------------------------------
     # requests
 
+    def _check_free(self, rid: str, child_ids: list[str]) -> None:
+        if any(c in self._streams for c in child_ids):
+            raise InvalidRequestError(f"A request with id {rid!r} is already running.", param="request_id")
+
     async def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
                           messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
                           request_id: str | None = None) -> RequestStream:
         """Queue one request (n samples as params.n says) and return its stream. Give a prompt (text or
-        token ids), ``prompt_token_ids`` or chat ``messages``; tokenizing and the chat template happen in
-        the engine process."""
+        token ids), ``prompt_token_ids`` or chat ``messages``. The chat template and tokenizing happen here,
+        off the engine's loop (on a worker thread when large); a prompt longer than the context raises
+        PromptTooLongError at once, without reaching the engine."""
         self._check()
         params = params or SamplingParams()
         if isinstance(prompt, (list, tuple)):
@@ -313,14 +538,23 @@ class EngineClient:
         rid = request_id or f"req-{next(_ids)}"
         children = fan_out(params)
         child_ids = [f"{rid}#{i}" if len(children) > 1 else rid for i in range(len(children))]
-        if any(c in self._streams for c in child_ids):
-            raise InvalidRequestError(f"A request with id {rid!r} is already running.", param="request_id")
+        self._check_free(rid, child_ids)
+        arrival = time.monotonic()
+        tok = self._tokenizer
+        if prompt_token_ids is None and tok is not None:
+            prompt_token_ids = await tok.prompt_ids(prompt, messages, params, self.info.max_model_len)
+            prompt = messages = None
+            self._check()  # the engine may have died (or the id been taken) meanwhile
+            self._check_free(rid, child_ids)
+        elif prompt_token_ids is not None:
+            check_prompt_length(len(prompt_token_ids), params, self.info.max_model_len)
         msg = ipc.AddRequest(child_ids, children, prompt, prompt_token_ids, messages)
         try:
             data = self._enc.encode(msg)
         except (UnicodeEncodeError, OverflowError, TypeError) as e:
             raise InvalidRequestError(f"The request cannot be sent to the engine: {e}.") from None
-        stream = RequestStream(self, rid, child_ids, time.monotonic())
+        del msg, prompt_token_ids
+        stream = RequestStream(self, rid, child_ids, arrival)
         for i, cid in enumerate(child_ids):
             self._streams[cid] = (stream, i)
         try:
@@ -365,8 +599,9 @@ class EngineClient:
             except KestrelError:
                 pass
 
-    def _send_raw(self, data: bytes) -> None:
-        self._check()
+    def _send_raw(self, data: bytes, check: bool = True) -> None:
+        if check:
+            self._check()
         try:
             self._in.send(data, zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:  # no peer: the engine is gone
@@ -375,13 +610,14 @@ class EngineClient:
     # ------------------------------------------------------------------------------------------------
     # calls
 
-    async def _call(self, method: str, **args: Any) -> Any:
-        self._check()
+    async def _call(self, method: str, _launching: bool = False, **args: Any) -> Any:
+        if not _launching:  # a restart's own calls go to the new engine before the client is open again
+            self._check()
         call_id = next(self._call_ids)
         fut = self.loop.create_future()
         self._calls[call_id] = fut
         try:
-            self._send_raw(self._enc.encode(ipc.Call(call_id, method, args)))
+            self._send_raw(self._enc.encode(ipc.Call(call_id, method, args)), check=not _launching)
         except (UnicodeEncodeError, OverflowError, TypeError) as e:
             self._calls.pop(call_id, None)
             raise InvalidRequestError(f"The request cannot be sent to the engine: {e}.") from None
@@ -405,15 +641,40 @@ class EngineClient:
 
     async def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None,
                        add_special_tokens: bool = True, add_generation_prompt: bool = True) -> list[int]:
-        return await self._call("tokenize", prompt=prompt, messages=messages, add_special_tokens=add_special_tokens,
-                                add_generation_prompt=add_generation_prompt)
+        tok = self._tokenizer
+        if tok is None:
+            return await self._call("tokenize", prompt=prompt, messages=messages,
+                                    add_special_tokens=add_special_tokens, add_generation_prompt=add_generation_prompt)
+        self._check()
+        if messages is not None:
+            return await tok.encode(await tok.render(messages, add_generation_prompt), False)
+        if not isinstance(prompt, str):
+            raise InvalidRequestError("Give 'prompt' (a string) or 'messages'.", param="prompt")
+        return await tok.encode(prompt, add_special_tokens)
 
     async def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return await self._call("detokenize", token_ids=list(token_ids), skip_special_tokens=skip_special_tokens)
+        tok = self._tokenizer
+        if tok is None:
+            return await self._call("detokenize", token_ids=list(token_ids), skip_special_tokens=skip_special_tokens)
+        self._check()
+        ids = list(token_ids)
+        vocab = len(tok.tok)
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"Token id {bad} is out of the vocabulary (0..{vocab - 1}).", param="tokens")
+        return await tok.decode(ids, skip_special_tokens)
 
     async def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return await self._call("apply_chat_template", messages=messages,
-                                add_generation_prompt=add_generation_prompt)
+        tok = self._tokenizer
+        if tok is None:
+            return await self._call("apply_chat_template", messages=messages,
+                                    add_generation_prompt=add_generation_prompt)
+        self._check()
+        return await tok.render(messages, add_generation_prompt)
+
+    def prompt_lower_bound(self, text: str) -> int:
+        """At least this many tokens in ``text`` (0 when the tokenizer gives no certain bound)."""
+        return 0 if self._tokenizer is None else self._tokenizer.lower_bound(text)
 
     async def token_bytes(self) -> list[bytes]:
         """The UTF-8 bytes of every token id (fetched once, then cached)."""
@@ -450,11 +711,13 @@ class EngineClient:
         except asyncio.CancelledError:
             raise
         except zmq.ZMQError:
-            if not self._closing:
+            if not self._closing and self._dead is None:
                 self._mark_dead(EngineDeadError("The connection to the engine process broke."))
+                self._set_state("dead", str(self._dead))
         except Exception as e:
             log.exception("engine client reader failed")
             self._mark_dead(EngineDeadError(f"The engine client failed ({type(e).__name__}: {e})."))
+            self._set_state("dead", str(self._dead))
 
     def _dispatch(self, msg) -> None:
         if isinstance(msg, ipc.StepOutput):
@@ -496,7 +759,7 @@ class EngineClient:
     def _on_exit(self, code: int) -> None:
         """The supervisor's news that the engine process exited (on the loop)."""
         if self._closing or self._dead is not None:
-            return
+            return  # asked to stop, already dead, or a restart's own attempt (which handles its failure)
         reason = f"The engine process exited unexpectedly ({describe_exit(code)})"
         if self._fatal is not None:
             reason += f": {self._fatal.type}: {self._fatal.message}"
@@ -504,7 +767,16 @@ class EngineClient:
             tail = [ln for ln in self._engine.last_output() if ln.strip()]
             if tail:
                 reason += f"; its last output: {tail[-1]}"
+        if self._may_restart():
+            self._mark_dead(EngineRestartingError(reason + ". It is being restarted; retry shortly."))
+            self._restart_task = self.loop.create_task(self._restart(reason), name="engine-restart")
+            return
+        policy = self.restart_policy
+        if policy is not None and policy.max_restarts > 0:
+            reason += (f". It was restarted {self._recent_restarts()} times in {policy.window_s / 60:g} min, the "
+                       "most allowed")
         self._mark_dead(EngineDeadError(reason + ". Reload the model to continue."))
+        self._set_state("dead", str(self._dead))
 
     def _mark_dead(self, err: EngineDeadError) -> None:
         if self._dead is None:
@@ -524,6 +796,75 @@ class EngineClient:
                 fut.set_exception(err)
 
     # ------------------------------------------------------------------------------------------------
+    # restarts
+
+    def _recent_restarts(self) -> int:
+        policy = self.restart_policy
+        now = time.monotonic()
+        while self._restart_times and self._restart_times[0] < now - policy.window_s:
+            self._restart_times.popleft()
+        return len(self._restart_times)
+
+    def _may_restart(self) -> bool:
+        policy = self.restart_policy
+        return policy is not None and policy.max_restarts > 0 and self._recent_restarts() < policy.max_restarts
+
+    async def _restart(self, reason: str) -> None:
+        """Start the engine again (same model and options) after a back-off, until it loads or the policy's
+        limit is reached; requests meanwhile get EngineRestartingError."""
+        policy = self.restart_policy
+        while True:
+            recent = self._recent_restarts()
+            if recent >= policy.max_restarts:
+                mins = policy.window_s / 60
+                err = EngineDeadError(f"{reason}. It was restarted {recent} times in {mins:g} min, the most "
+                                      "allowed; reload the model to continue.")
+                self._dead = err
+                self._fail_all(err)
+                log.error("%s", err)
+                self._set_state("dead", str(err))
+                return
+            delay = policy.delay(recent)
+            detail = (f"{reason}. Restarting the engine in {delay:g} s (restart {recent + 1} of at most "
+                      f"{policy.max_restarts} in {policy.window_s / 60:g} min).")
+            self._dead = EngineRestartingError(f"{reason}. It is being restarted; retry shortly.")
+            log.warning("%s", detail)
+            self._set_state("restarting", detail)
+            await asyncio.sleep(delay)
+            self._restart_times.append(time.monotonic())
+            await self._dispose_engine()
+            try:
+                await asyncio.wait_for(self._launch(self._on_progress), policy.load_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - counted; the next attempt (or giving up) follows
+                reason = f"The engine could not be restarted ({type(e).__name__}: {e})"
+                log.error("%s", reason)
+                continue
+            self._dead = None
+            self._fatal = None
+            self._token_bytes = None
+            self.restarts += 1
+            log.warning("the engine was restarted (pid %s)", self.engine_pid)
+            self._set_state("ready", f"The engine was restarted after: {reason}.")
+            return
+
+    async def _dispose_engine(self) -> None:
+        """Stop reading from the current engine process and release it and its sockets."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            try:
+                await reader
+            except (asyncio.CancelledError, Exception):
+                pass
+        engine = self._engine
+        if engine is not None:
+            await engine.stop(kill=True)
+            engine.close(join_timeout=1.0)
+        self._fail_all(self._dead or EngineDeadError("The engine process was replaced."))
+
+    # ------------------------------------------------------------------------------------------------
     # shutdown
 
     async def shutdown(self, timeout: float = 10.0) -> None:
@@ -532,9 +873,16 @@ class EngineClient:
         if self._closed:
             return
         self._closing = True
+        task, self._restart_task = self._restart_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
         self._fail_all(EngineShuttingDownError("The engine is shutting down."))
         engine = self._engine
-        if engine is not None and engine.running and self._dead is None:
+        if engine is not None and engine.running and self._dead is None and self._in is not None:
             try:
                 self._in.send(self._enc.encode(ipc.Shutdown()), zmq.NOBLOCK)
             except zmq.ZMQError:
@@ -556,6 +904,10 @@ class EngineClient:
         self._closed = True
         if self._engine is not None:
             self._engine.close()
+        if self._tokenizer is not None:
+            self._tokenizer.close()
+        if self.state != "closed":
+            self._set_state("closed", "")
 
     async def __aenter__(self) -> EngineClient:
         return self

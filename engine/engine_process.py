@@ -65,6 +65,28 @@ def _shutdown_core(core) -> None:
             log.exception("engine core shutdown failed")
 
 
+_libc_trim = None
+
+
+def trim_heap() -> None:
+    """glibc's malloc_trim(0): return the free memory of the heap's arenas to the system. The step loop's
+    buffers differ in size from step to step; without this the process's RSS keeps the high-water mark of
+    every batch shape seen so far (hundreds of MB after a burst of load). Costs about a millisecond; a no-op
+    elsewhere than glibc."""
+    global _libc_trim
+    if _libc_trim is None:
+        _libc_trim = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                _libc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+            except (OSError, AttributeError):
+                pass
+    if _libc_trim:
+        _libc_trim(0)
+
+
 def _factory(path: str):
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -128,6 +150,48 @@ def token_bytes(tokenizer) -> list[bytes]:
     return out
 
 
+# What may sit in a tokenizer.json for "a text of B UTF-8 bytes has at least B / max_token_bytes tokens" to hold:
+# nothing that deletes or shrinks text before the model sees it (normalizers such as NFKC or Strip, whitespace-
+# removing pre-tokenizers, added tokens that swallow the spaces around them, fused unknown runs).
+_SAFE_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "Split", "Punctuation", "UnicodeScripts"}
+
+
+def _safe_normalizer(n) -> bool:
+    if n is None:
+        return True
+    kind = n.get("type")
+    if kind == "Sequence":
+        return all(_safe_normalizer(x) for x in n.get("normalizers") or [])
+    if kind == "Prepend":
+        return True
+    if kind == "Replace":
+        pattern = n.get("pattern") or {}
+        return pattern.get("String") == " " and n.get("content") == "\u2581"
+    return False
+
+
+def _safe_pre_tokenizer(p) -> bool:
+    if p is None:
+        return True
+    kind = p.get("type")
+    if kind == "Sequence":
+        return all(_safe_pre_tokenizer(x) for x in p.get("pretokenizers") or [])
+    return kind in _SAFE_PRE_TOKENIZERS and p.get("behavior") != "Removed"
+
+
+def length_bound_is_certain(spec: dict) -> bool:
+    """True when every token of this tokenizer (a tokenizer.json as a dict) stands for at most its own
+    bytes of the input text, so a text's UTF-8 length bounds its token count from below."""
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        return False
+    if model.get("unk_token") is not None and model.get("fuse_unk") and not model.get("byte_fallback"):
+        return False
+    if not _safe_normalizer(spec.get("normalizer")) or not _safe_pre_tokenizer(spec.get("pre_tokenizer")):
+        return False
+    return not any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens") or [])
+
+
 class EngineServer:
     """The loop around one core. ``core`` is an EngineCore or anything with its interface."""
 
@@ -142,6 +206,7 @@ class EngineServer:
         self.running = True
         self._rates: deque[tuple[float, int, int]] = deque()
         self._token_bytes: list[bytes] | None = None
+        self._worked = False
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -149,7 +214,12 @@ class EngineServer:
         while self.running:
             busy = core.has_unfinished()
             if not busy:
+                if self._worked:  # the engine just went idle: give the freed heap back to the system
+                    self._worked = False
+                    trim_heap()
                 self.poller.poll()  # idle: block until a message comes
+            else:
+                self._worked = True
             deltas: list = []
             accepted: list = []
             errors: list = []
@@ -181,23 +251,33 @@ class EngineServer:
                 return
 
     def _add(self, msg: ipc.AddRequest, accepted: list, errors: list) -> None:
+        """Admit one request (its n children). The client normally sends token ids (it tokenizes and applies
+        the chat template itself, off this loop); text or messages are tokenized here only for a client
+        without a tokenizer of its own (a stand-in core's). A refused request leaves nothing behind: no
+        local keeps its exception (whose traceback would hold the prompt's ids until a cycle collection)."""
         core = self.core
         added: list[str] = []
+        info = None
+        n_prompt = 0
         try:
             ids = msg.prompt_token_ids
             if ids is None:
                 ids = core.tokenize_prompt(msg.prompt, msg.messages)
+            n_prompt = len(ids)
             for cid, params in zip(msg.child_ids, msg.params):
                 core.add_request(cid, msg.prompt, params, prompt_token_ids=ids)
                 added.append(cid)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - every refusal goes back to the client, typed
+            info = ipc.error_to_info(e if isinstance(e, KestrelError) else _as_request_error(e))
+            e.__traceback__ = None
+        ids = None
+        msg.prompt_token_ids = msg.prompt = msg.messages = None
+        if info is not None:
             if added:
                 core.abort(added)
-            err = e if isinstance(e, KestrelError) else _as_request_error(e)
-            info = ipc.error_to_info(err)
             errors.extend((cid, info) for cid in msg.child_ids)
             return
-        accepted.extend((cid, len(ids)) for cid in msg.child_ids)
+        accepted.extend((cid, n_prompt) for cid in msg.child_ids)
 
     # -- calls ------------------------------------------------------------------------------
     def _call(self, msg: ipc.Call) -> None:
@@ -206,9 +286,11 @@ class EngineServer:
             if fn is None:
                 raise KestrelError(f"The engine has no call {msg.method!r}.")
             reply = ipc.Reply(msg.call_id, fn(**msg.args))
-        except Exception as e:
-            err = e if isinstance(e, KestrelError) else _as_request_error(e)
-            reply = ipc.Reply(msg.call_id, None, ipc.error_to_info(err))
+        except Exception as e:  # noqa: BLE001 - typed back to the caller; no local keeps the exception
+            reply = ipc.Reply(msg.call_id, None,
+                              ipc.error_to_info(e if isinstance(e, KestrelError) else _as_request_error(e)))
+            e.__traceback__ = None
+        msg.args = {}
         self.push.send(self.enc.encode(reply), copy=False)
 
     def call_ping(self) -> str:
@@ -251,6 +333,25 @@ class EngineServer:
         if self._token_bytes is None:
             self._token_bytes = token_bytes(self.core.tokenizer)
         return self._token_bytes
+
+    def call_tokenizer_state(self) -> dict | None:
+        """What the client needs to tokenize and render chat templates itself, exactly as this process
+        would (engine.client.EngineClient tokenizes off this loop): the backend's tokenizer.json, the
+        special tokens, the chat templates, the EOS ids, and ``max_token_bytes`` (the most UTF-8 bytes one
+        token stands for) when that bounds the token count of a text for certain (else None). None for a
+        core whose tokenizer is not an engine.tokenizer.Tokenizer (a test stand-in)."""
+        tok = self.core.tokenizer
+        backend = getattr(tok, "backend", None)
+        if backend is None or not hasattr(backend, "to_str") or not hasattr(tok, "chat_templates"):
+            return None
+        spec = backend.to_str()
+        bound = None
+        if length_bound_is_certain(json.loads(spec)):
+            bound = max((len(b) for b in self.call_token_bytes()), default=0) or None
+        return {"backend": spec, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+                "unk_token": tok.unk_token, "pad_token": tok.pad_token, "chat_templates": dict(tok.chat_templates),
+                "eos_token_ids": [int(i) for i in tok.eos_token_ids], "name_or_path": tok.name_or_path,
+                "max_token_bytes": bound}
 
     def call_reset_prefix_cache(self) -> bool:
         self.core.blocks.reset_prefix_cache()

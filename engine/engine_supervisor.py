@@ -9,8 +9,8 @@ requests. No server or Qt imports here, and no torch.
   core factory, log level). Its stdin is a pipe from here: the engine exits when that pipe closes, however this
   process dies.
 - watching: one thread blocks on the process and reports its exit to the event loop at once (``exited`` and
-  the ``on_exit`` callback; no polling); another copies the engine's stderr to ours, keeping its last lines
-  for error messages (``last_output``).
+  the ``on_exit`` callback; no polling); another copies the engine's stderr to ours (at most RELAY_BURST lines
+  per RELAY_INTERVAL_S, the rest counted), keeping its last lines for error messages (``last_output``).
 - stop(): terminate (then kill) the process and wait for it; close(): join the threads, close the sockets
   and remove their directory. At interpreter exit every engine process still running is killed.
 """
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable
 
@@ -39,6 +40,9 @@ import zmq.asyncio
 from engine.config import EngineConfig
 
 __all__ = ["EngineSupervisor", "describe_exit"]
+
+RELAY_BURST = 200  # engine stderr lines copied per interval
+RELAY_INTERVAL_S = 10.0
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -148,14 +152,32 @@ class EngineSupervisor:
             pass
 
     def _relay_stderr(self) -> None:
-        """Copy the engine's stderr to ours, keeping its last lines for error messages."""
+        """Copy the engine's stderr to ours, keeping its last lines for error messages. At most
+        RELAY_BURST lines per RELAY_INTERVAL_S are copied (the rest counted, then reported in one line): an
+        engine that floods its log cannot flood ours."""
         stream = self.proc.stderr
+        window, passed, dropped = time.monotonic(), 0, 0
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace")
-            self._stderr_tail.append(line.rstrip("\n"))
+            self._stderr_tail.append(line.rstrip("\n")[:2000])
+            now = time.monotonic()
+            if now - window >= RELAY_INTERVAL_S:
+                window, passed = now, 0
+            if passed >= RELAY_BURST:
+                dropped += 1
+                continue
+            passed += 1
+            if dropped:
+                line = f"[engine: {dropped} lines of output suppressed]\n{line}"
+                dropped = 0
             try:
                 sys.stderr.write(line)
             except Exception:  # our stderr is closed (e.g. a GUI without a console)
+                pass
+        if dropped:
+            try:
+                sys.stderr.write(f"[engine: {dropped} lines of output suppressed]\n")
+            except Exception:
                 pass
         stream.close()
 

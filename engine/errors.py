@@ -23,11 +23,15 @@ class InvalidRequestError(KestrelError, ValueError):
 
 
 class PromptTooLongError(InvalidRequestError):
-    def __init__(self, prompt_len: int, max_len: int, max_tokens: int | None = None):
+    """``at_least``: the prompt was refused by its length in bytes before tokenizing it (engine.client), so
+    ``prompt_len`` is a lower bound of its token count."""
+
+    def __init__(self, prompt_len: int, max_len: int, max_tokens: int | None = None, at_least: bool = False):
         extra = f" plus {max_tokens} requested completion tokens" if max_tokens else ""
+        has = "at least " if at_least else ""
         super().__init__(
             f"This model's maximum context length is {max_len} tokens, but the prompt has "
-            f"{prompt_len} tokens{extra}. Shorten the prompt or load the model with a longer context.",
+            f"{has}{prompt_len} tokens{extra}. Shorten the prompt or load the model with a longer context.",
             param="prompt",
         )
         self.prompt_len = prompt_len
@@ -78,3 +82,10 @@ class EngineDeadError(KestrelError):
 
 class EngineShuttingDownError(EngineDeadError):
     error_type = "engine_shutting_down"
+
+
+class EngineRestartingError(EngineDeadError):
+    """The engine process died and is being restarted (engine.client.RestartPolicy): retry shortly."""
+
+    error_type = "engine_restarting"
+    retry_after = 5  # seconds, for HTTP's Retry-After

@@ -147,8 +147,9 @@ class ErrorInfo(msgspec.Struct):
 
 
 class AddRequest(msgspec.Struct, tag="add", array_like=True):
-    """One request with n samples: child i runs as ``child_ids[i]`` with ``params[i]``. The prompt is
-    tokenized (or the chat template applied) once, in the engine process, where the tokenizer lives."""
+    """One request with n samples: child i runs as ``child_ids[i]`` with ``params[i]``. EngineClient sends
+    ``prompt_token_ids`` (it tokenizes and applies the chat template itself, off the engine's loop); ``prompt``
+    / ``messages`` are tokenized by the engine only for a client that has no tokenizer of its own."""
 
     child_ids: list[str]
     params: list[SamplingParams]
@@ -162,7 +163,8 @@ class Abort(msgspec.Struct, tag="abort", array_like=True):
 
 
 class Call(msgspec.Struct, tag="call", array_like=True):
-    """A request/reply call: stats, tokenize, detokenize, apply_chat_template, token_bytes, ping."""
+    """A request/reply call: stats, tokenize, detokenize, apply_chat_template, token_bytes, tokenizer_state,
+    ping."""
 
     call_id: int
     method: str

@@ -8,7 +8,7 @@ the GUI's plots too). ``PrometheusMetrics`` turns records and EngineStats snapsh
 - counters: prompt and generation tokens, finished requests by finish reason, prefix-cache queries and hits
   (tokens), preemptions
 - gauges: running and waiting requests, KV-cache use (0..1), free and total KV blocks, prefix-cache hit
-  rate, engine health
+  rate, engine health, engine restarting; counter of engine restarts
 
 Latencies are measured as a user of the EngineClient sees them: from the moment the request was handed to
 the client to the engine step that produced the token (so they include the trip to the engine process and
@@ -112,6 +112,9 @@ class PrometheusMetrics:
         self.prompt_rate = gauge("kestrel_prompt_tokens_per_second", "Prompt tokens/s over the last seconds")
         self.gen_rate = gauge("kestrel_generation_tokens_per_second", "Generated tokens/s over the last seconds")
         self.healthy = gauge("kestrel_engine_healthy", "1 while the engine process runs")
+        self.restarting = gauge("kestrel_engine_restarting", "1 while a dead engine process is being restarted")
+        self.restarts = Counter("kestrel_engine_restarts", "Times the engine process was restarted after it died",
+                                labels, registry=r).labels(**self._labels)
         self._totals: dict[str, float] = {}
 
     # fed by EngineClient.add_listener
@@ -137,9 +140,23 @@ class PrometheusMetrics:
             counter.inc(total - prev)
         self._totals[key] = max(prev, total)
 
-    def update(self, stats, healthy: bool = True) -> None:
+    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+    @staticmethod
+    def public_page(healthy: bool) -> bytes:
+        """What /metrics shows a caller without the API key (when there is one): whether the engine is up,
+        no model name, no traffic."""
+        return (b"# HELP kestrel_engine_healthy 1 while the engine process runs (the other metrics need the API "
+                b"key)\n# TYPE kestrel_engine_healthy gauge\nkestrel_engine_healthy "
+                + (b"1.0" if healthy else b"0.0") + b"\n")
+
+    def update(self, stats, healthy: bool = True, restarts: int = 0, restarting: bool = False) -> None:
         """Refresh the engine-wide figures from an EngineStats snapshot (or None when the engine is gone)."""
         self.healthy.set(1 if healthy else 0)
+        self.restarting.set(1 if restarting else 0)
+        if restarts > self._totals.get("restarts", 0.0):  # a new engine process counts from zero again
+            self._totals = {"restarts": self._totals.get("restarts", 0.0)}
+        self._advance(self.restarts, "restarts", restarts)
         if stats is None:
             return
         self.running.set(stats.num_running)

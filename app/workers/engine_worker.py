@@ -1,12 +1,18 @@
 """The engine's worker: a QObject on its own QThread running an asyncio event loop that owns the
 EngineClient (which spawns the engine process). The GUI calls its methods (they only schedule work on the
 loop, never wait) and hears back through queued signals. The HTTP server runs on this same loop, around the
-same client (app.workers.server_worker), so one loaded model serves the chat and the endpoint."""
+same client (app.workers.server_worker), so one loaded model serves the chat and the endpoint.
+
+An engine process that dies is restarted with the same model and options (engine.client.RestartPolicy,
+``restart_policy``): the state goes to DEAD with ``engineDied`` and ``engineRestarting`` (the notice, saying
+when it restarts), then back to READY with ``engineRestarted`` (the notice); the endpoint keeps its port and
+answers 503 meanwhile. Past the policy's limit it stays DEAD (``engineDied``): Reload starts it again."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,15 +49,18 @@ class EngineWorker(QObject):
     loadCancelled = Signal()
     unloaded = Signal()
     engineDied = Signal(str)
+    engineRestarting = Signal(str)  # the engine died and is being restarted: the notice, in words
+    engineRestarted = Signal(str)  # ... and is back: the notice
     delta = Signal(str, str)  # request id, new text
     replyFinished = Signal(str, object)  # request id, ReplyStats
     replyFailed = Signal(str, str)  # request id, message
     statsUpdated = Signal(object)  # engine.ipc.EngineStats
     requestRecorded = Signal(object)  # engine.metrics.RequestRecord of every finished request (chat and HTTP)
 
-    def __init__(self, stats_interval: float = 0.5, parent: QObject | None = None):
+    def __init__(self, stats_interval: float = 0.5, parent: QObject | None = None, restart_policy=None):
         super().__init__(parent)
         self.stats_interval = stats_interval
+        self.restart_policy = restart_policy  # None: engine.client.RestartPolicy(delay_s=2.0, max_restarts=3)
         self.loop = asyncio.new_event_loop()
         self.client: EngineClient | None = None  # touched on the loop's thread only
         self.info = None  # the loaded model's ModelInfo (read anywhere)
@@ -139,7 +148,8 @@ class EngineWorker(QObject):
             self.loadProgress.emit(f"{stage.capitalize()} {detail}…")
 
         self._load_task = asyncio.ensure_future(
-            EngineClient.start(config, core_factory=core_factory, on_progress=progress))
+            EngineClient.start(config, core_factory=core_factory, on_progress=progress,
+                               restart=self._restart_policy()))
         try:
             client = await self._load_task
         except asyncio.CancelledError:
@@ -160,6 +170,7 @@ class EngineWorker(QObject):
         self.client = client
         self.info = client.info
         client.add_listener(self.requestRecorded.emit)
+        client.add_state_listener(functools.partial(self._on_client_state, client))
         self._stats_task = asyncio.ensure_future(self._poll_stats(client))
         self._set_state(READY)
         self.loaded.emit(client.info)
@@ -240,12 +251,41 @@ class EngineWorker(QObject):
         else:
             self._aborted.add(rid)
 
+    def _restart_policy(self):
+        from engine.client import RestartPolicy
+
+        return self.restart_policy if self.restart_policy is not None else RestartPolicy(delay_s=2.0, max_restarts=3)
+
+    def _on_client_state(self, client: EngineClient, state: str, detail: str) -> None:
+        """The client's news (on the loop): its engine died and restarts, came back, or is dead for good."""
+        if client is not self.client:
+            return
+        if state == "restarting":
+            if self.state != DEAD:
+                self._set_state(DEAD)
+                self.engineDied.emit(detail)
+            self.engineRestarting.emit(detail)
+            self.loadProgress.emit("Restarting the engine after a crash…")
+        elif state == "ready":
+            self.info = client.info
+            self._set_state(READY)
+            self.engineRestarted.emit(f"{detail} It runs again (restart {client.restarts}); the chat and the "
+                                      "endpoint work as before.")
+        elif state == "dead" and self.state != DEAD:
+            self._set_state(DEAD)
+            self.engineDied.emit(detail or "The engine process stopped. Reload the model.")
+
     async def _poll_stats(self, client: EngineClient) -> None:
         from engine.errors import EngineDeadError
 
         while True:
+            if client is not self.client:
+                return
             if not client.is_alive:
-                if client is self.client:
+                if client.state == "restarting":  # the state listener reports it; the client comes back
+                    await asyncio.sleep(self.stats_interval)
+                    continue
+                if self.state != DEAD:
                     self._set_state(DEAD)
                     self.engineDied.emit(client.dead_reason or "The engine process stopped. Reload the model.")
                 return

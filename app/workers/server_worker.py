@@ -24,6 +24,7 @@ class ServerOptions:
     api_key: str | None = None
     lan: bool = False  # listen on every interface instead of 127.0.0.1
     cors_origins: list[str] = field(default_factory=list)
+    allowed_hosts: list[str] = field(default_factory=list)  # Host names answered besides loopback ones
 
     @property
     def host(self) -> str:
@@ -67,22 +68,28 @@ class ServerWorker(QObject):
         try:
             import uvicorn
 
+            from engine.server.guard import ConnectionLimits, guarded_protocol, install_flood_filter
             from engine.server.openai.app import build_app
         except ImportError as e:
             self.failed.emit(f"The server's packages are missing ({e.name}); install Kestrel's 'server' extra.")
             return
         name = client.info.name
         tracking = TrackingClient(client)  # counts each HTTP request's tokens for the log
+        # on 127.0.0.1 only loopback Host names (and the user's) are answered: DNS rebinding gets 400
         app = build_app(tracking, served_model_names=[name], api_key=opts.api_key or None,
-                        allowed_origins=opts.cors_origins or None)
+                        allowed_origins=opts.cors_origins or None,
+                        allowed_hosts=None if opts.lan and not opts.allowed_hosts else list(opts.allowed_hosts))
+        limits = ConnectionLimits()  # header deadline, connection cap (engine.server.guard)
         try:
-            sock = _listen(opts.host, opts.port)
+            sock = _listen(opts.host, opts.port, limits.backlog())
         except OSError as e:
             tracking.close()
             self.failed.emit(_bind_error(e, opts))
             return
         config = uvicorn.Config(RequestLogMiddleware(app, self.requestLogged.emit), log_level="warning",
-                                access_log=False, lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=30)
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=15,
+                                http=guarded_protocol(limits), backlog=limits.backlog())
+        install_flood_filter()
         server = _quiet_server(config)
         # the socket is ours: uvicorn would call sys.exit() on a bind error, which would stop this event loop
         task = asyncio.ensure_future(_serve(server, sock))
@@ -143,14 +150,14 @@ async def _serve(server, sock) -> None:
         raise RuntimeError(f"the HTTP server exited (code {e.code})") from None
 
 
-def _listen(host: str, port: int):
+def _listen(host: str, port: int, backlog: int = 128):
     import socket
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(backlog)
         sock.setblocking(False)
     except OSError:
         sock.close()

@@ -1,7 +1,8 @@
 """The app on the real embedded model (SmolLM2-135M-Instruct, float32 on the CPU), one window for the module:
 load at start-up, a streamed reply in the view and the database, regenerate, stop mid-stream, the
 Performance plots fed, the Server panel's endpoint queried with the official openai client, and a corrupt
-model file failing to load in place while the app keeps working."""
+model file failing to load in place while the app keeps working, and the engine killed and restarted by itself
+with a notice while the endpoint keeps its address."""
 
 from __future__ import annotations
 
@@ -188,3 +189,41 @@ def test_corrupt_model_fails_in_place_and_the_app_keeps_working(live, qtbot, tmp
     live.chat.new_conversation()
     set_sampling(live, max_tokens=6, temperature=0.0)
     assert _send(qtbot, live, "Hello again")[-1].content
+
+
+def test_engine_crash_restarts_with_a_notice(live, qtbot):
+    """The engine process killed under the app (and its running endpoint): the state goes to dead, then the
+    same model comes back by itself with a notice, the endpoint keeps its address, and the chat works."""
+    import os
+    import signal
+
+    import openai
+
+    engine = live.ctx.engine
+    panel = live.panels["server"]
+    panel.port.setValue(0)
+    panel.api_key.setText("")
+    click_when_enabled(qtbot, panel.start_button)
+    qtbot.waitUntil(lambda: panel.url is not None or "could not" in panel.status.text(), timeout=30_000)
+    base = panel.url_field.text()
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    name = client.models.list().data[0].id
+    notices: list[str] = []
+    engine.engineRestarted.connect(notices.append)
+    old = engine.info.engine_pid
+    os.kill(old, signal.SIGKILL)
+    qtbot.waitUntil(lambda: engine.state == "dead", timeout=10_000)
+    assert "SIGKILL" in live.panels["load"].message.text()
+    qtbot.waitUntil(lambda: engine.state == "ready", timeout=180_000)
+    qtbot.waitUntil(lambda: bool(notices), timeout=10_000)
+    assert "SIGKILL" in notices[0] and "restart 1" in notices[0]
+    assert "runs again" in panel.status.text() and panel.url_field.text() == base
+    assert engine.info.engine_pid != old
+    out = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Say hi."}],
+                                         max_tokens=4, temperature=0)
+    assert out.usage.completion_tokens >= 1
+    live.chat.new_conversation()
+    set_sampling(live, max_tokens=6, temperature=0.0)
+    assert _send(qtbot, live, "Hello after the restart")[-1].content
+    click_when_enabled(qtbot, panel.start_button)
+    qtbot.waitUntil(lambda: panel.url is None, timeout=30_000)

@@ -15,7 +15,8 @@ def make_server(**kw):
 
     core_factory = kw.pop("core_factory", None)
     config = EngineConfig(dtype="float32", **kw.pop("engine", {}))
-    return BackgroundServer(config, core_factory=core_factory, served_model_names=[MODEL], **kw).start()
+    kw.setdefault("served_model_names", [MODEL])
+    return BackgroundServer(config, core_factory=core_factory, **kw).start()
 
 
 @pytest.fixture(scope="session")

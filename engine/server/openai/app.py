@@ -1,10 +1,17 @@
 """The FastAPI app of the OpenAI-compatible server, built around a running EngineClient (the GUI's own
 client can be passed in: one loaded model serves both).
 
-Routes: GET /v1/models; POST /v1/chat/completions, /v1/completions (streaming or not); POST /tokenize,
-/detokenize; GET /health, /version, /metrics (Prometheus); the schema at /openapi.json.
+Routes: GET /v1/models, /v1/models/{id}; POST /v1/chat/completions, /v1/completions (streaming or not); POST
+/tokenize, /detokenize; GET /health, /version, /metrics (Prometheus); the schema at /openapi.json.
 Safety: with an API key every /v1 route (and /tokenize, /detokenize) needs ``Authorization: Bearer KEY``,
-compared in constant time; CORS only for the origins given; request bodies over ``max_request_bytes`` get 413.
+compared in constant time, and /metrics without it shows only whether the engine is up (no model name, no
+traffic); CORS only for the origins given; request bodies over ``max_request_bytes`` get 413, bodies that
+stall for ``body_timeout`` seconds 408; with ``allowed_hosts`` (a list, even empty) only loopback Host names
+and those are answered (engine.server.guard.HostCheckMiddleware). Neither the schema nor any open route shows
+the model's path.
+While the engine restarts (engine.client.RestartPolicy) or after it died, /health says so (503, "restarting"
+or "dead", with the restarts so far), /v1/models answers 503 like every generation route, and /metrics
+reports kestrel_engine_healthy 0 and kestrel_engine_restarts_total.
 """
 
 from __future__ import annotations
@@ -21,9 +28,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import engine
 from engine.client import EngineClient
-from engine.errors import EngineDeadError, EngineShuttingDownError, InvalidRequestError
+from engine.errors import (
+    EngineDeadError,
+    EngineShuttingDownError,
+    InvalidRequestError,
+    KestrelError,
+    PromptTooLongError,
+)
 from engine.metrics import PrometheusMetrics
-from engine.server.args import DEFAULT_MAX_REQUEST_BYTES
+from engine.server.args import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES
+from engine.server.guard import HostCheckMiddleware
 from engine.server.openai import errors, protocol
 from engine.server.openai import serving as S
 from engine.server.openai.serving_chat import convert_messages, create_chat_completion
@@ -32,6 +46,12 @@ from engine.server.openai.serving_completions import create_completion
 log = logging.getLogger(__name__)
 
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize")
+
+
+def bearer_ok(auth: bytes | None, key: bytes) -> bool:
+    """``Authorization: Bearer KEY``, the key compared in constant time."""
+    scheme, _, token = (auth or b"").partition(b" ")
+    return hmac.compare_digest(token.strip(), key) and scheme.lower() == b"bearer"
 
 
 class APIKeyMiddleware:
@@ -48,9 +68,7 @@ class APIKeyMiddleware:
                 if name == b"authorization":
                     auth = value
                     break
-            scheme, _, token = auth.partition(b" ")
-            ok = hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
-            if not ok:
+            if not bearer_ok(auth, self.key):
                 msg = ("Missing API key: send 'Authorization: Bearer <key>'." if not auth
                        else "Incorrect API key provided.")
                 resp = errors.error_response(401, msg, "invalid_request_error", None, "invalid_api_key",
@@ -61,11 +79,17 @@ class APIKeyMiddleware:
 
 
 class BodyLimitMiddleware:
-    """413 for a body over the limit: by Content-Length up front, else while it is read."""
+    """413 for a body over the limit: by Content-Length up front, else while it is read. 408 (and the
+    connection closed) when the body stalls for ``timeout`` seconds or takes more than four times that in all:
+    a client cannot hold a connection open by sending its body a byte at a time. For the routes that take
+    lists (``serving.PRECHECKED_PATHS``) the body is read here whole and ``precheck(path, body)`` may refuse
+    it (a KestrelError) before it is parsed; then it is handed on as it came."""
 
-    def __init__(self, app: ASGIApp, limit: int):
+    def __init__(self, app: ASGIApp, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT_S, precheck=None):
         self.app = app
         self.limit = limit
+        self.timeout = timeout
+        self.precheck = precheck
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -78,49 +102,110 @@ class BodyLimitMiddleware:
                 except ValueError:
                     too_big = False
                 if too_big:
-                    await self._reject(scope, receive, send)
+                    await self._reject(scope, receive, send, 413, f"Request body larger than {self.limit} bytes.")
                     return
                 break
         seen = 0
+        done = False
+        deadline = asyncio.get_running_loop().time() + 4 * self.timeout
 
         async def limited() -> Message:
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, done
+            if done:  # after the body only a disconnect can come: wait for it as long as it takes
+                return await receive()
+            wait = min(self.timeout, deadline - asyncio.get_running_loop().time())
+            try:
+                msg = await asyncio.wait_for(receive(), max(wait, 0.001))
+            except asyncio.TimeoutError:
+                raise HTTPException(408, f"The request body was not received in time (it stalled for "
+                                         f"{self.timeout:g} s or took over {4 * self.timeout:g} s).",
+                                    headers={"Connection": "close"}) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
                     raise HTTPException(413, f"Request body larger than {self.limit} bytes.")
+                if not msg.get("more_body", False):
+                    done = True
+            else:
+                done = True
             return msg
 
-        await self.app(scope, limited, send)
+        if self.precheck is None or scope["method"] != "POST" or scope["path"] not in S.PRECHECKED_PATHS:
+            await self.app(scope, limited, send)
+            return
+        chunks = []
+        try:
+            while True:
+                msg = await limited()
+                if msg["type"] != "http.request":
+                    return  # the client left while sending
+                chunks.append(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    break
+        except HTTPException as e:
+            await self._reject(scope, receive, send, e.status_code, str(e.detail), close=e.status_code == 408)
+            return
+        body = b"".join(chunks)
+        del chunks
+        try:
+            self.precheck(scope["path"], body)
+        except KestrelError as e:
+            await errors.kestrel_error_response(e)(scope, receive, send)
+            return
+        replayed = False
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        resp = errors.error_response(413, f"Request body larger than {self.limit} bytes.",
-                                     headers={"Connection": "close"})
+        async def replay() -> Message:
+            nonlocal replayed, body
+            if not replayed:
+                replayed = True
+                out, body = body, b""
+                return {"type": "http.request", "body": out, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _reject(scope: Scope, receive: Receive, send: Send, status: int, message: str,
+                      close: bool = True) -> None:
+        resp = errors.error_response(status, message, headers={"Connection": "close"} if close else None)
         await resp(scope, receive, send)
 
 
 def build_app(client: EngineClient, *, served_model_names: list[str] | None = None, api_key: str | None = None,
-              allowed_origins: list[str] | None = None,
-              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+              allowed_origins: list[str] | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+              allowed_hosts: list[str] | None = None, body_timeout: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     info = client.info
     names = list(served_model_names or []) or [info.name]
     metrics = PrometheusMetrics(names[0])
     client.add_listener(metrics.observe)
     ctx = S.ServerContext(client, names, metrics)
     app = FastAPI(title="Kestrel OpenAI-compatible API", version=engine.__version__,
-                  description=f"Serving {', '.join(names)} ({info.path}).")
+                  description="An OpenAI-compatible API served by Kestrel (GET /v1/models lists the model).")
     app.state.ctx = ctx
     errors.install(app)
+    key = api_key.encode("utf-8") if api_key else None
+
+    def authorized(raw: Request) -> bool:
+        return key is None or bearer_ok(raw.headers.get("authorization", "").encode("latin-1"), key)
 
     err = {"model": protocol.ErrorResponse}
     common = {400: err, 401: err, 404: err, 422: err, 503: err}
 
-    @app.get("/v1/models", response_model=protocol.ModelList, responses={401: err})
+    def card(name: str) -> dict:
+        i = ctx.info
+        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "kestrel", "root": i.name,
+                "max_model_len": i.max_model_len}
+
+    @app.get("/v1/models", response_model=protocol.ModelList, responses={401: err, 503: err})
     async def list_models() -> dict:
-        return {"object": "list", "data": [
-            {"id": n, "object": "model", "created": ctx.created, "owned_by": "kestrel", "root": info.path,
-             "max_model_len": info.max_model_len} for n in names]}
+        await client.health()  # while the engine is down, no model is served: 503 saying why
+        return {"object": "list", "data": [card(n) for n in names]}
+
+    @app.get("/v1/models/{model_id:path}", response_model=protocol.ModelCard, responses={401: err, 404: err, 503: err})
+    async def retrieve_model(model_id: str) -> dict:
+        ctx.check_model(model_id)
+        await client.health()
+        return card(model_id)
 
     @app.post("/v1/chat/completions", response_model=None,
               responses={200: {"model": protocol.ChatCompletionResponse,
@@ -140,54 +225,80 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
         protocol.check_fields(req)
         if (req.prompt is None) == (req.messages is None):
             raise InvalidRequestError("Give either 'prompt' or 'messages'.", param="prompt")
+        limit = S.MAX_TOKENIZE_CONTEXTS * ctx.info.max_model_len
         if req.messages is not None:
-            ids = await client.tokenize(messages=convert_messages(req.messages),
-                                        add_generation_prompt=req.add_generation_prompt is not False)
+            text = await client.apply_chat_template(convert_messages(req.messages),
+                                                    add_generation_prompt=req.add_generation_prompt is not False)
+            special = False
         else:
             S.check_text(req.prompt, "prompt")
-            ids = await client.tokenize(req.prompt, add_special_tokens=req.add_special_tokens is not False)
-        return {"tokens": ids, "count": len(ids), "max_model_len": info.max_model_len}
+            text, special = req.prompt, req.add_special_tokens is not False
+        at_least = client.prompt_lower_bound(text)
+        if at_least > limit:
+            raise PromptTooLongError(at_least, limit, at_least=True)
+        if req.messages is not None:
+            ids = await client.tokenize(text, add_special_tokens=False)
+        else:
+            ids = await client.tokenize(text, add_special_tokens=special)
+        return {"tokens": ids, "count": len(ids), "max_model_len": ctx.info.max_model_len}
 
     @app.post("/detokenize", response_model=protocol.DetokenizeResponse, responses=common)
     async def detokenize(req: protocol.DetokenizeRequest) -> dict:
         ctx.check_model(req.model)
         protocol.check_fields(req)
-        bad = next((t for t in req.tokens if not 0 <= t < info.vocab_size), None)
+        if len(req.tokens) > S.MAX_DETOKENIZE_TOKENS:
+            raise InvalidRequestError(f"Too many tokens: at most {S.MAX_DETOKENIZE_TOKENS} per request.",
+                                      param="tokens")
+        vocab = ctx.info.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
         if bad is not None:
-            raise InvalidRequestError(f"Token id {bad} is out of the vocabulary (0..{info.vocab_size - 1}).",
+            raise InvalidRequestError(f"Token id {bad} is out of the vocabulary (0..{vocab - 1}).",
                                       param="tokens")
         return {"prompt": await client.detokenize(req.tokens)}
 
     @app.get("/health", response_model=protocol.HealthResponse, responses={503: {"model": protocol.HealthResponse}})
-    async def health() -> Response:
+    async def health(raw: Request) -> Response:
+        restarts = int(getattr(client, "restarts", 0) or 0)
         try:
             await client.health()
         except EngineShuttingDownError as e:
-            return JSONResponse({"status": "shutting_down", "reason": str(e)}, 503)
+            status, reason = "shutting_down", str(e)
         except EngineDeadError as e:
-            return JSONResponse({"status": "dead", "reason": str(e)}, 503)
-        return JSONResponse({"status": "ok", "reason": None})
+            status = "restarting" if getattr(client, "state", None) == "restarting" else "dead"
+            reason = getattr(client, "state_detail", None) or str(e) if status == "restarting" else str(e)
+        else:
+            return JSONResponse({"status": "ok", "reason": None, "restarts": restarts})
+        if not authorized(raw):
+            reason = None  # why it died may name files: for the key's holders only
+        headers = {"Retry-After": "5"} if status == "restarting" else None
+        return JSONResponse({"status": status, "reason": reason, "restarts": restarts}, 503, headers=headers)
 
     @app.get("/version", response_model=protocol.VersionResponse)
     async def version() -> dict:
         return {"version": engine.__version__}
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-    async def prometheus() -> Response:
+    async def prometheus(raw: Request) -> Response:
+        if not authorized(raw):
+            return Response(PrometheusMetrics.public_page(client.is_alive), media_type=PrometheusMetrics.CONTENT_TYPE)
         stats = None
         if client.is_alive:
             try:
                 stats = await asyncio.wait_for(client.stats(), 10)
             except (asyncio.TimeoutError, EngineDeadError):
                 stats = None
-        metrics.update(stats, healthy=client.is_alive)
+        metrics.update(stats, healthy=client.is_alive, restarts=int(getattr(client, "restarts", 0) or 0),
+                       restarting=getattr(client, "state", None) == "restarting")
         body, ctype = metrics.render()
         return Response(body, media_type=ctype)
 
-    app.add_middleware(BodyLimitMiddleware, limit=max_request_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=max_request_bytes, timeout=body_timeout,
+                       precheck=lambda path, body: S.precheck_body(path, body, ctx.info.max_model_len))
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=False)
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheckMiddleware, extra=list(allowed_hosts))  # outermost: before anything else
     return app

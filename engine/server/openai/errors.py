@@ -1,7 +1,8 @@
 """Every error as an OpenAI error object: ``{"error": {"message", "type", "param", "code"}}`` with the
 status the engine's typed error carries (engine.errors: 400 invalid parameter / prompt too long, 404 unknown
-model, 503 engine dead or shutting down), 401 for a missing or wrong API key, 413 for a body over the
-limit, 422 for a malformed body."""
+model, 503 engine dead, restarting (with Retry-After) or shutting down), 400 for a Host that is not served,
+401 for a missing or wrong API key, 408 for a body that stalls, 413 for a body over the limit, 422 for a
+malformed body (wrong JSON types included: no coercion)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ def kestrel_error_response(err: KestrelError) -> Response:
     status, body = kestrel_error_parts(err)
     if status >= 500:
         log.warning("%s: %s", type(err).__name__, err)
-    return Response(msgspec.json.encode(body), status, media_type="application/json")
+    retry = getattr(err, "retry_after", None)
+    headers = {"Retry-After": str(retry)} if retry else None
+    return Response(msgspec.json.encode(body), status, headers=headers, media_type="application/json")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -3,8 +3,10 @@
 Requests accept unknown fields at the parsing stage (``extra="allow"``) so that the server, not pydantic,
 answers them: a field the engine cannot honour gets a 400 that names it (``unsupported_fields``), while
 harmless OpenAI fields (``user``, ``stream_options``, ``store: false``, ``metadata``, ``service_tier``,
-``parallel_tool_calls`` without tools, ...) are accepted. Type errors are 422; values out of range are 400 (engine.sampling_params names them). Non-finite floats
-(NaN, Infinity) are refused by the models.
+``parallel_tool_calls`` without tools, ...) are accepted. Types are strict (pydantic's strict mode: no
+``"8"`` or ``true`` for an integer, no ``"yes"`` for a boolean; an integer is a valid number) and a wrong type
+is 422; values out of OpenAI's ranges and lists over their bounds are 400 naming the field
+(engine.server.openai.serving). Non-finite floats (NaN, Infinity) are refused by the models.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from engine.errors import InvalidRequestError
 
 class _Request(BaseModel):
     # unknown fields are parsed, then refused (400) or accepted by check_fields; the schema documents none
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False, json_schema_extra={"additionalProperties": False})
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
+                              json_schema_extra={"additionalProperties": False})
 
 
 def _f(default: Any = None, description: str | None = None, **schema: Any) -> Any:
@@ -52,18 +55,20 @@ class ChatMessage(_Request):
 
 class _SamplingFields(_Request):
     model: str | None = Field(None, description="The served model name (see GET /v1/models); optional")
-    temperature: float | None = _f(None, "0 for greedy; default: the model's or 1.0", minimum=0)
+    temperature: float | None = _f(None, "0 for greedy; default: the model's or 1.0", minimum=0, maximum=2)
     top_p: float | None = _f(None, "Nucleus sampling mass", exclusiveMinimum=0, maximum=1)
     top_k: int | None = _f(None, "Keep the k most likely tokens; -1 or 0 disables", minimum=-1)
     min_p: float | None = _f(None, "Drop tokens below min_p times the top probability", minimum=0, maximum=1)
     presence_penalty: float | None = _f(None, None, minimum=-2, maximum=2)
     frequency_penalty: float | None = _f(None, None, minimum=-2, maximum=2)
-    repetition_penalty: float | None = _f(None, "1 disables", exclusiveMinimum=0)
+    repetition_penalty: float | None = _f(None, "1 disables", exclusiveMinimum=0, maximum=2)
     seed: int | None = _f(None, "Sample i of n uses seed + i", minimum=-(2**63), maximum=2**63 - 129)
-    stop: str | list[str] | None = _f(None, "Stop strings (not in the output)", minLength=1)
-    stop_token_ids: list[int] | None = None
+    stop: str | list[str] | None = _f(None, "Stop strings (not in the output), at most 64 of at most 4096 "
+                                         "characters", minLength=1)
+    stop_token_ids: list[int] | None = _f(None, "Token ids that stop generation (at most 1024)", maxItems=1024)
     n: int | None = _f(1, "Samples per prompt", minimum=1, maximum=128)
-    logit_bias: dict[str, float] | None = _f(None, "Token id (as a string) -> bias in [-100, 100]")
+    logit_bias: dict[str, float] | None = _f(None, "Token id (as a string) -> bias in [-100, 100]; at most "
+                                                   "1024 entries", maxProperties=1024)
     ignore_eos: bool | None = False
     min_tokens: int | None = _f(0, "Generate at least this many tokens before a stop", minimum=0)
     include_stop_str_in_output: bool | None = False
@@ -74,7 +79,8 @@ class _SamplingFields(_Request):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = _f(..., "system / user / assistant messages", minItems=1)
+    messages: list[ChatMessage] = _f(..., "system / user / assistant messages (at most 10000)", minItems=1,
+                                     maxItems=10000)
     max_tokens: int | None = _f(None, "Deprecated in OpenAI's API: max_completion_tokens", minimum=1)
     max_completion_tokens: int | None = _f(None, "Default: up to the context length", minimum=1)
     logprobs: bool | None = False
@@ -275,8 +281,9 @@ class ErrorResponse(_Response):
 
 
 class HealthResponse(_Response):
-    status: str
+    status: str = Field(..., description="ok, restarting, dead or shutting_down")
     reason: str | None = None
+    restarts: int = Field(0, description="Times the engine process was restarted after it died")
 
 
 class VersionResponse(_Response):

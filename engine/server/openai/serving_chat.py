@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions: messages through the model's chat template (applied in the engine process
-exactly as transformers applies it), streamed as chat.completion.chunk events or returned whole."""
+"""POST /v1/chat/completions: messages through the model's chat template (applied by the EngineClient, off the
+engine's loop, exactly as transformers applies it), streamed as chat.completion.chunk events or returned whole."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def convert_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     OpenAI models read as 'system'. Anything the template cannot take gets a 400 naming it."""
     if not messages:
         raise InvalidRequestError("'messages' must contain at least one message.", param="messages")
+    if len(messages) > S.MAX_MESSAGES:
+        raise InvalidRequestError(f"Too many messages: {len(messages)}, at most {S.MAX_MESSAGES}.", param="messages")
     out = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
@@ -39,6 +41,9 @@ def convert_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 raise InvalidRequestError(f"messages[{i}].content is required.", param=f"messages[{i}].content")
             content = ""
         elif isinstance(content, list):
+            if len(content) > S.MAX_CONTENT_PARTS:
+                raise InvalidRequestError(f"Too many content parts in messages[{i}]: {len(content)}, at most "
+                                          f"{S.MAX_CONTENT_PARTS}.", param=f"messages[{i}].content")
             texts = []
             for j, part in enumerate(content):
                 if isinstance(part, str):

@@ -8,13 +8,14 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.server.openai import serving as S
 from engine.server.openai.protocol import CompletionRequest, check_fields
 
 
-def prompts_of(req: CompletionRequest, vocab: int) -> list[dict]:
-    """add_request keyword arguments, one per prompt."""
+def prompts_of(req: CompletionRequest, vocab: int, max_len: int | None = None) -> list[dict]:
+    """add_request keyword arguments, one per prompt. Cheap bounds first (the number of prompts, the length
+    of token-id prompts), so a huge body is refused before it is walked."""
     p = req.prompt
     if isinstance(p, str):
         items: list = [p]
@@ -24,6 +25,12 @@ def prompts_of(req: CompletionRequest, vocab: int) -> list[dict]:
         items = [p]
     else:
         items = list(p)
+    if len(items) > S.MAX_CHOICES:
+        raise InvalidRequestError(f"Too many prompts: {len(items)}, at most {S.MAX_CHOICES}.", param="prompt")
+    if max_len is not None:
+        for item in items:
+            if not isinstance(item, str) and len(item) >= max_len:
+                raise PromptTooLongError(len(item), max_len)
     out = []
     for i, item in enumerate(items):
         where = "prompt" if len(items) == 1 else f"prompt[{i}]"
@@ -46,7 +53,7 @@ def prompts_of(req: CompletionRequest, vocab: int) -> list[dict]:
 async def create_completion(ctx: S.ServerContext, req: CompletionRequest, raw: Request) -> Response:
     ctx.check_model(req.model)
     check_fields(req)
-    prompts = prompts_of(req, ctx.info.vocab_size)
+    prompts = prompts_of(req, ctx.info.vocab_size, ctx.info.max_model_len)
     top_n = req.logprobs
     if top_n is not None and not 0 <= top_n <= 20:
         raise InvalidRequestError("Invalid value for 'logprobs': must be in [0, 20].", param="logprobs")
