@@ -9,8 +9,22 @@ import logging
 import sys
 
 APP_FLAGS = ("--no-autoload", "--panel")  # app.main's options
-APP_HELP = ("Without a command, kestrel opens the desktop app: kestrel [--no-autoload] [--panel PANEL] "
-            "(python -m app --help for its options).")
+APP_HELP = "Without a command, kestrel opens the desktop app (the GUI). Its options:"
+
+
+def app_help() -> str:
+    """The epilog of `kestrel --help`: the desktop app and its options, from app.main's own parser."""
+    from app.main import build_parser
+
+    parser = build_parser()
+    lines = [APP_HELP]
+    for action in parser._actions:
+        if action.option_strings and "-h" not in action.option_strings:
+            flag = action.option_strings[0]
+            if action.choices:
+                flag += " {" + ",".join(action.choices) + "}"
+            lines.append(f"  kestrel {flag}: {action.help}")
+    return "\n".join(lines)
 
 
 def opens_the_app(argv: list[str]) -> bool:
@@ -28,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     from engine import cli as engine_cli
 
     if argv[0] in ("-h", "--help"):  # the engine's commands, and a word on the app
+        import argparse
+
         parser = engine_cli.build_parser()
-        parser.epilog = APP_HELP
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = app_help()
         parser.print_help()
         return 0
     return engine_cli.main(argv)

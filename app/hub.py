@@ -4,10 +4,15 @@ them on a worker thread. Errors come out as HubError with a plain message."""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import threading
+import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.downloader import HubFile
 from app.fit import ModelShape
@@ -19,6 +24,7 @@ FORMATS = {"Any format": None, "safetensors": "safetensors", "GGUF": "gguf", "GP
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".onnx", ".msgpack", ".h5", ".ot")
 _NEEDED_SMALL = re.compile(r"^(config\.json|generation_config\.json|tokenizer.*|special_tokens_map\.json|"
                            r"chat_template\.(jinja|json)|.*\.safetensors\.index\.json|vocab\.json|merges\.txt)$")
+PROBE_TIMEOUT = 2.0  # seconds: one TCP connect to the Hub before a call (huggingface_hub retries 5 times, ~23 s)
 _QUANT_IN_NAME = re.compile(r"(?i)(?:^|[-_.])((?:I?Q\d[\w]*?)|F16|F32|BF16)(?=\.gguf$|-\d{5}-of-)")
 
 
@@ -79,8 +85,60 @@ def _api(token: str | None):
     return HfApi(endpoint=hf_endpoint(), token=token or False)
 
 
+def offline_mode() -> bool:
+    """huggingface_hub's offline mode (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read at its import), or the
+    variable set since."""
+    from huggingface_hub import constants
+
+    env = (os.environ.get("HF_HUB_OFFLINE") or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    return bool(constants.HF_HUB_OFFLINE) or env
+
+
+def endpoint() -> str:
+    from huggingface_hub import constants
+
+    return hf_endpoint() or constants.ENDPOINT
+
+
+def probe(what: str, timeout: float = PROBE_TIMEOUT) -> None:
+    """Fail fast, before huggingface_hub's retries: HubError at once in offline mode, and when one TCP connect
+    to the Hub's host (name lookup included) does not succeed within ``timeout`` seconds."""
+    if offline_mode():
+        raise HubError(f"Cannot {what}: offline mode is on (HF_HUB_OFFLINE=1).")
+    parts = urlsplit(endpoint())
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):  # behind a proxy: the proxy is what must answer
+        pp = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = pp.hostname or host, pp.port or 8080
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:  # on a thread of its own: a name lookup does not honour a socket timeout
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001
+            outcome.append(e)
+
+    t = threading.Thread(target=connect, name="hub-probe", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not outcome:
+        raise HubError(f"Cannot {what}: the Hub is not reachable (no answer from {host} in {timeout:g} s).")
+    if outcome[0] is not None:
+        raise HubError(f"Cannot {what}: the Hub is not reachable ({host}: {_reason(outcome[0])}).")
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, socket.gaierror):
+        return "name lookup failed; is the network up?"
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
 def search_models(query: str, fmt: str | None = None, limit: int = 50, token: str | None = None) -> list[HubModel]:
     """Text-generation models matching ``query``, most downloaded first; ``fmt`` one of FORMATS' values."""
+    probe("search the Hub")
     try:
         models = _api(token).list_models(
             search=query or None, filter=[fmt] if fmt else None, pipeline_tag="text-generation",
@@ -94,6 +152,7 @@ def search_models(query: str, fmt: str | None = None, limit: int = 50, token: st
 
 
 def repo_details(repo_id: str, token: str | None = None) -> RepoDetails:
+    probe(f"read {repo_id}")
     try:
         info = _api(token).model_info(repo_id, files_metadata=True)
     except Exception as e:  # noqa: BLE001

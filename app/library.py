@@ -74,6 +74,12 @@ def scan_library(hf_cache: Path, models_dir: Path, added: list[str] | None = Non
     return entries
 
 
+def missing_added(added: list[str]) -> list[str]:
+    """The added files (Browse in the Load panel, "Add GGUF file") that are no longer there: the library does
+    not show them, so the panel offers to forget them."""
+    return [item for item in added if not os.path.exists(item)]
+
+
 def entry_for_path(path: Path, entries: list[LibraryEntry]) -> LibraryEntry | None:
     target = path.resolve()
     return next((e for e in entries if e.facts.path.resolve() == target), None)

@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     title TEXT NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
+    overflow_policy TEXT NOT NULL DEFAULT 'drop_oldest',
     created REAL NOT NULL,
     updated REAL NOT NULL
 );
@@ -45,6 +46,7 @@ class Conversation:
     system_prompt: str
     created: float
     updated: float
+    overflow_policy: str = "drop_oldest"  # app.chat_context: what a turn does when it outgrows the context
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Message:
     tokens_per_s: float | None = None
     num_tokens: int | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
-    model: str | None = None
+    model: str | None = None  # an assistant reply: the model that wrote it (None: from before this was kept)
 
 
 class Store:
@@ -71,6 +73,13 @@ class Store:
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(_SCHEMA)
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(conversations)")}
+        if "overflow_policy" not in cols:  # a database from before overflow policies
+            self._db.execute("ALTER TABLE conversations ADD COLUMN overflow_policy TEXT NOT NULL "
+                             "DEFAULT 'drop_oldest'")
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(messages)")}
+        if "model" not in cols:  # a database from before replies kept the model that wrote them
+            self._db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
         self._db.commit()
 
     def close(self) -> None:
@@ -109,6 +118,10 @@ class Store:
     def set_system_prompt(self, conversation_id: int, text: str) -> None:
         with self._db:
             self._db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conversation_id))
+
+    def set_overflow_policy(self, conversation_id: int, policy: str) -> None:
+        with self._db:
+            self._db.execute("UPDATE conversations SET overflow_policy = ? WHERE id = ?", (policy, conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self._db:

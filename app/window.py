@@ -29,6 +29,15 @@ PANELS = [("chat", "Chat"), ("models", "Models"), ("load", "Load"), ("server", "
           ("performance", "Performance"), ("hardware", "Hardware")]
 
 
+def weights_text(info, config) -> str:
+    """The loaded weights in a few words: the dtype, and "int8" first when the engine requantized the linear
+    layers (``--quantization int8``; the dtype is then the activations')."""
+    quant = getattr(config, "quantization", None) if config is not None else None
+    if quant and quant != "none":
+        return f"{quant} weights, {info.dtype} activations"
+    return info.dtype
+
+
 class MainWindow(QMainWindow):
     def __init__(self, ctx: AppContext):
         super().__init__()
@@ -119,8 +128,8 @@ class MainWindow(QMainWindow):
             DEAD: "The engine stopped",
         }.get(state, "")
         if state == READY and info is not None:
-            text = (f"● {info.name}  ·  {info.dtype}  ·  {info.device}  ·  context {info.max_model_len:,}"
-                    f"  ·  TP {info.tensor_parallel_size}")
+            text = (f"● {info.name}  ·  {weights_text(info, self.ctx.engine.config)}  ·  {info.device}  ·  "
+                    f"context {info.max_model_len:,}  ·  TP {info.tensor_parallel_size}")
         self.engine_label.setText(text)
         self.reload_button.setVisible(state == DEAD)
 

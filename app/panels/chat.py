@@ -1,14 +1,22 @@
 """Chat: conversations (listed, searched, renamed, deleted; kept in SQLite), a system prompt per
 conversation, sampling settings per model, streamed Markdown replies with their TTFT, tokens/s and token
-count; stop, regenerate, edit-and-resend."""
+count; stop, regenerate, edit-and-resend.
+
+The context meter under the composer counts the next turn (the conversation, the draft and the reply's max
+tokens) with the loaded model's tokenizer and chat template, on the engine worker's loop (never on the GUI
+thread): a debounced count whose answer comes back through a queued signal. Each send goes through the
+conversation's overflow policy (app.chat_context) the same way before it reaches the engine: old turns are
+left out and max tokens clamped so that a long chat keeps working at the context limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QHBoxLayout,
     QInputDialog,
     QLabel,
@@ -18,12 +26,14 @@ from PySide6.QtWidgets import (
     QMenu,
     QMessageBox,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
+from app.chat_context import DEFAULT_POLICY, POLICIES, Fit, fit_messages
 from app.context import AppContext
 from app.sampling import SamplingSettings
 from app.store import NEW_TITLE, Conversation
@@ -32,6 +42,12 @@ from app.widgets.sampling_form import SamplingForm
 from app.workers.engine_worker import LOADING, READY, ReplyStats
 
 RENDER_INTERVAL_MS = 50  # streaming re-render at most 20 times a second
+# "#danger" buttons' red text outranks the style sheet's grey for disabled buttons: disabled, they look disabled
+DANGER_DISABLED = "QPushButton#danger:disabled { color: #9ca3af; background: #f9fafb; border-color: #e5e7eb; }"
+METER_DELAY_MS = 250  # the context meter recounts this long after the last change
+METER_STYLE = ("QProgressBar#contextMeter { min-height: 8px; max-height: 8px; border-radius: 4px; "
+               "border: 1px solid #e5e7eb; background: #f3f4f6; } "
+               "QProgressBar#contextMeter::chunk { border-radius: 3px; } ")
 
 
 @dataclass
@@ -41,6 +57,28 @@ class _Pending:
     widget: MessageWidget | None
     text: str = ""
     dirty: bool = False
+    history: list[dict] = field(default_factory=list)
+    settings: SamplingSettings | None = None
+
+
+class _Bridge(QObject):
+    """Brings the answers of counts run on the engine's loop back to the GUI thread (a queued signal)."""
+
+    done = Signal(str, object)  # tag, app.chat_context.Fit | None (no model) | Exception
+
+
+async def _fit_on_loop(engine, messages: list[dict], max_tokens: int, policy: str) -> Fit | None:
+    """On the engine worker's loop: the next turn under ``policy``, counted with the model's tokenizer."""
+    client = engine.client
+    if client is None or client.info is None:
+        return None
+
+    async def count(msgs: list[dict]) -> int:
+        if not msgs:
+            return 0
+        return len(await client.tokenize(messages=msgs, add_generation_prompt=True))
+
+    return await fit_messages(messages, count, int(client.info.max_model_len), max_tokens, policy)
 
 
 def format_stats(stats: ReplyStats) -> str:
@@ -72,6 +110,14 @@ class ChatPanel(QWidget):
         self._save_timer.setSingleShot(True)
         self._save_timer.setInterval(400)
         self._save_timer.timeout.connect(self._save_settings)
+        self._bridge = _Bridge(self)
+        self._bridge.done.connect(self._on_fit_done)
+        self._meter_gen = 0
+        self.meter_fit: Fit | None = None  # the last count of the next turn (tests read it)
+        self._meter_timer = QTimer(self)
+        self._meter_timer.setSingleShot(True)
+        self._meter_timer.setInterval(METER_DELAY_MS)
+        self._meter_timer.timeout.connect(self.update_meter)
         self._build()
         self.engine.delta.connect(self._on_delta)
         self.engine.replyFinished.connect(self._on_finished)
@@ -107,6 +153,9 @@ class ChatPanel(QWidget):
         self.conv_list.setObjectName("conversations")
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.conv_list.setTextElideMode(Qt.ElideRight)
+        # the open conversation stands out (a style sheet's ::item rule hides the list's selection colours)
+        self.conv_list.setStyleSheet("QListWidget#conversations::item:selected { background: #ffedd5; "
+                                     "color: #111827; border-left: 3px solid #ea580c; }")
         self.conv_list.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
         self.conv_list.itemDoubleClicked.connect(lambda item: self.rename_conversation(item.data(Qt.UserRole)))
         self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
@@ -119,6 +168,7 @@ class ChatPanel(QWidget):
         self.rename_button.clicked.connect(lambda: self.conversation and self.rename_conversation(self.conversation.id))
         self.delete_button = QPushButton("Delete")
         self.delete_button.setObjectName("danger")
+        self.delete_button.setStyleSheet(DANGER_DISABLED)
         self.delete_button.clicked.connect(lambda: self.conversation and self.delete_conversation(self.conversation.id))
         conv_buttons.addWidget(self.rename_button)
         conv_buttons.addWidget(self.delete_button)
@@ -151,6 +201,7 @@ class ChatPanel(QWidget):
         row = QHBoxLayout()
         self.composer = Composer()
         self.composer.submitted.connect(self.send)
+        self.composer.textChanged.connect(self._meter_timer.start)
         row.addWidget(self.composer, 1)
         buttons = QVBoxLayout()
         self.send_button = QPushButton("Send")
@@ -167,6 +218,35 @@ class ChatPanel(QWidget):
         buttons.addStretch(1)
         row.addLayout(buttons)
         cl.addLayout(row)
+        meter = QHBoxLayout()
+        self.meter_bar = QProgressBar()
+        self.meter_bar.setObjectName("contextMeter")
+        self.meter_bar.setTextVisible(False)
+        self.meter_bar.setFixedHeight(8)
+        self.meter_bar.setStyleSheet(METER_STYLE)
+        self.meter_bar.setRange(0, 1)
+        self.meter_bar.setValue(0)
+        self.meter_bar.setToolTip("The next turn (the conversation, your draft and the reply's max tokens) "
+                                  "against the loaded model's context")
+        self.meter_label = QLabel("")
+        self.meter_label.setObjectName("hint")
+        self.meter_label.setToolTip(self.meter_bar.toolTip())
+        self.overflow = QComboBox()
+        self.overflow.setToolTip("What a turn does when the conversation outgrows the model's context "
+                                 "(the system prompt is always kept)")
+        for key, label in POLICIES.items():
+            self.overflow.addItem(label, key)
+        self.overflow.currentIndexChanged.connect(self._overflow_changed)
+        meter.addWidget(self.meter_bar, 1)
+        meter.addWidget(self.meter_label)
+        meter.addWidget(QLabel("When full:"))
+        meter.addWidget(self.overflow)
+        cl.addLayout(meter)
+        self.meter_note = QLabel("")
+        self.meter_note.setObjectName("hint")
+        self.meter_note.setWordWrap(True)
+        self.meter_note.hide()
+        cl.addWidget(self.meter_note)
         split.addWidget(center)
 
         right = QWidget()
@@ -186,6 +266,7 @@ class ChatPanel(QWidget):
         self.sampling = SamplingForm()
         self.sampling.set_settings(SamplingSettings())
         self.sampling.changed.connect(self._save_timer.start)
+        self.sampling.changed.connect(self._meter_timer.start)
         rl.addWidget(self.sampling)
         self.defaults_button = QPushButton("Reset to the model's defaults")
         self.defaults_button.clicked.connect(self.reset_sampling)
@@ -235,16 +316,17 @@ class ChatPanel(QWidget):
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(self.conversation.system_prompt)
         self.system_prompt.blockSignals(False)
+        self._show_policy(self.conversation.overflow_policy)
         self.messages.clear()
-        name = self._assistant_name()
-        for m in self.store.messages(conversation_id):
-            w = self._message_widget(m.role, m.content, m.id, name if m.role == "assistant" else "")
+        for m in self.store.messages(conversation_id):  # each reply under the model that wrote it
+            w = self._message_widget(m.role, m.content, m.id, (m.model or "Assistant") if m.role == "assistant" else "")
             if m.role == "assistant":
                 w.set_stats(format_stats(ReplyStats(m.finish_reason, m.num_tokens or 0, 0, m.ttft, m.tokens_per_s)))
             self.messages.add(w)
         self.messages.set_placeholder("Start the conversation below." if not self.messages.widgets() else "")
         self.refresh_conversations()
         self._update_controls()
+        self.schedule_meter()
 
     def rename_conversation(self, conversation_id: int, title: str | None = None) -> None:
         conv = self.store.conversation(conversation_id)
@@ -272,6 +354,7 @@ class ChatPanel(QWidget):
             self.conversation = None
             self.messages.clear()
             self.title.setText(NEW_TITLE)
+            self._show_policy(DEFAULT_POLICY)
         self.store.delete_conversation(conversation_id)
         self.refresh_conversations()
         remaining = self.store.conversations()
@@ -292,6 +375,22 @@ class ChatPanel(QWidget):
     def _system_prompt_changed(self) -> None:
         if self.conversation is not None:
             self.store.set_system_prompt(self.conversation.id, self.system_prompt.toPlainText())
+        self.schedule_meter()
+
+    def overflow_policy(self) -> str:
+        return self.overflow.currentData() or DEFAULT_POLICY
+
+    def _show_policy(self, policy: str) -> None:
+        i = self.overflow.findData(policy)
+        self.overflow.blockSignals(True)
+        self.overflow.setCurrentIndex(i if i >= 0 else self.overflow.findData(DEFAULT_POLICY))
+        self.overflow.blockSignals(False)
+
+    def _overflow_changed(self, _index: int) -> None:
+        if self.conversation is not None:
+            self.store.set_overflow_policy(self.conversation.id, self.overflow_policy())
+            self.conversation = self.store.conversation(self.conversation.id)
+        self.schedule_meter()
 
     # ------------------------------------------------------------------------------------------------
     # sending
@@ -303,6 +402,9 @@ class ChatPanel(QWidget):
             return False
         if self.conversation is None:
             self.conversation = self.store.create_conversation()
+            self.store.set_overflow_policy(self.conversation.id, self.overflow_policy())
+            self.store.set_system_prompt(self.conversation.id, self.system_prompt.toPlainText())  # typed before
+            self.conversation = self.store.conversation(self.conversation.id)
         conv_id = self.conversation.id
         if self.editing_id is not None:
             self.store.delete_messages_from(conv_id, self.editing_id)
@@ -363,17 +465,118 @@ class ChatPanel(QWidget):
             history.insert(0, {"role": "system", "content": conv.system_prompt})
         rid = f"chat-{uuid.uuid4().hex[:12]}"
         widget = self.messages.add(self._message_widget("assistant", "", None, self._assistant_name()))
-        self.pending = _Pending(rid, conv.id, widget)
+        settings = self.sampling.settings()
+        self.pending = _Pending(rid, conv.id, widget, history=history, settings=settings)
         try:
-            params = self.sampling.settings().to_params()
+            settings.to_params()
         except ValueError as e:  # InvalidRequestError names the setting
             self.pending = None
             widget.set_error(str(e))
             self._update_controls()
             return
-        self.engine.generate(rid, history, params)
+        # the overflow policy first (counted on the engine's loop), then the request: _on_fit_done
+        self._submit_fit(rid, history, settings.max_tokens, conv.overflow_policy)
         self._render_timer.start()
         self._update_controls()
+
+    def _submit_fit(self, tag: str, messages: list[dict], max_tokens: int, policy: str) -> None:
+        bridge = self._bridge
+
+        def done(future) -> None:  # on the engine's thread
+            try:
+                result = future.result()
+            except BaseException as e:  # noqa: BLE001 - reported to the GUI
+                result = e if isinstance(e, Exception) else None
+            try:
+                bridge.done.emit(tag, result)
+            except RuntimeError:  # the panel is gone
+                pass
+
+        self.engine.submit(_fit_on_loop(self.engine, messages, max_tokens, policy)).add_done_callback(done)
+
+    def _on_fit_done(self, tag: str, result) -> None:
+        if tag.startswith("meter:"):
+            if int(tag[6:]) == self._meter_gen:
+                self._show_meter(result)
+            return
+        p = self.pending
+        if p is None or p.request_id != tag:
+            return
+        settings = p.settings or self.sampling.settings()
+        messages = p.history
+        if isinstance(result, Fit):
+            if not result.ok:
+                self.pending = None
+                self._render_timer.stop()
+                if p.widget is not None:
+                    p.widget.set_error(result.error)
+                self._update_controls()
+                return
+            messages = result.messages
+            settings = dataclasses.replace(settings, max_tokens=result.max_tokens)
+            self._show_note(result.summary())
+        self.engine.generate(p.request_id, messages, settings.to_params())
+
+    # ------------------------------------------------------------------------------------------------
+    # the context meter
+
+    def schedule_meter(self) -> None:
+        self._meter_timer.start()
+
+    def next_turn_messages(self) -> list[dict]:
+        """The next request's messages as things stand: the conversation and the draft (not yet sent)."""
+        history: list[dict] = []
+        if self.conversation is not None:
+            history = [{"role": m.role, "content": m.content} for m in self.store.messages(self.conversation.id)
+                       if m.content or m.role == "user"]
+            if self.editing_id is not None:
+                ids = [m.id for m in self.store.messages(self.conversation.id) if m.content or m.role == "user"]
+                history = history[:next((i for i, mid in enumerate(ids) if mid >= self.editing_id), len(ids))]
+        system = self.system_prompt.toPlainText()
+        if system.strip():
+            history.insert(0, {"role": "system", "content": system})
+        draft = self.composer.toPlainText().strip()
+        if draft:
+            history.append({"role": "user", "content": draft})
+        return history
+
+    def update_meter(self) -> None:
+        """Recount the next turn (on the engine's loop; the answer updates the meter)."""
+        self._meter_timer.stop()
+        self._meter_gen += 1
+        if self.engine.state != READY:
+            self._show_meter(None)
+            return
+        self._submit_fit(f"meter:{self._meter_gen}", self.next_turn_messages(), self.sampling.max_tokens.value(),
+                         self.overflow_policy())
+
+    def _show_meter(self, fit) -> None:
+        self.meter_fit = fit if isinstance(fit, Fit) else None
+        if self.meter_fit is None:
+            self.meter_bar.setRange(0, 1)
+            self.meter_bar.setValue(0)
+            self.meter_label.setText("" if self.engine.state != READY else "— tokens")
+            self._show_note("")
+            return
+        f = self.meter_fit
+        total = f.full_prompt_tokens + f.requested
+        self.meter_bar.setRange(0, max(1, f.max_len))
+        self.meter_bar.setValue(min(total, f.max_len))
+        level = "over" if total > f.max_len else "near" if total > 0.8 * f.max_len else "ok"
+        color = {"over": "#d9534f", "near": "#e0a030", "ok": "#3f8fd2"}[level]
+        self.meter_bar.setStyleSheet(METER_STYLE + f"QProgressBar#contextMeter::chunk {{ background: {color}; }}")
+        self.meter_bar.setProperty("level", level)
+        self.meter_label.setText(f"{f.full_prompt_tokens:,} + {f.requested:,} / {f.max_len:,} tokens")
+        self.meter_label.setToolTip(f"Prompt {f.full_prompt_tokens:,} tokens + reply up to {f.requested:,} "
+                                    f"(max tokens), against the model's {f.max_len:,}-token context")
+        if total > f.max_len and self.pending is None:
+            self._show_note(("Next turn: " + f.summary()[0].lower() + f.summary()[1:]) if f.ok else f.error)
+        elif self.pending is None:
+            self._show_note("")
+
+    def _show_note(self, text: str) -> None:
+        self.meter_note.setText(text)
+        self.meter_note.setVisible(bool(text))
 
     def _abort_pending(self) -> None:
         if self.pending is not None:
@@ -405,12 +608,14 @@ class ChatPanel(QWidget):
         info = self.engine.info
         msg = self.store.add_message(p.conversation_id, "assistant", p.text, ttft=stats.ttft,
                                      tokens_per_s=stats.tokens_per_s, num_tokens=stats.num_tokens,
-                                     finish_reason=stats.finish_reason, model=info.name if info else None)
+                                     finish_reason=stats.finish_reason,
+                                     model=self._assistant_name() if info else None)
         if p.widget is not None:
             p.widget.set_text(p.text)
             p.widget.message_id = msg.id
             p.widget.set_stats(format_stats(stats))
         self._update_controls()
+        self.schedule_meter()
 
     def _on_failed(self, rid: str, message: str) -> None:
         p = self.pending
@@ -431,6 +636,7 @@ class ChatPanel(QWidget):
         else:
             self.notice.setText("No model is loaded: load one in the Load panel to chat.")
         self._update_controls()
+        self.schedule_meter()
 
     def _on_model_loaded(self, info) -> None:
         key = self.ctx.model_key or info.path
@@ -441,6 +647,7 @@ class ChatPanel(QWidget):
                                    else "The model gives no sampling defaults; Kestrel's are used.")
         name = self._assistant_name()
         self.messages.set_placeholder("" if self.messages.widgets() else f"Chat with {name}.")
+        self.schedule_meter()
 
     def reset_sampling(self) -> None:
         info = self.engine.info
@@ -461,8 +668,12 @@ class ChatPanel(QWidget):
         return w
 
     def _assistant_name(self) -> str:
+        """The loaded model as a reply's label (kept with the reply): its name, and int8 when requantized."""
         info = self.engine.info
-        return info.name if info is not None else "Assistant"
+        if info is None:
+            return "Assistant"
+        quant = getattr(self.engine.config, "quantization", None)
+        return f"{info.name} ({quant})" if quant and quant != "none" else info.name
 
     def _update_controls(self) -> None:
         busy = self.pending is not None
@@ -486,6 +697,8 @@ class ChatPanel(QWidget):
             signal.disconnect(slot)
         self.pending = None
         self._render_timer.stop()
+        self._meter_timer.stop()
+        self._bridge.done.disconnect(self._on_fit_done)
         if self._save_timer.isActive():
             self._save_timer.stop()
             self._save_settings()

@@ -83,6 +83,7 @@ class LoadPanel(QWidget):
         self.engine.loadFailed.connect(self._on_failed)
         self.engine.loadCancelled.connect(self._on_cancelled)
         self.engine.engineDied.connect(self._on_died)
+        self.engine.unloaded.connect(self._on_unloaded)
         self._on_state(self.engine.state)
 
     # ------------------------------------------------------------------------------------------------
@@ -448,6 +449,9 @@ class LoadPanel(QWidget):
 
     def _on_cancelled(self) -> None:
         self._show_message("Loading was cancelled.", "warningBox")
+
+    def _on_unloaded(self) -> None:
+        self._show_message("No model is loaded.", "hint")  # not the last load's (or failure's) message
 
     def _on_died(self, why: str) -> None:
         self._show_message(f"The engine stopped: {why}\nPress Load to start it again.", "errorBox")

@@ -46,15 +46,32 @@ class ModelsPanel(QWidget):
         self.status.setWordWrap(True)
         self.status.hide()
         root.addWidget(self.status)
-        self.library_tab = LibraryTab(ctx, self.show_status)
-        self.hub_tab = HubTab(ctx, self.show_status, self._on_download_started)
-        self.downloads_tab = DownloadsTab(ctx, self.show_status)
+        self._held: dict[int, tuple[str, bool]] = {}  # a tab's error that came while another tab was shown
+        self.library_tab = LibraryTab(ctx, self._status_of(LIBRARY))
+        self.hub_tab = HubTab(ctx, self._status_of(HUB), self._on_download_started)
+        self.downloads_tab = DownloadsTab(ctx, self._status_of(DOWNLOADS))
         self.tabs = QTabWidget()
         self.tabs.addTab(self.library_tab, "Library")
         self.tabs.addTab(self.hub_tab, "Find on the Hub")
         self.tabs.addTab(self.downloads_tab, "Downloads")
+        self.tabs.currentChanged.connect(self._on_tab_changed)
         root.addWidget(self.tabs, 1)
         self._update_token_label()
+
+    def _status_of(self, tab: int):
+        """The status function of one tab: its errors show on that tab only (held until it is shown)."""
+        def status(text: str, error: bool = False) -> None:
+            if error and self.tabs.currentIndex() != tab:
+                self._held[tab] = (text, error)
+            else:
+                self._held.pop(tab, None)
+                self.show_status(text, error)
+        return status
+
+    def _on_tab_changed(self, index: int) -> None:
+        """Leaving a tab clears the banner (one tab's message does not stay on the others)."""
+        text, error = self._held.pop(index, ("", False))
+        self.show_status(text, error)
 
     def show_status(self, text: str, error: bool = False) -> None:
         self.status.setObjectName("errorBox" if error else "hint")

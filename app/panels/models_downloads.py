@@ -16,6 +16,8 @@ from app.workers.download_worker import DownloadJob
 
 StatusFn = Callable[..., None]  # (text, error=False)
 PROGRESS, SPEED, STATE, ACTION = 2, 3, 4, 5
+ACTIONS = ("Cancel", "Resume", "Retry")
+ACTION_MARGIN = 6  # pixels around an action button in its cell
 
 
 class DownloadsTab(QWidget):
@@ -28,6 +30,13 @@ class DownloadsTab(QWidget):
         self.table = table(["Model", "Variant", "Progress", "Speed", "Status", ""], stretch=STATE)
         self.table.horizontalHeader().setSectionResizeMode(PROGRESS, QHeaderView.Fixed)
         self.table.setColumnWidth(PROGRESS, 220)
+        # the action buttons are cell widgets, which ResizeToContents does not measure: size the column and the
+        # rows for the widest and tallest of them, or "Resume" is clipped
+        hints = [self._button(text).sizeHint() for text in ACTIONS]
+        self.table.horizontalHeader().setSectionResizeMode(ACTION, QHeaderView.Fixed)
+        self.table.setColumnWidth(ACTION, max(h.width() for h in hints) + 2 * ACTION_MARGIN)
+        rows = self.table.verticalHeader()
+        rows.setDefaultSectionSize(max(rows.defaultSectionSize(), max(h.height() for h in hints) + ACTION_MARGIN))
         lay.addWidget(self.table, 1)
         note = QLabel("Downloads continue in the background. A cancelled download keeps what it has: Resume "
                       "continues from there. Each file is checked against the size and hash the Hub publishes.")
@@ -71,8 +80,13 @@ class DownloadsTab(QWidget):
         self.table.setItem(r, STATE, cell("Queued", color=GREY))
         self._action(job, "Cancel", partial(self.cancel, job.id))
 
-    def _action(self, job: DownloadJob, text: str, slot) -> None:
+    def _button(self, text: str) -> QPushButton:
         b = QPushButton(text)
+        b.ensurePolished()  # the app's style sheet (padding, min-height) counts in its size hint
+        return b
+
+    def _action(self, job: DownloadJob, text: str, slot) -> None:
+        b = self._button(text)
         b.clicked.connect(slot)
         self.table.setCellWidget(self.rows[job.id], ACTION, b)
 

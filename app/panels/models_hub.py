@@ -34,6 +34,7 @@ from app.workers.download_worker import DownloadJob
 
 StatusFn = Callable[..., None]  # (text, error=False)
 GPU_SHARE = 0.9  # of each GPU's memory, as the engine's default gpu_memory_utilization
+NO_REPO = "Select a model to see its files and whether it fits."
 
 
 class HubTab(QWidget):
@@ -44,8 +45,12 @@ class HubTab(QWidget):
         self.on_download = on_download
         self.results: list[HubModel] = []
         self.details: RepoDetails | None = None
+        self._wanted: str | None = None  # the repo whose details were asked for last
         self._build()
         ctx.hardware.sampled.connect(self._on_hardware)
+        for signal in (ctx.downloads.finished, ctx.downloads.failed):
+            signal.connect(lambda *_: self._refresh_cache_states())
+        ctx.downloads.cancelled.connect(lambda *_: self._refresh_cache_states())
 
     def _build(self) -> None:
         lay = QVBoxLayout(self)
@@ -70,7 +75,7 @@ class HubTab(QWidget):
         detail = QWidget()
         dl = QVBoxLayout(detail)
         dl.setContentsMargins(8, 0, 0, 0)
-        self.repo_title = QLabel("Select a model to see its files and whether it fits.")
+        self.repo_title = QLabel(NO_REPO)
         self.repo_title.setWordWrap(True)
         self.repo_title.setTextFormat(Qt.RichText)
         dl.addWidget(self.repo_title)
@@ -131,8 +136,14 @@ class HubTab(QWidget):
     def _on_results(self, results: list[HubModel]) -> None:
         self.search_button.setEnabled(True)
         self.results = results
-        self.status(f"{len(results)} models found." if results else "No models found.")
+        n = len(results)
+        self.status(f"{n} model{'s' if n != 1 else ''} found." if results else "No models found.")
+        self.clear_details()
         t = self.results_table
+        t.blockSignals(True)  # a new list: nothing selected (a row kept selected would not signal a click)
+        t.clearSelection()
+        t.setCurrentItem(None)
+        t.setRowCount(0)
         t.setRowCount(len(results))
         for r, m in enumerate(results):
             cells = [cell(m.repo_id + ("  (gated)" if m.gated else "")), cell(", ".join(m.formats) or "—"),
@@ -141,6 +152,24 @@ class HubTab(QWidget):
             for c, it in enumerate(cells):
                 it.setData(Qt.UserRole, m.repo_id)
                 t.setItem(r, c, it)
+        t.blockSignals(False)
+
+    def clear_details(self) -> None:
+        """Forget the shown repo: details, variants, files, fit and the Download button."""
+        self.details = None
+        self._wanted = None
+        self.repo_title.setText(NO_REPO)
+        self.repo_support.hide()
+        for t in (self.variants_table, self.files_table):
+            t.blockSignals(True)
+            t.clearSelection()
+            t.setRowCount(0)
+            t.blockSignals(False)
+        self.fit_table.setRowCount(0)
+        self.fit_table.setColumnCount(0)
+        self.fit_note.setText("")
+        self.download_button.setEnabled(False)
+        self.download_button.setText("Download")
 
     def _on_result_selected(self) -> None:
         row = selected_row(self.results_table)
@@ -150,11 +179,14 @@ class HubTab(QWidget):
     # one repo -----------------------------------------------------------------------------------------
     def show_repo(self, repo_id: str) -> None:
         token = token_store.get_token()
+        self.clear_details()
+        self._wanted = repo_id
         self.repo_title.setText(f"<b>{repo_id}</b>: reading its files…")
-        self.download_button.setEnabled(False)
         self.ctx.tasks.submit(lambda: repo_details(repo_id, token), self._on_details, self._on_error)
 
     def _on_details(self, d: RepoDetails) -> None:
+        if d.repo_id != self._wanted:  # an earlier click's answer, come late
+            return
         self.details = d
         self.status("")
         bits = [d.architecture or "unknown architecture",
@@ -171,19 +203,33 @@ class HubTab(QWidget):
         self.repo_support.show()
         if d.context_length:
             self.fit_context.setValue(min(int(d.context_length), 8192))
-        cache = paths.hf_cache_dir()
         t = self.variants_table
+        t.blockSignals(True)
+        t.clearSelection()
         t.setRowCount(len(d.variants))
         for r, v in enumerate(d.variants):
-            have = partial_bytes(d.repo_id, v.files, cache)
-            state = "yes" if v.size and have >= v.size else f"{100 * have / v.size:.0f}%" if have and v.size else "no"
             for c, it in enumerate([cell(v.label), cell(str(len(v.files)), right=True),
-                                    cell(fit.human_bytes(v.size), right=True), cell(state)]):
+                                    cell(fit.human_bytes(v.size), right=True), cell("")]):
                 t.setItem(r, c, it)
+        self._refresh_cache_states()
         if d.variants:
             preferred = next((i for i, v in enumerate(d.variants) if v.label.upper() in ("Q4_K_M", "Q8_0")), 0)
             t.selectRow(preferred)
+        t.blockSignals(False)
+        self._on_variant_selected()  # always: the same row as the last repo's does not signal a change
         self._update_fit()
+
+    def _refresh_cache_states(self) -> None:
+        """The "In cache" column, from the cache as it is now (after a download ends, too)."""
+        d = self.details
+        if d is None:
+            return
+        cache = paths.hf_cache_dir()
+        t = self.variants_table
+        for r, v in enumerate(d.variants[:t.rowCount()]):
+            have = partial_bytes(d.repo_id, v.files, cache)
+            state = "yes" if v.size and have >= v.size else f"{100 * have / v.size:.0f}%" if have and v.size else "no"
+            t.setItem(r, 3, cell(state))
 
     def selected_variant(self) -> Variant | None:
         row = selected_row(self.variants_table)

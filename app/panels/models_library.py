@@ -1,18 +1,32 @@
 """The Models panel's Library tab: every local model with its size, architecture, quantization and whether
-the engine supports it; load (in the Load panel), add a GGUF file, delete with the space freed."""
+the engine supports it; load (in the Load panel), add a GGUF file, delete with the space freed, and remove a
+file added by Browse or "Add GGUF file" from the list (right-click, the Delete key, or the button; the file stays),
+or forget those that are gone."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt, QUrl
+from PySide6.QtCore import QEvent, Qt, QUrl
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QMessageBox, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app import fit, paths
 from app.context import AppContext
-from app.library import LibraryEntry, delete_entry, deletion_size
+from app.library import LibraryEntry, delete_entry, deletion_size, missing_added
 from app.widgets.tables import GREEN, RED, cell, selected_row, table
+
+# "#danger" buttons' red text outranks the style sheet's grey for disabled buttons: disabled, they look disabled
+DANGER_DISABLED = "QPushButton#danger:disabled { color: #9ca3af; background: #f9fafb; border-color: #e5e7eb; }"
 
 StatusFn = Callable[..., None]  # (text, error=False)
 
@@ -38,6 +52,7 @@ class LibraryTab(QWidget):
         self.load_button.clicked.connect(self.load_selected)
         self.delete_button = QPushButton("Delete")
         self.delete_button.setObjectName("danger")
+        self.delete_button.setStyleSheet(DANGER_DISABLED)
         self.delete_button.clicked.connect(self.delete_selected)
         bar.addWidget(self.load_button)
         bar.addWidget(self.delete_button)
@@ -45,7 +60,19 @@ class LibraryTab(QWidget):
         self.table = table(COLUMNS)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.itemDoubleClicked.connect(self._on_double_click)
+        self.table.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.table.customContextMenuRequested.connect(self._context_menu)
+        self.table.installEventFilter(self)  # the Delete key: remove (added file) or delete
         lay.addWidget(self.table, 1)
+        missing = QHBoxLayout()
+        self.missing_note = QLabel()
+        self.missing_note.setObjectName("hint")
+        self.missing_note.setWordWrap(True)
+        self.forget_button = QPushButton("Forget them")
+        self.forget_button.clicked.connect(self.forget_missing)
+        missing.addWidget(self.missing_note, 1)
+        missing.addWidget(self.forget_button)
+        lay.addLayout(missing)
         hint = QLabel(f"Models live in the Hugging Face cache ({paths.hf_cache_dir()}), shared with other tools, "
                       f"and in Kestrel's models folder ({paths.models_dir()}).")
         hint.setObjectName("hint")
@@ -54,6 +81,7 @@ class LibraryTab(QWidget):
         self.library.changed.connect(self.show_entries)
         self.library.failed.connect(self._on_scan_failed)
         self._update_buttons()
+        self._update_missing()
 
     def show_entries(self) -> None:
         entries = self.library.entries
@@ -65,10 +93,71 @@ class LibraryTab(QWidget):
                      cell(f.architecture or "?"), cell(f.quantization or "—"),
                      cell(fit.human_count(f.num_params), right=True), cell(fit.human_bytes(f.size_bytes), right=True),
                      support]
+            if e.source == "added":
+                cells[1].setToolTip("Added with Browse or \u201cAdd GGUF file\u201d. Remove from list (right-click "
+                                    "or Delete) forgets it; the file stays where it is.")
             for c, it in enumerate(cells):
                 it.setData(Qt.UserRole, e.key)
                 self.table.setItem(r, c, it)
         self._update_buttons()
+        self._update_missing()
+
+    def _update_missing(self) -> None:
+        gone = missing_added(self.library.added_files())
+        n = len(gone)
+        self.missing_note.setText(f"{n} added file{'s are' if n != 1 else ' is'} no longer there: "
+                                  + ", ".join(gone[:3]) + (" …" if n > 3 else "") if gone else "")
+        self.missing_note.setVisible(bool(gone))
+        self.forget_button.setVisible(bool(gone))
+
+    def forget_missing(self) -> list[str]:
+        """Remove the added files that are gone from the list."""
+        gone = missing_added(self.library.added_files())
+        for path in gone:
+            self.library.remove_added(path)
+        if gone:
+            self.status(f"Forgot {len(gone)} missing file{'s' if len(gone) != 1 else ''}.")
+        self._update_missing()
+        return gone
+
+    def remove_selected_from_list(self) -> bool:
+        """Forget the selected added file (it stays on disk); False when the selection is not an added file."""
+        e = self.selected_entry()
+        if e is None or e.source != "added":
+            return False
+        self.library.remove_added(e.model_ref)
+        self.status(f"Removed {e.name} from the library (the file stays where it is).")
+        return True
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.table and event.type() == QEvent.KeyPress and event.key() == Qt.Key_Delete:
+            self.delete_selected()
+            return True
+        return super().eventFilter(obj, event)
+
+    def _context_menu(self, pos) -> None:
+        item = self.table.itemAt(pos)
+        if item is None:
+            return
+        self.table.selectRow(item.row())
+        e = self.selected_entry()
+        if e is None:
+            return
+        menu = QMenu(self)
+        menu.addAction("Load…", self.load_selected)
+        if e.source == "added":
+            menu.addAction("Remove from list (the file stays)", self.remove_selected_from_list)
+        elif e.deletable:
+            menu.addAction("Delete from disk…", self.delete_selected)
+        menu.addAction("Open containing folder", self._open_containing_folder)
+        self._menu = menu  # kept for tests
+        menu.popup(self.table.viewport().mapToGlobal(pos))
+
+    def _open_containing_folder(self) -> None:
+        e = self.selected_entry()
+        if e is not None:
+            folder = e.facts.path if e.facts.path.is_dir() else e.facts.path.parent
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
 
     def selected_entry(self) -> LibraryEntry | None:
         row = selected_row(self.table)
@@ -90,9 +179,7 @@ class LibraryTab(QWidget):
         e = self.selected_entry()
         if e is None:
             return
-        if e.source == "added":
-            self.library.remove_added(e.model_ref)
-            self.status(f"Removed {e.name} from the library (the file stays where it is).")
+        if self.remove_selected_from_list():
             return
         if not e.deletable:
             return

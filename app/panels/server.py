@@ -55,6 +55,8 @@ class ServerPanel(QWidget):
         self.server.requestLogged.connect(self.add_log_entry)
         ctx.engine.stateChanged.connect(self._on_engine_state)
         ctx.engine.loaded.connect(self._on_model_loaded)
+        ctx.engine.engineRestarting.connect(self._on_engine_restarting)
+        ctx.engine.engineRestarted.connect(self._on_engine_restarted)
         self.api_key.textChanged.connect(lambda _t: self._update_snippets())
         self.port.valueChanged.connect(lambda _v: self._update_snippets())
         self._update_controls()
@@ -223,6 +225,18 @@ class ServerPanel(QWidget):
 
     def _on_model_loaded(self, _info) -> None:
         self._update_snippets()
+
+    def _on_engine_restarting(self, why: str) -> None:
+        if self.url is not None:
+            self.status.setText(f"{why}\nThe endpoint stays at {self.url}/v1 and answers 503 (retry) meanwhile.")
+            self.status.setObjectName("errorBox")
+            self._repolish(self.status)
+
+    def _on_engine_restarted(self, notice: str) -> None:
+        if self.url is not None:
+            self.status.setText(f"Running: serving {self.model_name}. {notice}")
+            self.status.setObjectName("okBox")
+            self._repolish(self.status)
 
     def _update_controls(self) -> None:
         running = self.url is not None

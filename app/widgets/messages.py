@@ -70,6 +70,13 @@ class MessageWidget(QFrame):
         lay.addWidget(self.stats_label)
         self.set_text(text)
 
+    def set_title(self, title: str) -> None:
+        self.role_label.setText(title or ("You" if self.role == "user" else "Assistant"))
+
+    @property
+    def title(self) -> str:
+        return self.role_label.text()
+
     def _action(self, text: str, slot) -> QToolButton:
         b = QToolButton()
         b.setText(text)

@@ -4,6 +4,7 @@ and an engine that dies mid-reply."""
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import Qt
 
 from tests.app.helpers import REPLY_TIMEOUT_MS, set_sampling
@@ -155,3 +156,143 @@ def test_engine_death_fails_the_reply_in_place_and_offers_reload(make_window, qt
     set_sampling(w, max_tokens=3)
     qtbot.mouseClick(chat.regenerate_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: chat.pending is None and chat.message_widgets()[-1].text == "abc", timeout=REPLY_TIMEOUT_MS)
+
+
+def _fake_prompt_len(messages: list[dict]) -> int:  # tests/server/fake_engine.py: one token per character
+    return sum(len(f"<{m['role']}>{m['content']}") for m in messages) + len("<assistant>")
+
+
+def test_long_chat_keeps_working_at_the_context_limit(make_window, qtbot):
+    """The fake engine's context is 128 tokens: a few turns of 40-token replies outgrow it. Each turn still
+    answers (the oldest turns left out, the reply clamped), the meter counts the next turn, and the overflow
+    policy is kept with the conversation."""
+    w = make_window()
+    chat, store = w.chat, w.ctx.store
+    set_sampling(w, max_tokens=40)
+    sent: list = []
+    original = w.ctx.engine.generate
+    w.ctx.engine.generate = lambda rid, messages, params: (sent.append((messages, params)),
+                                                           original(rid, messages, params))
+    assert chat.overflow_policy() == "drop_oldest"
+    chat.system_prompt.setPlainText("Be brief.")
+    for text in ("first question", "second question", "third question", "fourth question"):
+        _reply(qtbot, w, text)
+        reply = chat.message_widgets()[-1]
+        assert not reply.error_label.isVisible(), reply.error_label.text()
+        assert reply.text == "abcdefghijklmnopqrstuvwxyzabcdefghijklmn"[:len(reply.text)] and reply.text
+    messages, params = sent[-1]
+    assert messages[0] == {"role": "system", "content": "Be brief."}
+    assert messages[-1] == {"role": "user", "content": "fourth question"}
+    assert {"role": "user", "content": "first question"} not in messages
+    assert _fake_prompt_len(messages) + params.max_tokens <= 128
+    assert all(_fake_prompt_len(m) + p.max_tokens <= 128 for m, p in sent)
+    # Regenerate works at the limit too
+    qtbot.mouseClick(chat.regenerate_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None and len(sent) == 5, timeout=REPLY_TIMEOUT_MS)
+    assert not chat.message_widgets()[-1].error_label.isVisible()
+    # the meter: the next turn (conversation + draft + max tokens) against the context
+    chat.composer.setPlainText("a draft")
+    chat.update_meter()
+    qtbot.waitUntil(lambda: chat.meter_fit is not None and chat.meter_fit.messages[-1]["content"] == "a draft",
+                    timeout=10_000)
+    full = [{"role": "system", "content": "Be brief."}] + [
+        {"role": m.role, "content": m.content} for m in store.messages(chat.conversation.id)] + [
+        {"role": "user", "content": "a draft"}]
+    assert chat.meter_fit.full_prompt_tokens == _fake_prompt_len(full) > 128
+    assert chat.meter_label.text() == f"{_fake_prompt_len(full):,} + 40 / 128 tokens"
+    assert chat.meter_bar.maximum() == 128 and chat.meter_bar.value() == 128
+    assert chat.meter_note.isVisible() and "left out" in chat.meter_note.text()
+    set_sampling(w, max_tokens=10)  # the meter follows max tokens
+    qtbot.waitUntil(lambda: chat.meter_label.text().endswith("+ 10 / 128 tokens"), timeout=10_000)
+    chat.composer.clear()
+    # "stop and say so", kept with the conversation
+    conv = chat.conversation.id
+    chat.overflow.setCurrentIndex(chat.overflow.findData("stop"))
+    assert store.conversation(conv).overflow_policy == "stop"
+    chat.new_conversation()
+    assert chat.overflow_policy() == "drop_oldest"
+    chat.open_conversation(conv)
+    assert chat.overflow_policy() == "stop"
+    set_sampling(w, max_tokens=40)
+    n = len(store.messages(conv))
+    assert chat.send("one more")
+    qtbot.waitUntil(lambda: chat.pending is None, timeout=REPLY_TIMEOUT_MS)
+    reply = chat.message_widgets()[-1]
+    assert reply.error_label.isVisible() and "no room is left" in reply.error_label.text()
+    assert len(store.messages(conv)) == n + 1  # the question is kept; no reply
+
+
+@pytest.mark.slow
+def test_long_chat_on_the_real_model_at_a_small_context(make_window, qtbot):
+    """The embedded SmolLM2 with a 192-token context and 48-token replies: without the overflow policy the
+    third turn failed ("the prompt has N tokens plus 48 requested...") and so did Regenerate."""
+    w = make_window(fake=False, engine_settings={"dtype": "float32", "max_model_len": 192})
+    chat = w.chat
+    assert w.ctx.engine.info.max_model_len == 192
+    set_sampling(w, max_tokens=48, temperature=0.0)
+    chat.system_prompt.setPlainText("You are a helpful assistant.")
+    for text in ("Tell me about the sea.", "Tell me about mountains.", "Tell me about rivers."):
+        _reply(qtbot, w, text)
+        reply = chat.message_widgets()[-1]
+        assert not reply.error_label.isVisible(), reply.error_label.text()
+    qtbot.mouseClick(chat.regenerate_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None and chat.message_widgets()[-1].message_id is not None,
+                    timeout=REPLY_TIMEOUT_MS)
+    assert not chat.message_widgets()[-1].error_label.isVisible()
+    chat.update_meter()
+    qtbot.waitUntil(lambda: chat.meter_fit is not None, timeout=10_000)
+    assert chat.meter_fit.full_prompt_tokens + 48 > 192  # the conversation outgrew the context
+    assert chat.meter_label.text().endswith("/ 192 tokens") and chat.meter_note.isVisible()
+
+
+def _is_red(c) -> bool:
+    return c.red() > 150 and c.green() < 110 and c.blue() < 110
+
+
+def test_open_conversation_is_highlighted_and_a_disabled_delete_looks_disabled(make_window, qtbot):
+    w = make_window()
+    chat = w.chat
+    assert not chat.delete_button.isEnabled()  # nothing to delete yet
+    img = chat.delete_button.grab().toImage()
+    assert not any(_is_red(img.pixelColor(x, y)) for x in range(img.width()) for y in range(img.height()))
+    set_sampling(w, max_tokens=2)
+    _reply(qtbot, w, "first chat")
+    a = chat.conversation.id
+    chat.new_conversation()
+    _reply(qtbot, w, "second chat")
+    chat.open_conversation(a)
+    items = [chat.conv_list.item(i) for i in range(chat.conv_list.count())]
+    opened = next(it for it in items if it.data(Qt.UserRole) == a)
+    other = next(it for it in items if it.data(Qt.UserRole) != a)
+    assert opened.isSelected() and not other.isSelected()
+    img = chat.conv_list.viewport().grab().toImage()
+    ratio = chat.conv_list.viewport().devicePixelRatioF()
+
+    def colour(item):
+        r = chat.conv_list.visualItemRect(item)
+        return img.pixelColor(int((r.right() - 4) * ratio), int(r.center().y() * ratio))
+
+    assert colour(opened) != colour(other)  # the open one stands out
+    assert colour(opened).red() > colour(opened).blue() + 20  # in the accent's light orange
+    assert chat.delete_button.isEnabled()
+    img = chat.delete_button.grab().toImage()
+    assert any(_is_red(img.pixelColor(x, y)) for x in range(img.width()) for y in range(img.height()))
+
+
+def test_each_reply_keeps_the_label_of_the_model_that_wrote_it(make_window, qtbot):
+    w = make_window(engine_settings={"quantization": "int8"})
+    chat = w.chat
+    set_sampling(w, max_tokens=3)
+    name = w.ctx.engine.info.name
+    assert "int8" in w.engine_label.text() and name in w.engine_label.text()  # the status bar says int8
+    _reply(qtbot, w, "hello")
+    conv = chat.conversation.id
+    assert chat.message_widgets()[-1].title == f"{name} (int8)"
+    assert w.ctx.store.messages(conv)[-1].model == f"{name} (int8)"
+    # replies written by other models, and one from before the model was kept
+    w.ctx.store.add_message(conv, "user", "again")
+    w.ctx.store.add_message(conv, "assistant", "old", model="Qwen2.5-0.5B-Instruct")
+    w.ctx.store.add_message(conv, "assistant", "older")
+    chat.open_conversation_force(conv)
+    titles = [m.title for m in chat.message_widgets() if m.role == "assistant"]
+    assert titles == [f"{name} (int8)", "Qwen2.5-0.5B-Instruct", "Assistant"]

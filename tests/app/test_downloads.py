@@ -150,6 +150,10 @@ def test_models_panel_search_download_load_and_delete(hub, make_window, qtbot, a
     qtbot.waitUntil(lambda: bool(seen) and seen[-1] > 1_000_000, timeout=30_000)
     models.downloads_tab.cancel(job_id)
     qtbot.waitUntil(lambda: "Cancelled" in models.downloads_tab.state_text(job_id), timeout=30_000)
+    resume = models.downloads_tab.table.cellWidget(0, 5)
+    assert resume.text() == "Resume"
+    qtbot.waitUntil(lambda: resume.isVisible() and resume.width() >= resume.sizeHint().width()
+                    and resume.height() >= resume.sizeHint().height(), timeout=5_000)  # not clipped
     hub.rate = 0
     models.downloads_tab.table.cellWidget(0, 5).click()  # Resume
     new_id = next(iter(models.downloads_tab.rows))

@@ -159,3 +159,64 @@ def test_gpu_views_with_two_gpus(make_window, qtbot):
     _, tx = perf.pcie_curves["GPU1 TX"].getData()
     assert tx[-1] == pytest.approx(3.16)  # MB/s
     assert perf.net_note.toPlainText() == ""
+
+
+@pytest.fixture
+def two_repo_hub(tiny_model_dir, app_env, monkeypatch):
+    import huggingface_hub.constants
+
+    from tests.app.fake_hub import FakeHub
+
+    fake = FakeHub({"kestrel-test/tiny-smollm2": tiny_model_dir("smollm2"),
+                    "kestrel-test/tiny-qwen2": tiny_model_dir("qwen2")})
+    monkeypatch.setenv("HF_ENDPOINT", fake.url)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(app_env / "hf-cache"))
+    yield fake
+    fake.close()
+
+
+def test_hub_shows_the_model_of_the_second_search_and_its_cache_state(two_repo_hub, make_window, qtbot):
+    from PySide6.QtCore import Qt
+
+    w = make_window(autoload=False)
+    models = w.panels["models"]
+    hub = models.hub_tab
+    w.show_panel("models")
+    models.tabs.setCurrentIndex(1)
+
+    def search_and_pick(query: str, repo: str) -> None:
+        hub.query.setText(query)
+        qtbot.mouseClick(hub.search_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: hub.search_button.isEnabled() and hub.results_table.rowCount() == 1
+                        and hub.results_table.item(0, 0).data(Qt.UserRole) == repo, timeout=30_000)
+        assert models.status.text() == "1 model found."  # not "1 models"
+        assert hub.details is None and not hub.download_button.isEnabled()  # the last repo's details are gone
+        rect = hub.results_table.visualItemRect(hub.results_table.item(0, 0))
+        qtbot.mouseClick(hub.results_table.viewport(), Qt.LeftButton, pos=rect.center())
+        qtbot.waitUntil(lambda: hub.details is not None and hub.details.repo_id == repo, timeout=30_000)
+
+    search_and_pick("smollm2", "kestrel-test/tiny-smollm2")
+    assert "tiny-smollm2" in hub.repo_title.text() and hub.variants_table.rowCount() == 1
+    search_and_pick("qwen2", "kestrel-test/tiny-qwen2")
+    assert "tiny-qwen2" in hub.repo_title.text() and "tiny-smollm2" not in hub.repo_title.text()
+    assert hub.selected_variant() is hub.details.variants[0] and hub.download_button.isEnabled()
+    assert hub.files_table.rowCount() == len(hub.details.variants[0].files)
+    assert hub.variants_table.item(0, 3).text() == "no"
+    done = []
+    w.ctx.downloads.finished.connect(lambda job_id, _folder: done.append(job_id))
+    job = hub.download_selected_variant()
+    assert job.repo_id == "kestrel-test/tiny-qwen2"
+    qtbot.waitUntil(lambda: bool(done), timeout=60_000)
+    qtbot.waitUntil(lambda: hub.variants_table.item(0, 3).text() == "yes", timeout=10_000)
+
+
+def test_load_panel_message_does_not_outlive_an_unload(make_window, qtbot):
+    w = make_window()
+    load = w.panels["load"]
+    assert load.message.text().startswith("Loaded ")
+    load.unload()
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "empty" and load.message.text() == "No model is loaded.",
+                    timeout=30_000)
+    assert load.message.objectName() == "hint" and not load.unload_button.isEnabled()

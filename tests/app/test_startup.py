@@ -50,6 +50,38 @@ def test_kestrel_without_arguments_opens_the_app(monkeypatch):
     assert calls == [[]]
 
 
+@pytest.mark.parametrize("argv", [["--panel", "models"], ["--panel=models"], ["--no-autoload"],
+                                  ["--no-autoload", "--panel", "load"], ["--panel", "server", "--no-autoload"]])
+def test_kestrel_takes_the_app_options(monkeypatch, argv):
+    import app.main
+    from app import cli
+
+    seen = []
+    monkeypatch.setattr(app.main, "main", lambda a=None: seen.append(app.main.build_parser().parse_args(a)) or 0)
+    assert cli.main(list(argv)) == 0
+    (args,) = seen
+    assert args.panel == next((a.split("=")[-1] for a in argv if a.startswith("--panel=")),
+                              argv[argv.index("--panel") + 1] if "--panel" in argv else "chat")
+    assert args.no_autoload == ("--no-autoload" in argv)
+
+
+def test_installed_kestrel_command_accepts_the_app_options_and_its_help_names_them(tmp_path):
+    exe = Path(sys.executable).with_name("kestrel")
+    if not exe.exists():
+        pytest.skip("the kestrel entry point is not installed in this environment")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KESTREL_DATA_DIR": str(tmp_path),
+           "QT_QPA_PLATFORM": "offscreen"}
+    # --help after the app's options: the app's own parser answers (no window), so the options were accepted
+    out = subprocess.run([str(exe), "--panel", "models", "--no-autoload", "--help"], check=False,
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "--panel" in out.stdout and "--no-autoload" in out.stdout
+    out = subprocess.run([str(exe), "--help"], check=False, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "desktop app" in out.stdout and "--panel" in out.stdout and "--no-autoload" in out.stdout
+    assert "generate" in out.stdout and "serve" in out.stdout
+
+
 def test_kestrel_chat_still_is_the_terminal_chat():
     from engine import cli
 

@@ -55,3 +55,29 @@ def test_database_is_private(tmp_path):
     Store(tmp_path / "k.sqlite3")
     if os.name == "posix":
         assert stat.S_IMODE((tmp_path / "k.sqlite3").stat().st_mode) == 0o600
+
+
+def test_an_old_database_gains_the_reply_model_column(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)  # the schema before overflow policies and before replies kept their model
+    db.executescript("""
+        CREATE TABLE conversations (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '', created REAL NOT NULL, updated REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id INTEGER NOT NULL
+            REFERENCES conversations(id) ON DELETE CASCADE, role TEXT NOT NULL, content TEXT NOT NULL,
+            created REAL NOT NULL, ttft REAL, tokens_per_s REAL, num_tokens INTEGER, finish_reason TEXT);
+        INSERT INTO conversations (title, created, updated) VALUES ('old', 1, 1);
+        INSERT INTO messages (conversation_id, role, content, created) VALUES (1, 'assistant', 'hi', 1);
+    """)
+    db.commit()
+    db.close()
+    s = Store(path)
+    (old,) = s.messages(1)
+    assert old.content == "hi" and old.model is None
+    assert s.conversation(1).overflow_policy == "drop_oldest"
+    new = s.add_message(1, "assistant", "there", model="SmolLM2-135M-Instruct (int8)")
+    assert s.message(new.id).model == "SmolLM2-135M-Instruct (int8)"
+    s.close()
+    assert Store(path).messages(1)[-1].model == "SmolLM2-135M-Instruct (int8)"  # a second open: no upgrade again
