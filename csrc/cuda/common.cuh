@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -74,6 +75,25 @@ __device__ __forceinline__ float block_sum(float v) {
   }
   __syncthreads();
   return total;
+}
+
+// 16 bytes of T (8 bf16 / fp16, 4 fp32): one vector load or store.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int N = 16 / sizeof(T);
+  T v[N];
+};
+
+// Whether the 16-byte kernels apply: aligned base pointers, row strides and width multiples of the vector.
+inline bool vec_ok(int dt, int64_t width, std::initializer_list<uintptr_t> ptrs,
+                   std::initializer_list<int64_t> strides) {
+  const int64_t v = dt == 0 ? 4 : 8;
+  if (width % v) return false;
+  for (uintptr_t p : ptrs)
+    if (p % 16) return false;
+  for (int64_t s : strides)
+    if (s % v) return false;
+  return true;
 }
 
 inline void check_launch(const char* what) {

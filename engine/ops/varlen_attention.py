@@ -161,6 +161,7 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         QUERIES_PER_KV=nh // nkv, CACHE_BLOCK=k_cache.shape[1], HEAD_DIM=hd,
         BLOCK_D=max(16, _pow2(hd)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PRECISION=precision, DOT_F32=q.device.type == "cpu" and q.dtype == torch.bfloat16,
+        WIDE=max(k_cache.shape[0] * k_cache.stride(0), v_cache.shape[0] * v_cache.stride(0)) >= 2 ** 31,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -14,6 +14,7 @@ def varlen_paged_attention_kernel(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     QUERIES_PER_KV: tl.constexpr, CACHE_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    WIDE: tl.constexpr,  # a cache of 2**31 elements or more: block offsets in 64 bits
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -45,6 +46,8 @@ def varlen_paged_attention_kernel(
     for start in range(0, full_end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         blk = tl.load(table + cols // CACHE_BLOCK)
+        if WIDE:
+            blk = blk.to(tl.int64)
         slot = cols % CACHE_BLOCK
         k = tl.load(K + (blk * stride_kb + slot * stride_ks + kv_head * stride_kh)[None, :] + dims[:, None],
                     mask=dim_ok[:, None], other=0.0)
@@ -68,6 +71,8 @@ def varlen_paged_attention_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < ctx
         blk = tl.load(table + cols // CACHE_BLOCK, mask=col_ok, other=0)
+        if WIDE:
+            blk = blk.to(tl.int64)
         slot = cols % CACHE_BLOCK
         k = tl.load(K + (blk * stride_kb + slot * stride_ks + kv_head * stride_kh)[None, :] + dims[:, None],
                     mask=dim_ok[:, None] & col_ok[None, :], other=0.0)

@@ -75,7 +75,9 @@ def test_silu_and_mul(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_rotary_embedding(dtype, is_neox):
-    for T, nh, nkv, hd, rot in [(1, 9, 3, 64, 64), (13, 32, 8, 128, 128), (5, 12, 3, 64, 32), (3, 4, 1, 80, 80)]:
+    # 16-byte path (sizes multiples of two vectors) and the scalar one (a rotary width of 20)
+    for T, nh, nkv, hd, rot in [(1, 9, 3, 64, 64), (13, 32, 8, 128, 128), (5, 12, 3, 64, 32), (3, 4, 1, 80, 80),
+                                (4, 6, 2, 20, 20), (2, 3, 1, 40, 20)]:
         g = gen("rope", str(dtype), is_neox, T, nh, hd)
         qkv = randn(g, T, (nh + 2 * nkv) * hd, dtype=dtype, scale=2)
         q, k = qkv[:, : nh * hd], qkv[:, nh * hd : (nh + nkv) * hd]
@@ -94,7 +96,7 @@ def test_rotary_embedding(dtype, is_neox):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reshape_and_cache(dtype):
-    for T, nkv, hd, bs, nb in [(1, 3, 64, 16, 4), (40, 8, 128, 16, 16), (7, 2, 80, 5, 9)]:
+    for T, nkv, hd, bs, nb in [(1, 3, 64, 16, 4), (40, 8, 128, 16, 16), (7, 2, 80, 5, 9), (5, 2, 18, 4, 8)]:  # 18: scalar
         g = gen("cache", str(dtype), T, nkv, hd)
         nh = 2 * nkv
         qkv = randn(g, T, (nh + 2 * nkv) * hd, dtype=dtype)

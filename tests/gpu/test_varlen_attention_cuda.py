@@ -45,6 +45,24 @@ def test_long_chunks(target):
     assert BOUNDS[torch.bfloat16] > 0
 
 
+def test_cache_of_more_than_2_31_elements():
+    """Block offsets past 2**31 elements (a big cache on a big GPU) take the 64-bit path and stay exact."""
+    nkv, hd, bs = 8, 128, 16
+    nb = 2 ** 31 // (bs * nkv * hd) + 64  # 4 GiB per cache in bf16
+    kc = torch.zeros(nb, bs, nkv, hd, dtype=torch.bfloat16, device="cuda")
+    vc = torch.zeros_like(kc)
+    blocks = list(range(nb - 40, nb))  # the sequence lives at the top of the cache
+    kc[blocks] = torch.randn(40, bs, nkv, hd, device="cuda").to(torch.bfloat16)
+    vc[blocks] = torch.randn(40, bs, nkv, hd, device="cuda").to(torch.bfloat16)
+    q = torch.randn(100, 32, hd, device="cuda").to(torch.bfloat16)
+    cfg = va.config_for(q.device, hd)
+    plan = va.VarlenPlan.build([100], [600], cfg.block_m, q.device)
+    bt = torch.tensor([blocks[:38]], dtype=torch.int32, device="cuda")
+    sl = torch.tensor([600], dtype=torch.int32, device="cuda")
+    qsl = torch.tensor([0, 100], dtype=torch.int32, device="cuda")
+    out = va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, hd ** -0.5)
+    ref = va.reference(q, kc, vc, [blocks[:38]], [600], [100], hd ** -0.5)
+    assert (out.float() - ref).abs().max().item() <= BOUNDS[torch.bfloat16]
 
 
 def _greedy(model_dir, device: str, prefix: bool, chunk: int | None) -> list[list[int]]:
