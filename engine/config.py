@@ -119,7 +119,8 @@ class EngineConfig:
                              "GGUF blocks dequantized to the dtype) or int8 (weight-only, one scale per 32 "
                              "weights; CPU)", default="none", choices=["none", "int8"])
     max_model_len: int | None = _opt("Context length (default: the model's, capped at 8192)")
-    block_size: int = _opt("KV-cache block size in tokens", default=16)
+    block_size: int | None = _opt("KV-cache block size in tokens (default: 64 on a GPU, where the prefill "
+                                  "attention kernel copies a key tile out of one block with TMA; 16 on the CPU)")
     kv_cache_memory_gib: float | None = _opt("KV-cache memory in GiB (CPU default 2; GPU default from "
                                              "--gpu-memory-utilization)")
     gpu_memory_utilization: float = _opt("Share of GPU memory the engine may use", default=0.9)

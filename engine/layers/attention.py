@@ -149,8 +149,9 @@ class Attention(torch.nn.Module):
         q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
         if nd < T and _use_varlen(q, meta):
+            cfg, plan = _varlen_plan(meta, q.device, hd)
             ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
-                                       meta.query_start_loc, _varlen_plan(meta, q.device, hd), self.scale, out=out)
+                                       meta.query_start_loc, plan, self.scale, out=out, config=cfg)
             return out.view(T, self.num_heads * hd)
         if nd:
             ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
@@ -192,11 +193,15 @@ def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
     return q.is_cuda and not (len(meta.seqs) == 1 and meta.all_fresh)
 
 
-def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int) -> ops.VarlenPlan:
-    """The step's query tiles for this device's kernel configuration: built by the first layer, reused."""
-    block_m = ops.varlen_config(device, head_dim).block_m
-    plan = meta.plans.get(block_m)
+def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int
+                 ) -> tuple[ops.VarlenKernelConfig, ops.VarlenPlan]:
+    """The kernel configuration for this device and step (smaller tiles for decodes and short chunks) and the
+    step's query tiles for it: built by the first layer, reused."""
+    short = meta.num_decode_tokens > 0 or max(s.query_len for s in meta.seqs) <= ops.VARLEN_SHORT_QUERY
+    cfg = ops.varlen_config(device, head_dim, short=short)
+    plan = meta.plans.get(cfg.block_m)
     if plan is None:
-        plan = meta.plans[block_m] = ops.VarlenPlan.build([s.query_len for s in meta.seqs],
-                                                          [s.context_len for s in meta.seqs], block_m, device)
-    return plan
+        plan = meta.plans[cfg.block_m] = ops.VarlenPlan.build([s.query_len for s in meta.seqs],
+                                                              [s.context_len for s in meta.seqs], cfg.block_m,
+                                                              device)
+    return cfg, plan

@@ -41,6 +41,8 @@ from engine.ops.native import (
 )
 from engine.ops.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 from engine.ops.rotary import rotary_embedding
+from engine.ops.varlen_attention import SHORT_QUERY as VARLEN_SHORT_QUERY
+from engine.ops.varlen_attention import KernelConfig as VarlenKernelConfig
 from engine.ops.varlen_attention import VarlenPlan, varlen_paged_attention
 from engine.ops.varlen_attention import available as varlen_attention_available
 from engine.ops.varlen_attention import config_for as varlen_config
@@ -57,6 +59,8 @@ __all__ = [
     "varlen_paged_attention",
     "varlen_attention_available",
     "varlen_config",
+    "VarlenKernelConfig",
+    "VARLEN_SHORT_QUERY",
     "VarlenPlan",
     "native_available",
     "cuda_available",

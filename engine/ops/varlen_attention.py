@@ -51,6 +51,7 @@ class KernelConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False  # load the unmasked key tiles with the Tensor Memory Accelerator (sm_90+; see tma_descriptors)
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         """Shared memory of the pipelined loads: the Q tile plus num_stages K and V tiles."""
@@ -58,18 +59,27 @@ class KernelConfig:
         return elem * d * (self.block_m + 2 * self.num_stages * self.block_n)
 
 
-# (head_dim <= 64, head_dim <= 128) per target. sm_89 (AD102, 99 KB per block) configurations fit 99 KB. On the
-# H200 (kestrel bench gpu, 8B shape, head size 128) 64 x 64 tiles with 4 warps and 2 stages ran fastest of the
-# candidates measured: 377 TFLOP/s on a fresh 8,192-token prompt against 339 for 128 x 64 with 8 warps.
+# (head_dim <= 64, head_dim <= 128) per target. sm_89 (AD102, 99 KB per block, no TMA) configurations fit 99 KB.
+# On the H200 (8B shape, head size 128, 4,096 new tokens over 8,192): with pointer loads through the block table
+# 64 x 64 tiles, 4 warps, 2 stages ran fastest (389 TFLOP/s; 128 x 64 x 4 x 3: 379); with TMA loads of whole
+# key tiles (KV blocks of 64+ tokens) 128 x 64 x 4 x 3 ran fastest (454; cuDNN through SDPA: 236 there, 615 on a
+# fresh causal prompt, where the engine uses it).
 CONFIGS = {
-    "sm90": (KernelConfig(128, 64, 4, 3), KernelConfig(64, 64, 4, 2)),
+    "sm90": (KernelConfig(128, 64, 4, 3, tma=True), KernelConfig(128, 64, 4, 3, tma=True)),
     "sm89": (KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 4, 2)),
     "interpret": (KernelConfig(16, 16, 1, 1), KernelConfig(16, 16, 1, 1)),
 }
+# Steps with decodes or only short chunks: a decode is one query row of a BLOCK_M-row tile, so 128-row tiles
+# double the work of the decodes in a mixed step (measured on the H200: 1,024 x (512 in, 256 out) fell from
+# 4,848 to 4,291 output tok/s with 128 rows) and of short chunks (64 x 512: 199 TFLOP/s against 171).
+SHORT_CONFIGS = {"sm90": KernelConfig(64, 64, 4, 2, tma=True)}
+SHORT_QUERY = 512  # a step whose longest chunk is at most this many tokens counts as short
 
 
-def config_for(device: torch.device, head_dim: int, target: str | None = None) -> KernelConfig:
-    """The configuration for this device (or a forced target: 'sm90', 'sm89')."""
+def config_for(device: torch.device, head_dim: int, target: str | None = None, short: bool = False
+               ) -> KernelConfig:
+    """The configuration for this device (or a forced target: 'sm90', 'sm89'); short: the step has decodes
+    or only chunks of at most SHORT_QUERY tokens."""
     if target is None:
         if device.type != "cuda":
             target = "interpret"
@@ -77,6 +87,8 @@ def config_for(device: torch.device, head_dim: int, target: str | None = None) -
             major, minor = torch.cuda.get_device_capability(device)
             target = "sm90" if (major, minor) >= (9, 0) else "sm89"
     small, large = CONFIGS[target]
+    if short and target in SHORT_CONFIGS:
+        return SHORT_CONFIGS[target]
     return small if head_dim <= 64 else large
 
 
@@ -103,6 +115,41 @@ class VarlenPlan:
         packed = to_device(flat, torch.int32, device)
         n = len(tiles)
         return cls(block_m, packed[:n], packed[n:], n)
+
+
+def _tensor_descriptor():
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # Triton < 3.4
+        return None
+    return TensorDescriptor
+
+
+_DESCRIPTORS: dict[tuple, tuple] = {}  # the last few caches' descriptors (every layer of every step reuses them)
+
+
+def tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, cfg: KernelConfig, head_dim: int):
+    """TMA descriptors of the caches viewed as [blocks * block_size, nkv * hd] with [BLOCK_N, hd] boxes, or
+    None where TMA cannot load a key tile: a tile must lie in one cache block (block_size % BLOCK_N == 0), the
+    caches must be contiguous, head_dim a power of two (the box is the whole head) and the GPU sm_90+."""
+    if not cfg.tma or k_cache.shape[1] % cfg.block_n or head_dim != max(16, _pow2(head_dim)):
+        return None
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return None
+    if k_cache.is_cuda and torch.cuda.get_device_capability(k_cache.device) < (9, 0):
+        return None
+    TensorDescriptor = _tensor_descriptor()
+    if TensorDescriptor is None:
+        return None
+    key = (k_cache.data_ptr(), v_cache.data_ptr(), tuple(k_cache.shape), k_cache.dtype, cfg.block_n)
+    found = _DESCRIPTORS.get(key)
+    if found is None:
+        if len(_DESCRIPTORS) >= 256:  # caches of an unloaded model: drop them
+            _DESCRIPTORS.clear()
+        rows = k_cache.shape[0] * k_cache.shape[1]
+        found = _DESCRIPTORS[key] = tuple(
+            TensorDescriptor.from_tensor(c.view(rows, -1), [cfg.block_n, head_dim]) for c in (k_cache, v_cache))
+    return found
 
 
 def _interpreted() -> bool:
@@ -152,8 +199,10 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if q.device.type != "cuda" and not _interpreted():
         _fail("CPU tensors run only under Triton's interpreter (TRITON_INTERPRET=1 before Triton is imported)")
+    descriptors = tma_descriptors(k_cache, v_cache, cfg, hd)
+    k_desc, v_desc = descriptors or (k_cache, v_cache)  # unused without TMA
     _kernel()[(plan.num_tiles, nh)](
-        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, plan.tile_seq, plan.tile_start,
+        q, k_cache, v_cache, k_desc, v_desc, out, block_tables, seq_lens, query_start_loc, plan.tile_seq, plan.tile_start,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -162,6 +211,7 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_D=max(16, _pow2(hd)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PRECISION=precision, DOT_F32=q.device.type == "cpu" and q.dtype == torch.bfloat16,
         WIDE=max(k_cache.shape[0] * k_cache.stride(0), v_cache.shape[0] * v_cache.stride(0)) >= 2 ** 31,
+        TMA=descriptors is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -202,10 +252,13 @@ def flops(query_lens: list[int], context_lens: list[int], num_heads: int, head_d
 __all__ = [
     "CONFIGS",
     "KernelConfig",
+    "SHORT_CONFIGS",
+    "SHORT_QUERY",
     "VarlenPlan",
     "available",
     "config_for",
     "flops",
     "reference",
+    "tma_descriptors",
     "varlen_paged_attention",
 ]

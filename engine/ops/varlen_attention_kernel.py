@@ -1,20 +1,39 @@
 """The Triton kernel of paged varlen attention; engine/ops/varlen_attention.py is its Python face, plan and
 reference (read that first). Imported on first use: importing Triton costs ~0.5 s, and the interpreter
-(TRITON_INTERPRET=1, CPU tests) must be chosen before Triton is imported."""
+(TRITON_INTERPRET=1, CPU tests) must be chosen before Triton is imported.
+
+A query tile walks its keys in three runs of BLOCK_N-key tiles: the keys every row sees (no mask), the
+diagonal tiles inside the context (causal mask), and at most one tile that crosses the end of the context
+(causal and length masks). With TMA (sm_90, KV blocks a multiple of BLOCK_N) the first two runs copy each K
+and V tile out of its cache block with one tensor-descriptor load; the crossing tile, and everything without
+TMA, loads through per-key pointers with masks (a cache slot past the context is never read: it may hold
+anything, NaN included)."""
 
 import triton
 import triton.language as tl
 
 
 @triton.jit
+def _online_softmax(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """One tile's scores s (log2 units) into the running max m_i, sum l_i and output acc."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def varlen_paged_attention_kernel(
-    Q, K, V, O, BLOCK_TABLES, SEQ_LENS, QUERY_START, TILE_SEQ, TILE_START,
+    Q, K, V, K_DESC, V_DESC, O, BLOCK_TABLES, SEQ_LENS, QUERY_START, TILE_SEQ, TILE_START,
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     QUERIES_PER_KV: tl.constexpr, CACHE_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     WIDE: tl.constexpr,  # a cache of 2**31 elements or more: block offsets in 64 bits
+    TMA: tl.constexpr,  # K_DESC / V_DESC: tensor descriptors of the caches as [blocks * CACHE_BLOCK, nkv * hd]
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -41,33 +60,49 @@ def varlen_paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # keys every row of the tile sees (before the tile's first position): no masks
-    full_end = (prefix + row0) // BLOCK_N * BLOCK_N
-    for start in range(0, full_end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        blk = tl.load(table + cols // CACHE_BLOCK)
-        if WIDE:
-            blk = blk.to(tl.int64)
-        slot = cols % CACHE_BLOCK
-        k = tl.load(K + (blk * stride_kb + slot * stride_ks + kv_head * stride_kh)[None, :] + dims[:, None],
-                    mask=dim_ok[:, None], other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + (blk * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + dims[None, :],
-                    mask=dim_ok[None, :], other=0.0)
-        if DOT_F32:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    full_end = (prefix + row0) // BLOCK_N * BLOCK_N  # keys before it: every row of the tile sees them
+    end = tl.minimum(ctx, prefix + row0 + BLOCK_M)  # keys from it on: no row sees them
+    mid = full_end  # [mid, end): the tiles loaded through pointers with masks
+    if TMA:  # a key tile lies in one cache block (CACHE_BLOCK % BLOCK_N == 0): one bulk copy each of K and V
+        for start in range(0, full_end, BLOCK_N):
+            row = tl.load(table + start // CACHE_BLOCK) * CACHE_BLOCK + start % CACHE_BLOCK
+            k = K_DESC.load([row, kv_head * HEAD_DIM]).T
+            v = V_DESC.load([row, kv_head * HEAD_DIM])
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, PRECISION)
+        mid = tl.maximum(full_end, tl.minimum(end, ctx // BLOCK_N * BLOCK_N))
+        for start in range(full_end, mid, BLOCK_N):  # diagonal tiles inside the context: the causal mask only
+            row = tl.load(table + start // CACHE_BLOCK) * CACHE_BLOCK + start % CACHE_BLOCK
+            k = K_DESC.load([row, kv_head * HEAD_DIM]).T
+            v = V_DESC.load([row, kv_head * HEAD_DIM])
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            cols = start + tl.arange(0, BLOCK_N)
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+            s = tl.where(cols[None, :] <= q_pos[:, None], s, float("-inf"))
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, PRECISION)
+    else:
+        for start in range(0, full_end, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            blk = tl.load(table + cols // CACHE_BLOCK)
+            if WIDE:
+                blk = blk.to(tl.int64)
+            slot = cols % CACHE_BLOCK
+            k = tl.load(K + (blk * stride_kb + slot * stride_ks + kv_head * stride_kh)[None, :] + dims[:, None],
+                        mask=dim_ok[:, None], other=0.0)
+            v = tl.load(V + (blk * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + dims[None, :],
+                        mask=dim_ok[None, :], other=0.0)
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, PRECISION)
 
-    # the diagonal blocks: causal mask and the end of the context
-    end = tl.minimum(ctx, prefix + row0 + BLOCK_M)
-    for start in range(full_end, end, BLOCK_N):
+    for start in range(mid, end, BLOCK_N):  # the causal mask and the end of the context
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < ctx
         blk = tl.load(table + cols // CACHE_BLOCK, mask=col_ok, other=0)
@@ -76,20 +111,14 @@ def varlen_paged_attention_kernel(
         slot = cols % CACHE_BLOCK
         k = tl.load(K + (blk * stride_kb + slot * stride_ks + kv_head * stride_kh)[None, :] + dims[:, None],
                     mask=dim_ok[:, None] & col_ok[None, :], other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        s = tl.where((cols[None, :] <= q_pos[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + (blk * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + dims[None, :],
                     mask=dim_ok[None, :] & col_ok[:, None], other=0.0)
         if DOT_F32:
+            k = k.to(tl.float32)
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        s = tl.where((cols[None, :] <= q_pos[:, None]) & col_ok[None, :], s, float("-inf"))
+        m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, PRECISION)
 
     acc = acc / l_i[:, None]
     tl.store(O + (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],

@@ -19,7 +19,7 @@ from engine.models.registry import model_class
 from engine.ops.transfer import to_device
 from engine.outputs import TokenLogprobs
 from engine.parallel.context import SINGLE, TPContext
-from engine.runner.device import physical_cores, resolve_device, resolve_dtype
+from engine.runner.device import default_block_size, physical_cores, resolve_device, resolve_dtype
 from engine.runner.step import ScheduledStep, SequenceState
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class ModelRunner:
                 threads = max(1, threads // tp.size)
             torch.set_num_threads(threads)
             ops.set_num_threads(threads)
-        self.block_size = config.block_size
+        self.block_size = config.block_size or default_block_size(self.device)
         self.max_model_len = max_model_len
         self.activation_peak_bytes: int | None = None
         cls = model_class(model_config)

@@ -24,44 +24,65 @@ def test_configs_fit_their_targets():
     for limit, target in ((99 * 1024, "sm89"), (227 * 1024, "sm90")):
         small, large = va.CONFIGS[target]  # for head sizes <= 64 and <= 128
         assert small.smem_bytes(64) <= limit and large.smem_bytes(128) <= limit
+        if target in va.SHORT_CONFIGS:
+            assert va.SHORT_CONFIGS[target].smem_bytes(128) <= limit
 
 
-@pytest.mark.parametrize("target", ["sm90", "sm89"])
+# (target, KV block size): sm_90 with blocks of 64 tokens takes the TMA loads, with 16 the pointer loads
+TARGETS = [("sm90", 64), ("sm90", 16), ("sm89", 16), ("sm90_short", 64)]
+
+
+def test_tma_on_sm90_with_the_gpu_default_block_size():
+    from engine.runner.device import default_block_size
+
+    bs = default_block_size(torch.device("cuda"))
+    kc = torch.zeros(4, bs, 8, 128, dtype=torch.bfloat16, device="cuda")
+    sm90 = torch.cuda.get_device_capability() >= (9, 0)
+    assert (va.tma_descriptors(kc, kc.clone(), va.config_for(kc.device, 128), 128) is not None) == sm90
+    assert va.tma_descriptors(kc, kc.clone(), va.config_for(kc.device, 128, "sm89"), 128) is None
+
+
+@pytest.mark.parametrize("target,block_size", TARGETS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_random_layouts_on_gpu(target, dtype):
-    rng = random.Random(hash((target, str(dtype))) & 0xFFFF)
+def test_random_layouts_on_gpu(target, block_size, dtype):
+    rng = random.Random(hash((target, block_size, str(dtype))) & 0xFFFF)
     for nh, nkv in ((8, 8), (32, 8), (16, 2)):
         for hd in (64, 128):
             seqs = [(1, rng.randrange(1, 3000)) for _ in range(rng.randrange(0, 4))]  # decodes
-            seqs += [(rng.choice([2, 17, 129, 700]), rng.choice([0, 7, 16, 33, 1500]))]
-            run_case(rng, nh, nkv, hd, seqs, dtype, target=target, device="cuda")
+            seqs += [(rng.choice([2, 17, 129, 700]), rng.choice([0, 7, 16, 33, 64, 1500]))]
+            run_case(rng, nh, nkv, hd, seqs, dtype, target=target, device="cuda", block_size=block_size)
 
 
-@pytest.mark.parametrize("target", ["sm90", "sm89"])
-def test_long_chunks(target):
+@pytest.mark.parametrize("target,block_size", TARGETS)
+def test_long_chunks(target, block_size):
     rng = random.Random(5)
-    run_case(rng, 32, 8, 128, [(4096, 0)], torch.bfloat16, target=target, device="cuda")
-    run_case(rng, 32, 8, 128, [(1, 4000), (2048, 2048), (1000, 15)], torch.bfloat16, target=target, device="cuda")
+    kw = {"target": target, "device": "cuda", "block_size": block_size}
+    run_case(rng, 32, 8, 128, [(4096, 0)], torch.bfloat16, **kw)
+    run_case(rng, 32, 8, 128, [(1, 4000), (2048, 2048), (1000, 15)], torch.bfloat16, **kw)
     assert BOUNDS[torch.bfloat16] > 0
 
 
-def test_cache_of_more_than_2_31_elements():
-    """Block offsets past 2**31 elements (a big cache on a big GPU) take the 64-bit path and stay exact."""
-    nkv, hd, bs = 8, 128, 16
+@pytest.mark.parametrize("bs", [16, 64])
+def test_cache_of_more_than_2_31_elements(bs):
+    """Block offsets past 2**31 elements (a big cache on a big GPU) take the 64-bit path (pointer loads) or
+    TMA row coordinates (blocks of 64) and stay exact."""
+    nkv, hd = 8, 128
     nb = 2 ** 31 // (bs * nkv * hd) + 64  # 4 GiB per cache in bf16
     kc = torch.zeros(nb, bs, nkv, hd, dtype=torch.bfloat16, device="cuda")
     vc = torch.zeros_like(kc)
-    blocks = list(range(nb - 40, nb))  # the sequence lives at the top of the cache
-    kc[blocks] = torch.randn(40, bs, nkv, hd, device="cuda").to(torch.bfloat16)
-    vc[blocks] = torch.randn(40, bs, nkv, hd, device="cuda").to(torch.bfloat16)
+    n = -(-640 // bs)
+    blocks = list(range(nb - n, nb))  # the sequence lives at the top of the cache
+    kc[blocks] = torch.randn(n, bs, nkv, hd, device="cuda").to(torch.bfloat16)
+    vc[blocks] = torch.randn(n, bs, nkv, hd, device="cuda").to(torch.bfloat16)
     q = torch.randn(100, 32, hd, device="cuda").to(torch.bfloat16)
     cfg = va.config_for(q.device, hd)
     plan = va.VarlenPlan.build([100], [600], cfg.block_m, q.device)
-    bt = torch.tensor([blocks[:38]], dtype=torch.int32, device="cuda")
+    used = -(-600 // bs)
+    bt = torch.tensor([blocks[:used]], dtype=torch.int32, device="cuda")
     sl = torch.tensor([600], dtype=torch.int32, device="cuda")
     qsl = torch.tensor([0, 100], dtype=torch.int32, device="cuda")
     out = va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, hd ** -0.5)
-    ref = va.reference(q, kc, vc, [blocks[:38]], [600], [100], hd ** -0.5)
+    ref = va.reference(q, kc, vc, [blocks[:used]], [600], [100], hd ** -0.5)
     assert (out.float() - ref).abs().max().item() <= BOUNDS[torch.bfloat16]
 
 

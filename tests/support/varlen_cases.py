@@ -15,7 +15,8 @@ BOUNDS = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 
 def make_case(rng: random.Random, nh: int, nkv: int, hd: int, seqs: list[tuple[int, int]], dtype,
               block_size: int = 16, device="cpu"):
-    """seqs: (query_len, prefix_len) per sequence. Returns the kernel's inputs and the reference's."""
+    """seqs: (query_len, prefix_len) per sequence. Returns the kernel's inputs and the reference's. Every cache
+    slot outside the sequences' contexts holds NaN: a kernel that reads one (unmasked) poisons its output."""
     ctxs = [q + p for q, p in seqs]
     qlens = [q for q, _ in seqs]
     need = sum(-(-c // block_size) for c in ctxs)
@@ -30,6 +31,12 @@ def make_case(rng: random.Random, nh: int, nkv: int, hd: int, seqs: list[tuple[i
     g = torch.Generator().manual_seed(rng.randrange(1 << 30))
     kc = torch.randn(num_blocks, block_size, nkv, hd, generator=g).to(dtype).to(device)
     vc = torch.randn(num_blocks, block_size, nkv, hd, generator=g).to(dtype).to(device)
+    used = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+    for t, c in zip(tables, ctxs):
+        for j in range(c):
+            used[t[j // block_size] * block_size + j % block_size] = True
+    for c in (kc, vc):
+        c.view(num_blocks * block_size, nkv, hd)[~used.to(device)] = float("nan")
     T = sum(qlens)
     q = torch.randn(T, nh, hd, generator=g).to(dtype).to(device)
     width = max(len(t) for t in tables)
@@ -39,9 +46,13 @@ def make_case(rng: random.Random, nh: int, nkv: int, hd: int, seqs: list[tuple[i
     return (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens)
 
 
-def run_case(rng, nh, nkv, hd, seqs, dtype, target=None, device="cpu"):
-    (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens) = make_case(rng, nh, nkv, hd, seqs, dtype, device=device)
-    cfg = va.config_for(q.device, hd, target)
+def run_case(rng, nh, nkv, hd, seqs, dtype, target=None, device="cpu", block_size: int = 16,
+             config: va.KernelConfig | None = None):
+    (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens) = make_case(rng, nh, nkv, hd, seqs, dtype, block_size, device)
+    if target and target.endswith("_short"):  # the configuration of steps with decodes or short chunks
+        cfg = va.config_for(q.device, hd, target.removesuffix("_short"), short=True)
+    else:
+        cfg = config or va.config_for(q.device, hd, target)
     plan = va.VarlenPlan.build(qlens, ctxs, cfg.block_m, q.device)
     out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
     va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, hd ** -0.5, out=out, config=cfg)

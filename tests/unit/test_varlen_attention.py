@@ -37,6 +37,23 @@ def test_edges():
     run_case(rng, 4, 2, 32, [(16, 16), (16, 0)], torch.float32, target="sm89")  # AD102 tiles
 
 
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_tma_tiles(block_size):
+    """The TMA path (sm_90: a key tile copied out of one cache block through a tensor descriptor) in the
+    interpreter: 16-key tiles in blocks of 16 and 32 (a tile at either half of a block), prefixes of whole and
+    partial blocks, decodes beside chunks; NaN in every slot outside the contexts."""
+    rng = random.Random(block_size)
+    cfg = va.KernelConfig(16, 16, 1, 1, tma=True)
+    (_, kc, vc, *_), _ = make_case(rng, 4, 2, 32, [(3, 40)], torch.float32, block_size)
+    assert va.tma_descriptors(kc, vc, cfg, 32) is not None
+    assert va.tma_descriptors(kc, vc, cfg, 24) is None  # the box must be the whole (power-of-two) head
+    assert va.tma_descriptors(kc, vc, va.KernelConfig(16, 64, 1, 1, tma=True), 32) is None  # tile > block
+    for dtype in (torch.float32, torch.bfloat16):
+        run_case(rng, 4, 2, 32, [(1, 70), (1, 0), (37, 0), (20, 48), (9, 21)], dtype, block_size=block_size,
+                 config=cfg)
+        run_case(rng, 8, 1, 16, [(50, 33)], dtype, block_size=block_size, config=cfg)
+
+
 def test_plan_covers_every_query_row_once_heaviest_first():
     qlens, ctxs = [1, 40, 3, 17], [9, 40, 100, 20]
     plan = va.VarlenPlan.build(qlens, ctxs, 16, torch.device("cpu"))
