@@ -33,10 +33,10 @@ noticed at once (engine.engine_supervisor's thread waiting on the process); ever
 raises EngineDeadError (EngineShuttingDownError after shutdown()) instead of hanging.
 
 Prompts are tokenized here, not in the engine process: after loading, the engine hands over its tokenizer
-(``tokenizer_state``), and add_request renders the chat template and tokenizes on a worker thread (the
-tokenizers library releases the GIL), so the engine's step loop never stalls on a huge prompt. Where the
-tokenizer allows it (engine_process.length_bound_is_certain), a prompt whose UTF-8 length alone proves it
-longer than the context is refused before it is tokenized at all (PromptTooLongError, "at least N tokens").
+(``tokenizer_state``), and add_request renders the chat template and tokenizes on a worker thread, so the
+engine's step loop never stalls on a huge prompt; a prompt longer than the context is refused here, by its
+UTF-8 length alone where that proves it (PromptTooLongError, "at least N tokens"). That tokenizer and those
+checks are engine.client_tokenizer's (LocalTokenizer, check_prompt_length).
 
 Restarts: ``EngineClient.start(..., restart=RestartPolicy())`` restarts an engine process that dies (same model,
 same options) after a back-off, up to ``max_restarts`` times within ``window_s``; meanwhile calls raise
@@ -45,7 +45,10 @@ EngineRestartingError (503, retry). ``client.state`` is "ready", "restarting", "
 restarts that succeeded. Without a policy a dead engine stays dead (EngineDeadError until reloaded).
 
 The engine process itself (starting it, its sockets, watching it, stopping it and cleaning up, also at
-interpreter exit) is engine.engine_supervisor.EngineSupervisor's; this module is the request API on top.
+interpreter exit) is engine.engine_supervisor.EngineSupervisor's, and so are RestartPolicy and the restart loop
+(Restarter); a request's deltas arrive in an engine.request_stream.RequestStream. This module is the request
+API on top: requests, calls, the reader, the client's state. RequestStream and RestartPolicy are importable
+from here too.
 
 Timings: ``Delta.time`` is the engine's time.monotonic() at the end of the step that made it (the same clock
 as this process's time.monotonic() on Linux, macOS and Windows); a sequence's final delta carries the
@@ -56,11 +59,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import dataclasses
 import itertools
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -69,18 +70,19 @@ import zmq
 import zmq.asyncio
 
 from engine import ipc
+from engine.client_tokenizer import LocalTokenizer, check_prompt_length
 from engine.config import EngineConfig
-from engine.engine_supervisor import EngineSupervisor, describe_exit
+from engine.engine_supervisor import EngineSupervisor, Restarter, RestartPolicy, describe_exit
 from engine.errors import (
     EngineDeadError,
     EngineRestartingError,
     EngineShuttingDownError,
     InvalidRequestError,
     KestrelError,
-    PromptTooLongError,
 )
 from engine.ipc import Delta, EngineStats, ModelInfo
 from engine.metrics import RequestRecord
+from engine.request_stream import RequestStream
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -98,253 +100,6 @@ def fan_out(params: SamplingParams) -> list[SamplingParams]:
         return [params]
     return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
             for i in range(params.n)]
-
-
-@dataclasses.dataclass(frozen=True)
-class RestartPolicy:
-    """How EngineClient restarts an engine process that died: after ``delay_s`` (doubled for every restart
-    already made within ``window_s``, at most ``max_delay_s``), with the same model and options, at most
-    ``max_restarts`` times within ``window_s`` seconds (a failed attempt counts); then it gives up and the
-    client stays dead. ``load_timeout_s`` bounds each reload."""
-
-    max_restarts: int = 5
-    window_s: float = 600.0
-    delay_s: float = 1.0
-    max_delay_s: float = 30.0
-    load_timeout_s: float | None = 900.0
-
-    def delay(self, recent: int) -> float:
-        return min(self.delay_s * (2 ** max(recent, 0)), self.max_delay_s)
-
-
-def _as_request_error(e: Exception) -> KestrelError:
-    if isinstance(e, KestrelError):
-        return e
-    if isinstance(e, (ValueError, TypeError, KeyError, IndexError, UnicodeError, OverflowError)):
-        return InvalidRequestError(f"Invalid request ({type(e).__name__}: {e}).")
-    return KestrelError(f"Internal error while tokenizing ({type(e).__name__}: {e}).")
-
-
-class _LocalTokenizer:
-    """The engine's tokenizer, rebuilt in this process from its tokenizer.json (``tokenizer_state``), and the
-    checks that refuse a prompt before it reaches the engine. Work on large inputs runs on a small thread
-    pool: rendering a chat template is Python (it shares the GIL in 5 ms slices), encoding and decoding go
-    through tokenizers' batch calls, which release the GIL."""
-
-    INLINE_CHARS = 8192  # smaller inputs are handled on the event loop (faster than a thread hop)
-    INLINE_MESSAGES = 32
-
-    def __init__(self, tokenizer, max_token_bytes: int | None):
-        self.tok = tokenizer
-        self.max_token_bytes = max_token_bytes
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kestrel-tokenize")
-
-    @classmethod
-    def build(cls, state: dict) -> _LocalTokenizer:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one text at a time; no fork warnings
-        from tokenizers import Tokenizer as Backend
-
-        from engine.tokenizer import Tokenizer
-
-        tok = Tokenizer(Backend.from_str(state["backend"]), bos_token=state.get("bos_token"),
-                        eos_token=state.get("eos_token"), unk_token=state.get("unk_token"),
-                        pad_token=state.get("pad_token"), chat_template=state.get("chat_templates") or None,
-                        extra_eos_token_ids=state.get("eos_token_ids") or (), name_or_path=state.get("name_or_path"))
-        bound = state.get("max_token_bytes")
-        return cls(tok, int(bound) if bound else None)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-    async def _run(self, inline: bool, fn, *args):
-        if inline:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-
-    # -- pieces --------------------------------------------------------------------------------------
-    def lower_bound(self, text: str) -> int:
-        """At least this many tokens (0 when the tokenizer gives no certain bound)."""
-        if not self.max_token_bytes:
-            return 0
-        nbytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-        return -(-nbytes // self.max_token_bytes)
-
-    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self.tok.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
-
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-
-    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return self.tok.backend.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
-
-    @staticmethod
-    def _chars(messages: list[dict]) -> int:
-        return sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), str))
-
-    async def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        inline = len(messages) <= self.INLINE_MESSAGES and self._chars(messages) <= self.INLINE_CHARS
-        try:
-            return await self._run(inline, self._render, messages, add_generation_prompt)
-        except Exception as e:  # noqa: BLE001 - typed for the caller
-            raise _as_request_error(e) from None
-
-    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        try:
-            return await self._run(len(text) <= self.INLINE_CHARS, self._encode, text, add_special_tokens)
-        except Exception as e:  # noqa: BLE001
-            raise _as_request_error(e) from None
-
-    async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return await self._run(len(ids) <= self.INLINE_CHARS // 4, self._decode, ids, skip_special_tokens)
-
-    # -- a request's prompt -------------------------------------------------------------------------------
-    async def prompt_ids(self, prompt: str | None, messages: list[dict] | None, params: SamplingParams,
-                         max_len: int) -> list[int]:
-        """The prompt's token ids, or PromptTooLongError as the engine would raise it (by the byte-length
-        bound, before tokenizing, where that already decides). Nothing of a refused prompt is kept."""
-        if messages is not None:
-            text = await self.render(messages)
-            special = False  # the template writes the special tokens (as transformers)
-        elif isinstance(prompt, str):
-            text, special = prompt, True
-        else:
-            raise InvalidRequestError("The prompt must be a string, a list of token ids, or chat messages.",
-                                      param="prompt")
-        at_least = self.lower_bound(text)
-        if at_least and (at_least >= max_len or (params.max_tokens is not None
-                                                  and at_least + params.max_tokens > max_len)):
-            text = None
-            raise PromptTooLongError(at_least, max_len, params.max_tokens if at_least < max_len else None,
-                                     at_least=True)
-        ids = await self.encode(text, special)
-        text = None
-        n = len(ids)
-        if n >= max_len or (params.max_tokens is not None and n + params.max_tokens > max_len):
-            ids = None  # not kept alive by the exception's traceback
-            check_prompt_length(n, params, max_len)
-        return ids
-
-
-def check_prompt_length(n: int, params: SamplingParams, max_len: int) -> None:
-    """The engine's own length rule (EngineCore.validate_prompt), applied before sending."""
-    if n >= max_len:
-        raise PromptTooLongError(n, max_len)
-    if params.max_tokens is not None and n + params.max_tokens > max_len:
-        raise PromptTooLongError(n, max_len, params.max_tokens)
-
-
-class RequestStream:
-    """The deltas of one request (all its n samples), in arrival order. Iterate it, or call next_batch()."""
-
-    def __init__(self, client: EngineClient, request_id: str, child_ids: list[str], arrival: float):
-        self.client = client
-        self.request_id = request_id
-        self.child_ids = child_ids
-        self.n = len(child_ids)
-        self.arrival = arrival  # time.monotonic() when the request was made
-        self.num_prompt_tokens: int | None = None
-        self._items: collections.deque[Delta] = collections.deque()
-        self._event = asyncio.Event()
-        self._accepted = asyncio.Event()
-        self._error: BaseException | None = None
-        self._unfinished = set(child_ids)
-        self._records = {cid: RequestRecord(request_id=cid, index=i, arrival=arrival)
-                         for i, cid in enumerate(child_ids)}
-        self.aborted = False
-
-    # -- fed by the client ------------------------------------------------------------------
-    def _on_accepted(self, num_prompt_tokens: int) -> None:
-        self.num_prompt_tokens = num_prompt_tokens
-        self._accepted.set()
-
-    def _push(self, d: Delta, index: int) -> RequestRecord | None:
-        d.index = index
-        self._items.append(d)
-        self._event.set()
-        rec = self._records[d.request_id]
-        n = len(d.token_ids)
-        if n:
-            if rec.first_token is None:
-                rec.first_token = d.time
-            elif rec.last_token is not None:
-                gap = (d.time - rec.last_token) / n
-                rec.itl.extend([gap] * n)
-            rec.last_token = d.time
-        rec.num_output_tokens = d.num_output_tokens
-        if d.finished:
-            self._unfinished.discard(d.request_id)
-            rec.num_prompt_tokens = d.num_prompt_tokens
-            rec.num_cached_tokens = d.num_cached_tokens
-            rec.finished = d.time
-            rec.finish_reason = d.finish_reason
-            m = d.metrics
-            if m is not None:
-                rec.queue_time = m.queue_time
-                rec.engine_ttft = m.ttft
-                rec.engine_e2e = m.e2e
-            if not self._unfinished:
-                self._accepted.set()
-            return rec
-        return None
-
-    def _fail(self, err: BaseException) -> None:
-        if self._error is None:
-            self._error = err
-        self._unfinished.clear()
-        self._accepted.set()
-        self._event.set()
-
-    # -- consumer side --------------------------------------------------------------------------
-    @property
-    def finished(self) -> bool:
-        return not self._unfinished and not self._items
-
-    async def accepted(self) -> int:
-        """Wait until the engine has validated and queued the request; returns the prompt's token count.
-        Raises the engine's typed error (e.g. PromptTooLongError) if it refused it."""
-        await self._accepted.wait()
-        if self.num_prompt_tokens is None and self._error is not None:
-            raise self._error
-        return self.num_prompt_tokens or 0
-
-    async def next_batch(self) -> list[Delta]:
-        """Every delta received so far (at least one); [] once all samples have finished. Raises
-        EngineDeadError if the engine dies, or the engine's error if it refused the request."""
-        while not self._items:
-            if self._error is not None:
-                raise self._error
-            if not self._unfinished:
-                return []
-            self._event.clear()
-            await self._event.wait()
-        items = list(self._items)
-        self._items.clear()
-        return items
-
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Delta]:
-        while batch := await self.next_batch():
-            for d in batch:
-                yield d
-
-    def abort(self) -> None:
-        """Stop the request's unfinished samples; the engine frees their KV blocks."""
-        if self._unfinished and self._error is None:
-            self.aborted = True
-            ids = list(self._unfinished)
-            self._unfinished.clear()
-            self.client._forget(self)
-            self.client._abort_nowait(ids)
-        self._event.set()
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.abort()
 
 
 class EngineClient:
@@ -368,14 +123,13 @@ class EngineClient:
         self._listeners: list[Callable[[RequestRecord], None]] = []
         self._recent: collections.deque[RequestRecord] = collections.deque(maxlen=512)
         self._token_bytes: list[bytes] | None = None
-        self._tokenizer: _LocalTokenizer | None = None
+        self._tokenizer: LocalTokenizer | None = None
         # how the engine was started (a restart repeats it)
         self._core_factory: str | None = None
         self._log_level: int | None = None
         self._on_progress: Callable[[str, str], None] | None = None
-        self.restart_policy: RestartPolicy | None = None
+        self._restarter = Restarter(None)  # the restart policy and the restarts made under it
         self.restarts = 0  # restarts that succeeded
-        self._restart_times: collections.deque[float] = collections.deque()
         self._restart_task: asyncio.Task | None = None
         self.state = "starting"
         self.state_detail = ""
@@ -396,7 +150,7 @@ class EngineClient:
         self.config = config or EngineConfig()
         self.loop = asyncio.get_running_loop()
         self._core_factory, self._log_level, self._on_progress = core_factory, log_level, on_progress
-        self.restart_policy = restart
+        self._restarter = Restarter(restart)
         try:
             await asyncio.wait_for(self._launch(on_progress), startup_timeout)
         except BaseException:
@@ -450,7 +204,7 @@ class EngineClient:
         if state is None:
             return
         try:
-            self._tokenizer = await self.loop.run_in_executor(None, _LocalTokenizer.build, state)
+            self._tokenizer = await self.loop.run_in_executor(None, LocalTokenizer.build, state)
         except Exception:  # noqa: BLE001 - the engine can still tokenize for itself
             log.warning("the engine's tokenizer could not be rebuilt here; the engine will tokenize",
                         exc_info=True)
@@ -469,6 +223,10 @@ class EngineClient:
     @property
     def restarting(self) -> bool:
         return self.state == "restarting"
+
+    @property
+    def restart_policy(self) -> RestartPolicy | None:
+        return self._restarter.policy
 
     @property
     def engine_pid(self) -> int | None:
@@ -646,23 +404,14 @@ class EngineClient:
             return await self._call("tokenize", prompt=prompt, messages=messages,
                                     add_special_tokens=add_special_tokens, add_generation_prompt=add_generation_prompt)
         self._check()
-        if messages is not None:
-            return await tok.encode(await tok.render(messages, add_generation_prompt), False)
-        if not isinstance(prompt, str):
-            raise InvalidRequestError("Give 'prompt' (a string) or 'messages'.", param="prompt")
-        return await tok.encode(prompt, add_special_tokens)
+        return await tok.tokenize(prompt, messages, add_special_tokens, add_generation_prompt)
 
     async def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         tok = self._tokenizer
         if tok is None:
             return await self._call("detokenize", token_ids=list(token_ids), skip_special_tokens=skip_special_tokens)
         self._check()
-        ids = list(token_ids)
-        vocab = len(tok.tok)
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(f"Token id {bad} is out of the vocabulary (0..{vocab - 1}).", param="tokens")
-        return await tok.decode(ids, skip_special_tokens)
+        return await tok.detokenize(token_ids, skip_special_tokens)
 
     async def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         tok = self._tokenizer
@@ -767,15 +516,11 @@ class EngineClient:
             tail = [ln for ln in self._engine.last_output() if ln.strip()]
             if tail:
                 reason += f"; its last output: {tail[-1]}"
-        if self._may_restart():
+        if self._restarter.allowed():
             self._mark_dead(EngineRestartingError(reason + ". It is being restarted; retry shortly."))
             self._restart_task = self.loop.create_task(self._restart(reason), name="engine-restart")
             return
-        policy = self.restart_policy
-        if policy is not None and policy.max_restarts > 0:
-            reason += (f". It was restarted {self._recent_restarts()} times in {policy.window_s / 60:g} min, the "
-                       "most allowed")
-        self._mark_dead(EngineDeadError(reason + ". Reload the model to continue."))
+        self._mark_dead(EngineDeadError(reason + self._restarter.limit_note() + ". Reload the model to continue."))
         self._set_state("dead", str(self._dead))
 
     def _mark_dead(self, err: EngineDeadError) -> None:
@@ -798,56 +543,30 @@ class EngineClient:
     # ------------------------------------------------------------------------------------------------
     # restarts
 
-    def _recent_restarts(self) -> int:
-        policy = self.restart_policy
-        now = time.monotonic()
-        while self._restart_times and self._restart_times[0] < now - policy.window_s:
-            self._restart_times.popleft()
-        return len(self._restart_times)
-
-    def _may_restart(self) -> bool:
-        policy = self.restart_policy
-        return policy is not None and policy.max_restarts > 0 and self._recent_restarts() < policy.max_restarts
-
     async def _restart(self, reason: str) -> None:
         """Start the engine again (same model and options) after a back-off, until it loads or the policy's
-        limit is reached; requests meanwhile get EngineRestartingError."""
-        policy = self.restart_policy
-        while True:
-            recent = self._recent_restarts()
-            if recent >= policy.max_restarts:
-                mins = policy.window_s / 60
-                err = EngineDeadError(f"{reason}. It was restarted {recent} times in {mins:g} min, the most "
-                                      "allowed; reload the model to continue.")
-                self._dead = err
-                self._fail_all(err)
-                log.error("%s", err)
-                self._set_state("dead", str(err))
-                return
-            delay = policy.delay(recent)
-            detail = (f"{reason}. Restarting the engine in {delay:g} s (restart {recent + 1} of at most "
-                      f"{policy.max_restarts} in {policy.window_s / 60:g} min).")
-            self._dead = EngineRestartingError(f"{reason}. It is being restarted; retry shortly.")
-            log.warning("%s", detail)
-            self._set_state("restarting", detail)
-            await asyncio.sleep(delay)
-            self._restart_times.append(time.monotonic())
-            await self._dispose_engine()
-            try:
-                await asyncio.wait_for(self._launch(self._on_progress), policy.load_timeout_s)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - counted; the next attempt (or giving up) follows
-                reason = f"The engine could not be restarted ({type(e).__name__}: {e})"
-                log.error("%s", reason)
-                continue
-            self._dead = None
-            self._fatal = None
-            self._token_bytes = None
-            self.restarts += 1
-            log.warning("the engine was restarted (pid %s)", self.engine_pid)
-            self._set_state("ready", f"The engine was restarted after: {reason}.")
+        limit is reached (engine_supervisor.Restarter); requests meanwhile get EngineRestartingError."""
+        reason = await self._restarter.run(reason, dispose=self._dispose_engine,
+                                           launch=lambda: self._launch(self._on_progress),
+                                           on_restarting=self._on_restarting, on_dead=self._on_restarts_spent)
+        if reason is None:
             return
+        self._dead = None
+        self._fatal = None
+        self._token_bytes = None
+        self.restarts += 1
+        log.warning("the engine was restarted (pid %s)", self.engine_pid)
+        self._set_state("ready", f"The engine was restarted after: {reason}.")
+
+    def _on_restarting(self, message: str, detail: str) -> None:
+        self._dead = EngineRestartingError(message)
+        self._set_state("restarting", detail)
+
+    def _on_restarts_spent(self, message: str) -> None:
+        err = EngineDeadError(message)
+        self._dead = err
+        self._fail_all(err)
+        self._set_state("dead", message)
 
     async def _dispose_engine(self) -> None:
         """Stop reading from the current engine process and release it and its sockets."""

@@ -13,6 +13,9 @@ requests. No server or Qt imports here, and no torch.
   per RELAY_INTERVAL_S, the rest counted), keeping its last lines for error messages (``last_output``).
 - stop(): terminate (then kill) the process and wait for it; close(): join the threads, close the sockets
   and remove their directory. At interpreter exit every engine process still running is killed.
+- restarts: RestartPolicy says how an engine that died is started again (back-off, at most so many times
+  within a window); Restarter counts the restarts made under it and runs the back-off / attempt loop, with
+  the client's own ways of replacing the engine and of reporting "restarting" and "dead".
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import zmq
 import zmq.asyncio
 
 from engine.config import EngineConfig
 
-__all__ = ["EngineSupervisor", "describe_exit"]
+__all__ = ["EngineSupervisor", "RestartPolicy", "Restarter", "describe_exit"]
+
+log = logging.getLogger(__name__)
 
 RELAY_BURST = 200  # engine stderr lines copied per interval
 RELAY_INTERVAL_S = 10.0
@@ -254,6 +259,90 @@ class EngineSupervisor:
         if self.ipc_dir is not None:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
         _live.discard(self)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# restarts
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+    """How EngineClient restarts an engine process that died: after ``delay_s`` (doubled for every restart
+    already made within ``window_s``, at most ``max_delay_s``), with the same model and options, at most
+    ``max_restarts`` times within ``window_s`` seconds (a failed attempt counts); then it gives up and the
+    client stays dead. ``load_timeout_s`` bounds each reload."""
+
+    max_restarts: int = 5
+    window_s: float = 600.0
+    delay_s: float = 1.0
+    max_delay_s: float = 30.0
+    load_timeout_s: float | None = 900.0
+
+    def delay(self, recent: int) -> float:
+        return min(self.delay_s * (2 ** max(recent, 0)), self.max_delay_s)
+
+
+class Restarter:
+    """The restarts of one client's engine under a RestartPolicy (None: never restart): the attempts made
+    within the policy's window, whether one more is allowed, and the loop that makes them."""
+
+    def __init__(self, policy: RestartPolicy | None) -> None:
+        self.policy = policy
+        self.times: collections.deque[float] = collections.deque()  # when each attempt started (monotonic)
+
+    def recent(self) -> int:
+        """Attempts made within the policy's window (older ones are forgotten)."""
+        now = time.monotonic()
+        while self.times and self.times[0] < now - self.policy.window_s:
+            self.times.popleft()
+        return len(self.times)
+
+    def allowed(self) -> bool:
+        policy = self.policy
+        return policy is not None and policy.max_restarts > 0 and self.recent() < policy.max_restarts
+
+    def limit_note(self) -> str:
+        """Why no restart follows, for the dead engine's message ("" without a policy)."""
+        policy = self.policy
+        if policy is None or policy.max_restarts <= 0:
+            return ""
+        return f". It was restarted {self.recent()} times in {policy.window_s / 60:g} min, the most allowed"
+
+    async def run(self, reason: str, *, dispose: Callable[[], Awaitable[None]],
+                  launch: Callable[[], Awaitable[None]], on_restarting: Callable[[str, str], None],
+                  on_dead: Callable[[str], None]) -> str | None:
+        """Start the engine again after a back-off, until it loads or the policy's limit is reached. Before
+        each attempt ``on_restarting(error_message, detail)``; then ``dispose()`` releases the old process and
+        ``launch()`` starts a new one (within ``load_timeout_s``; a failure is counted and retried). Returns
+        the reason of the last death once an engine runs again, or None after ``on_dead(message)``: the
+        limit is reached."""
+        policy = self.policy
+        while True:
+            recent = self.recent()
+            if recent >= policy.max_restarts:
+                mins = policy.window_s / 60
+                message = (f"{reason}. It was restarted {recent} times in {mins:g} min, the most allowed; "
+                           "reload the model to continue.")
+                log.error("%s", message)
+                on_dead(message)
+                return None
+            delay = policy.delay(recent)
+            detail = (f"{reason}. Restarting the engine in {delay:g} s (restart {recent + 1} of at most "
+                      f"{policy.max_restarts} in {policy.window_s / 60:g} min).")
+            log.warning("%s", detail)
+            on_restarting(f"{reason}. It is being restarted; retry shortly.", detail)
+            await asyncio.sleep(delay)
+            self.times.append(time.monotonic())
+            await dispose()
+            try:
+                await asyncio.wait_for(launch(), policy.load_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - counted; the next attempt (or giving up) follows
+                reason = f"The engine could not be restarted ({type(e).__name__}: {e})"
+                log.error("%s", reason)
+                continue
+            return reason
 
 
 _live: weakref.WeakSet[EngineSupervisor] = weakref.WeakSet()

@@ -35,10 +35,11 @@ EXTENSION_MODULES = frozenset({"engine._C"})
 # engine.parallel); "engine" (engine/__init__.py) covers only itself. Every engine module must be covered.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Entry points and front ends: the package facade (engine/__init__.py: SamplingParams, and LLM / EngineConfig
-    # lazily), the OpenAI-compatible server, the async client and the supervisor that spawns engine_process,
-    # the in-process LLM, the CLI, the benchmarks (which also reach into core, parallel, runner and ops).
-    ("entry", ("engine", "engine.server", "engine.client", "engine.engine_supervisor", "engine.llm",
-               "engine.cli", "engine.bench")),
+    # lazily), the OpenAI-compatible server, the async client (with its request streams and its copy of the
+    # engine's tokenizer) and the supervisor that spawns engine_process and restarts it, the in-process LLM,
+    # the CLI, the benchmarks (which also reach into core, parallel, runner and ops).
+    ("entry", ("engine", "engine.server", "engine.client", "engine.request_stream", "engine.client_tokenizer",
+               "engine.engine_supervisor", "engine.llm", "engine.cli", "engine.bench")),
     # The engine's own process: a ZMQ loop around a core, which it builds from a "module:callable" string
     # (DEFAULT_CORE_FACTORY = "engine.core.core:EngineCore", through importlib), not from an import statement.
     ("engine_process", ("engine.engine_process",)),

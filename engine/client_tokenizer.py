@@ -1,0 +1,158 @@
+"""The engine's tokenizer on the client's side (engine.client.EngineClient tokenizes prompts here, not in the
+engine process). After loading, the engine hands over its tokenizer (``EngineServer.call_tokenizer_state``:
+tokenizer.json, special tokens, chat templates, the longest token in bytes); LocalTokenizer.build rebuilds it
+in this process. add_request then renders the chat template and tokenizes on a worker thread (the tokenizers
+library releases the GIL), so the engine's step loop never stalls on a huge prompt.
+
+Where the tokenizer allows it (engine_process.length_bound_is_certain: ``max_token_bytes``), a prompt whose
+UTF-8 length alone proves it longer than the context is refused before it is tokenized at all
+(PromptTooLongError, "at least N tokens"); else check_prompt_length applies the engine's own length rule
+(EngineCore.validate_prompt) to the ids. No torch here; engine.tokenizer is imported only when a tokenizer is
+built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+
+from engine.errors import InvalidRequestError, KestrelError, PromptTooLongError
+from engine.sampling_params import SamplingParams
+
+__all__ = ["LocalTokenizer", "as_request_error", "check_prompt_length"]
+
+
+def as_request_error(e: Exception) -> KestrelError:
+    """An exception raised while rendering or tokenizing a prompt, as the typed error for the caller."""
+    if isinstance(e, KestrelError):
+        return e
+    if isinstance(e, (ValueError, TypeError, KeyError, IndexError, UnicodeError, OverflowError)):
+        return InvalidRequestError(f"Invalid request ({type(e).__name__}: {e}).")
+    return KestrelError(f"Internal error while tokenizing ({type(e).__name__}: {e}).")
+
+
+def check_prompt_length(n: int, params: SamplingParams, max_len: int) -> None:
+    """The engine's own length rule (EngineCore.validate_prompt), applied before sending."""
+    if n >= max_len:
+        raise PromptTooLongError(n, max_len)
+    if params.max_tokens is not None and n + params.max_tokens > max_len:
+        raise PromptTooLongError(n, max_len, params.max_tokens)
+
+
+class LocalTokenizer:
+    """The engine's tokenizer, rebuilt in this process from its tokenizer.json (``tokenizer_state``), and the
+    checks that refuse a prompt before it reaches the engine. Work on large inputs runs on a small thread
+    pool: rendering a chat template is Python (it shares the GIL in 5 ms slices), encoding and decoding go
+    through tokenizers' batch calls, which release the GIL."""
+
+    INLINE_CHARS = 8192  # smaller inputs are handled on the event loop (faster than a thread hop)
+    INLINE_MESSAGES = 32
+
+    def __init__(self, tokenizer, max_token_bytes: int | None):
+        self.tok = tokenizer
+        self.max_token_bytes = max_token_bytes
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kestrel-tokenize")
+
+    @classmethod
+    def build(cls, state: dict) -> LocalTokenizer:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one text at a time; no fork warnings
+        from tokenizers import Tokenizer as Backend
+
+        from engine.tokenizer import Tokenizer
+
+        tok = Tokenizer(Backend.from_str(state["backend"]), bos_token=state.get("bos_token"),
+                        eos_token=state.get("eos_token"), unk_token=state.get("unk_token"),
+                        pad_token=state.get("pad_token"), chat_template=state.get("chat_templates") or None,
+                        extra_eos_token_ids=state.get("eos_token_ids") or (), name_or_path=state.get("name_or_path"))
+        bound = state.get("max_token_bytes")
+        return cls(tok, int(bound) if bound else None)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, inline: bool, fn, *args):
+        if inline:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    # -- pieces --------------------------------------------------------------------------------------
+    def lower_bound(self, text: str) -> int:
+        """At least this many tokens (0 when the tokenizer gives no certain bound)."""
+        if not self.max_token_bytes:
+            return 0
+        nbytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        return -(-nbytes // self.max_token_bytes)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tok.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self.tok.backend.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+
+    @staticmethod
+    def _chars(messages: list[dict]) -> int:
+        return sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), str))
+
+    async def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        inline = len(messages) <= self.INLINE_MESSAGES and self._chars(messages) <= self.INLINE_CHARS
+        try:
+            return await self._run(inline, self._render, messages, add_generation_prompt)
+        except Exception as e:  # noqa: BLE001 - typed for the caller
+            raise as_request_error(e) from None
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        try:
+            return await self._run(len(text) <= self.INLINE_CHARS, self._encode, text, add_special_tokens)
+        except Exception as e:  # noqa: BLE001
+            raise as_request_error(e) from None
+
+    async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return await self._run(len(ids) <= self.INLINE_CHARS // 4, self._decode, ids, skip_special_tokens)
+
+    # -- the client's tokenize / detokenize calls ------------------------------------------------------
+    async def tokenize(self, prompt: str | None, messages: list[dict] | None, add_special_tokens: bool,
+                       add_generation_prompt: bool) -> list[int]:
+        if messages is not None:
+            return await self.encode(await self.render(messages, add_generation_prompt), False)
+        if not isinstance(prompt, str):
+            raise InvalidRequestError("Give 'prompt' (a string) or 'messages'.", param="prompt")
+        return await self.encode(prompt, add_special_tokens)
+
+    async def detokenize(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        ids = list(token_ids)
+        vocab = len(self.tok)
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"Token id {bad} is out of the vocabulary (0..{vocab - 1}).", param="tokens")
+        return await self.decode(ids, skip_special_tokens)
+
+    # -- a request's prompt -------------------------------------------------------------------------------
+    async def prompt_ids(self, prompt: str | None, messages: list[dict] | None, params: SamplingParams,
+                         max_len: int) -> list[int]:
+        """The prompt's token ids, or PromptTooLongError as the engine would raise it (by the byte-length
+        bound, before tokenizing, where that already decides). Nothing of a refused prompt is kept."""
+        if messages is not None:
+            text = await self.render(messages)
+            special = False  # the template writes the special tokens (as transformers)
+        elif isinstance(prompt, str):
+            text, special = prompt, True
+        else:
+            raise InvalidRequestError("The prompt must be a string, a list of token ids, or chat messages.",
+                                      param="prompt")
+        at_least = self.lower_bound(text)
+        if at_least and (at_least >= max_len or (params.max_tokens is not None
+                                                  and at_least + params.max_tokens > max_len)):
+            text = None
+            raise PromptTooLongError(at_least, max_len, params.max_tokens if at_least < max_len else None,
+                                     at_least=True)
+        ids = await self.encode(text, special)
+        text = None
+        n = len(ids)
+        if n >= max_len or (params.max_tokens is not None and n + params.max_tokens > max_len):
+            ids = None  # not kept alive by the exception's traceback
+            check_prompt_length(n, params, max_len)
+        return ids

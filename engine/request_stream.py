@@ -1,0 +1,137 @@
+"""RequestStream: the deltas of one request made through engine.client.EngineClient (all its n samples), in
+arrival order, and its RequestRecords (engine.metrics: TTFT, inter-token latencies, queue time) for the
+client's listeners.
+
+The client feeds a stream from its reader (``_on_accepted`` when the engine has queued the request,
+``_push`` per delta, ``_fail`` with a typed error); the consumer waits on ``accepted()`` and ``next_batch()``
+or iterates it, and ``abort()`` tells the client to forget the stream and abort its unfinished samples in the
+engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from engine.ipc import Delta
+from engine.metrics import RequestRecord
+
+if TYPE_CHECKING:
+    from engine.client import EngineClient
+
+__all__ = ["RequestStream"]
+
+
+class RequestStream:
+    """The deltas of one request (all its n samples), in arrival order. Iterate it, or call next_batch()."""
+
+    def __init__(self, client: EngineClient, request_id: str, child_ids: list[str], arrival: float):
+        self.client = client
+        self.request_id = request_id
+        self.child_ids = child_ids
+        self.n = len(child_ids)
+        self.arrival = arrival  # time.monotonic() when the request was made
+        self.num_prompt_tokens: int | None = None
+        self._items: collections.deque[Delta] = collections.deque()
+        self._event = asyncio.Event()
+        self._accepted = asyncio.Event()
+        self._error: BaseException | None = None
+        self._unfinished = set(child_ids)
+        self._records = {cid: RequestRecord(request_id=cid, index=i, arrival=arrival)
+                         for i, cid in enumerate(child_ids)}
+        self.aborted = False
+
+    # -- fed by the client ------------------------------------------------------------------
+    def _on_accepted(self, num_prompt_tokens: int) -> None:
+        self.num_prompt_tokens = num_prompt_tokens
+        self._accepted.set()
+
+    def _push(self, d: Delta, index: int) -> RequestRecord | None:
+        d.index = index
+        self._items.append(d)
+        self._event.set()
+        rec = self._records[d.request_id]
+        n = len(d.token_ids)
+        if n:
+            if rec.first_token is None:
+                rec.first_token = d.time
+            elif rec.last_token is not None:
+                gap = (d.time - rec.last_token) / n
+                rec.itl.extend([gap] * n)
+            rec.last_token = d.time
+        rec.num_output_tokens = d.num_output_tokens
+        if d.finished:
+            self._unfinished.discard(d.request_id)
+            rec.num_prompt_tokens = d.num_prompt_tokens
+            rec.num_cached_tokens = d.num_cached_tokens
+            rec.finished = d.time
+            rec.finish_reason = d.finish_reason
+            m = d.metrics
+            if m is not None:
+                rec.queue_time = m.queue_time
+                rec.engine_ttft = m.ttft
+                rec.engine_e2e = m.e2e
+            if not self._unfinished:
+                self._accepted.set()
+            return rec
+        return None
+
+    def _fail(self, err: BaseException) -> None:
+        if self._error is None:
+            self._error = err
+        self._unfinished.clear()
+        self._accepted.set()
+        self._event.set()
+
+    # -- consumer side --------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished and not self._items
+
+    async def accepted(self) -> int:
+        """Wait until the engine has validated and queued the request; returns the prompt's token count.
+        Raises the engine's typed error (e.g. PromptTooLongError) if it refused it."""
+        await self._accepted.wait()
+        if self.num_prompt_tokens is None and self._error is not None:
+            raise self._error
+        return self.num_prompt_tokens or 0
+
+    async def next_batch(self) -> list[Delta]:
+        """Every delta received so far (at least one); [] once all samples have finished. Raises
+        EngineDeadError if the engine dies, or the engine's error if it refused the request."""
+        while not self._items:
+            if self._error is not None:
+                raise self._error
+            if not self._unfinished:
+                return []
+            self._event.clear()
+            await self._event.wait()
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Delta]:
+        while batch := await self.next_batch():
+            for d in batch:
+                yield d
+
+    def abort(self) -> None:
+        """Stop the request's unfinished samples; the engine frees their KV blocks."""
+        if self._unfinished and self._error is None:
+            self.aborted = True
+            ids = list(self._unfinished)
+            self._unfinished.clear()
+            self.client._forget(self)
+            self.client._abort_nowait(ids)
+        self._event.set()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.abort()
