@@ -60,6 +60,7 @@ class Progress:
     speed: float  # bytes/s over the last seconds
     file_index: int
     num_files: int
+    fetched: int = 0  # bytes received over the network in this run (not those already in the cache or partial)
 
 
 ProgressFn = Callable[[Progress], None]
@@ -89,7 +90,7 @@ def download_files(repo_id: str, files: list[HubFile], cache_dir: Path, *, revis
             expected = f.size if f.size is not None else meta.size
             _fetch(meta.location, blob, expected, f, token, cancel, meter)
         else:
-            meter.add(blob.stat().st_size, force=True)
+            meter.add(blob.stat().st_size, force=True, fetched=False)
         _link(blob, pointer)
     meter.finish()
     if snapshot is None:
@@ -156,7 +157,7 @@ def _fetch(url: str, blob: Path, expected: int | None, f: HubFile, token: str | 
         with open(part, "rb") as fh:
             for chunk in iter(lambda: fh.read(CHUNK), b""):
                 digest.update(chunk)
-    meter.add(have, force=True)
+    meter.add(have, force=True, fetched=False)
     if expected is None or have < expected:
         _stream(url, part, have, digest, token, cancel, meter)
     size = part.stat().st_size
@@ -275,14 +276,65 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0]
 
 
+class DownloadEta:
+    """Time left of a download: the bytes still to come over the speed of the last ``window`` seconds.
+
+    ``update`` takes each progress report; ``seconds`` answers at any time (``now`` from ``clock``): the bytes
+    received between the newest report at least ``window`` old (else the oldest) and the latest one, over the time
+    from that report to now, so a stalled download's estimate grows and is unknown (None) once nothing came for
+    ``window`` seconds. Unknown too before ``min_span`` seconds of reports or without a rate. Bytes found in the
+    cache or in a partial file do not count as speed (``Progress.fetched``)."""
+
+    def __init__(self, window: float = 10.0, min_span: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self.window = window
+        self.min_span = min_span
+        self.clock = clock
+        self.samples: list[tuple[float, int]] = []  # (time, bytes fetched)
+        self.remaining: int | None = None
+
+    def update(self, p: Progress) -> float | None:
+        now = self.clock()
+        self.samples.append((now, p.fetched))
+        self.remaining = max(p.total - p.done, 0)
+        self._prune(now)
+        return self.seconds(now)
+
+    def _prune(self, now: float) -> None:
+        # keep one report at or before the window's start: the rate spans the whole window
+        while len(self.samples) > 1 and self.samples[1][0] <= now - self.window:
+            self.samples.pop(0)
+
+    def speed(self, now: float | None = None) -> float | None:
+        """Bytes/s over the window, None while unknown."""
+        now = self.clock() if now is None else now
+        self._prune(now)
+        if not self.samples:
+            return None
+        t0, f0 = self.samples[0]
+        if now - t0 < self.min_span:
+            return None
+        rate = (self.samples[-1][1] - f0) / (now - t0)
+        return rate if rate > 0 else None
+
+    def seconds(self, now: float | None = None) -> float | None:
+        if self.remaining is None:
+            return None
+        if self.remaining == 0:
+            return 0.0
+        rate = self.speed(now)
+        return self.remaining / rate if rate else None
+
+
 class _Meter:
-    """Progress of the whole job with a speed over the last ~3 s, reported at most 10 times a second."""
+    """Progress of the whole job with a speed over the last ~3 s (of bytes received, not those found on disk),
+    reported at most 10 times a second."""
 
     def __init__(self, total: int, num_files: int, on_progress: ProgressFn | None):
         self.total = total
         self.num_files = num_files
         self.on_progress = on_progress
         self.done = 0
+        self.fetched = 0
         self.file_start = 0
         self.filename = ""
         self.index = 0
@@ -296,8 +348,10 @@ class _Meter:
     def restart_file(self) -> None:
         self.done = self.file_start
 
-    def add(self, n: int, force: bool = False) -> None:
+    def add(self, n: int, force: bool = False, fetched: bool = True) -> None:
         self.done += n
+        if fetched:
+            self.fetched += n
         self._emit(force)
 
     def finish(self) -> None:
@@ -308,10 +362,10 @@ class _Meter:
         if self.on_progress is None or (not force and now - self.last_emit < 0.1):
             return
         self.last_emit = now
-        self.samples.append((now, self.done))
+        self.samples.append((now, self.fetched))
         while len(self.samples) > 2 and self.samples[0][0] < now - 3:
             self.samples.pop(0)
-        t0, d0 = self.samples[0]
-        speed = (self.done - d0) / (now - t0) if now > t0 else 0.0
+        t0, f0 = self.samples[0]
+        speed = (self.fetched - f0) / (now - t0) if now > t0 else 0.0
         self.on_progress(Progress(self.filename, self.done, max(self.total, self.done), speed, self.index,
-                                  self.num_files))
+                                  self.num_files, self.fetched))

@@ -113,6 +113,18 @@ def weights_in_memory(num_params: int | None, dtype: str, file_bytes: int | None
     return file_bytes
 
 
+def can_estimate(facts) -> tuple[bool, str]:
+    """Whether a memory estimate means anything for a model (app.model_inspect.ModelFacts), and if not, why in
+    words: a file that is not a model Kestrel can read (garbage, a truncated or foreign file) has no known size
+    in memory; its size on disk says nothing, so no "it fits"."""
+    if not getattr(facts, "readable", True):
+        why = getattr(facts, "reason", "") or "the file cannot be read"
+        return False, f"Cannot tell how much memory this needs: this is not a model file Kestrel can read ({why})."
+    if not getattr(facts, "num_params", None) and getattr(facts, "shape", None) is None:
+        return False, "Cannot tell how much memory this needs: the file does not say how large the model is."
+    return True, ""
+
+
 def estimate(weight_bytes: int, shape: ModelShape | None, context: int, tp: int, dtype: str,
              capacity: int | None, gpu: bool = True) -> Estimate:
     dtype_bytes = DTYPE_BYTES.get(dtype, 2)

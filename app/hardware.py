@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections import deque
 from dataclasses import dataclass, field
 
 import psutil
@@ -43,6 +44,52 @@ class HardwareSnapshot:
     peer_matrix: list[list[str]] | None = None  # [i][j]: "X" on the diagonal, else e.g. "P2P · PIX"
     driver: str | None = None
     gpu_message: str = ""  # why there are no GPUs, in plain words
+
+
+HISTORY = 120  # samples kept per series (two minutes at the worker's one sample a second)
+GPU_SERIES = ("util", "mem", "tx", "rx", "temp")  # per GPU: %, GiB used, MB/s each way, °C
+
+
+class HardwareHistory:
+    """The last ``size`` samples of each figure the Hardware panel plots, as (time, value) ring buffers:
+    ``cpu`` (%), ``ram`` (GiB used), and per GPU ``gpu<i>.<util|mem|tx|rx|temp>``. A reading NVML could not
+    take (None) adds no point. Plain Python: the panel feeds it snapshots with their arrival time."""
+
+    def __init__(self, size: int = HISTORY):
+        self.size = size
+        self.series: dict[str, deque[tuple[float, float]]] = {}
+        self.gpus: list[int] = []  # indices of the GPUs seen, in order
+        self.ram_total: int = 0
+
+    def add(self, t: float, snap: HardwareSnapshot) -> None:
+        self._put("cpu", t, snap.cpu_percent)
+        self._put("ram", t, snap.ram_used / 2**30)
+        self.ram_total = snap.ram_total
+        for g in snap.gpus:
+            if g.index not in self.gpus:
+                self.gpus.append(g.index)
+            mem = g.memory_used / 2**30 if g.memory_used is not None else None
+            tx = g.pcie_tx / 1e6 if g.pcie_tx is not None else None
+            rx = g.pcie_rx / 1e6 if g.pcie_rx is not None else None
+            for name, value in zip(GPU_SERIES, (g.utilization, mem, tx, rx, g.temperature)):
+                self._put(f"gpu{g.index}.{name}", t, value)
+
+    def _put(self, key: str, t: float, value: float | None) -> None:
+        if value is None:
+            return
+        if key not in self.series:
+            self.series[key] = deque(maxlen=self.size)
+        self.series[key].append((t, float(value)))
+
+    def values(self, key: str) -> list[float]:
+        return [v for _, v in self.series.get(key, ())]
+
+    def times(self, key: str) -> list[float]:
+        return [t for t, _ in self.series.get(key, ())]
+
+    def clear(self) -> None:
+        self.series.clear()
+        self.gpus.clear()
 
 
 def cpu_name() -> str:

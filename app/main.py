@@ -20,14 +20,14 @@ def build_parser() -> argparse.ArgumentParser:
 def create_app(argv: list[str] | None = None):
     from PySide6.QtWidgets import QApplication
 
-    from app import resources
+    from app import resources, theme
 
     app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv[:1])
     app.setApplicationName("Kestrel")
     app.setOrganizationName("Kestrel")
     app.setDesktopFileName("kestrel")
     app.setStyle("Fusion")
-    app.setStyleSheet(resources.stylesheet())
+    theme.apply(app, theme.resolve(theme.SYSTEM))  # the window applies the saved setting (app.theme.ThemeManager)
     app.setWindowIcon(resources.icon("kestrel"))
     return app
 

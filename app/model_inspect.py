@@ -39,6 +39,9 @@ class ModelFacts:
     generation_config: dict | None = None
     supported: bool = True
     reason: str = ""  # why not supported
+    # False when the file is not a model Kestrel can read at all (not a GGUF file, a corrupt header, no or a
+    # broken config.json): nothing is known of its size in memory, so no memory estimate (app.fit.can_estimate)
+    readable: bool = True
 
 
 def inspect_model(path: str | Path) -> ModelFacts:
@@ -55,7 +58,7 @@ def _inspect_gguf(path: Path) -> ModelFacts:
     try:
         header = read_gguf_header(path)
     except (GGUFHeaderError, OSError) as e:
-        facts.supported, facts.reason = False, str(e)
+        facts.supported, facts.reason, facts.readable = False, str(e), False
         return facts
     md = header.metadata
     arch = header.architecture
@@ -82,13 +85,16 @@ def _inspect_dir(path: Path) -> ModelFacts:
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return _inspect_gguf(ggufs[0])
-        facts.supported = False
+        facts.supported, facts.readable = False, False
         facts.reason = "No config.json (and not exactly one .gguf file) in this folder."
         return facts
     try:
         cfg = json.loads(config_file.read_text())
     except (OSError, ValueError) as e:
-        facts.supported, facts.reason = False, f"config.json cannot be read: {e}"
+        facts.supported, facts.reason, facts.readable = False, f"config.json cannot be read: {e}", False
+        return facts
+    if not isinstance(cfg, dict):
+        facts.supported, facts.reason, facts.readable = False, "config.json is not a model configuration.", False
         return facts
     archs = cfg.get("architectures") or [cfg.get("model_type", "unknown")]
     facts.architecture = archs[0]

@@ -1,5 +1,5 @@
-"""Icons and the stylesheet from the repository's resources/ folder (absent resources degrade to Qt's
-defaults, never to an error)."""
+"""Icons and files from the repository's resources/ folder (absent resources degrade to Qt's defaults, never
+to an error). The stylesheet is a per-theme template: app/theme.py fills it."""
 
 from __future__ import annotations
 
@@ -19,10 +19,3 @@ def icon(name: str):
 
     p = ROOT / "icons" / f"{name}.svg"
     return QIcon(str(p)) if p.is_file() else QIcon()
-
-
-def stylesheet() -> str:
-    p = ROOT / "style.qss"
-    if not p.is_file():
-        return ""
-    return p.read_text().replace("@ICONS@", (ROOT / "icons").as_posix())

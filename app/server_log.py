@@ -4,7 +4,9 @@ into signals).
 
 Tokens are exact: the server app gets a ``TrackingClient`` (a thin stand-in for the EngineClient) that notes
 which engine requests each HTTP request starts, and the EngineClient's finished-request records give their
-token counts. A response's ``usage`` is the fallback (e.g. for a request the engine aborted).
+token counts. A request that ends without a record (a stream the HTTP client stopped reading or dropped, an
+engine failure mid-stream: the engine aborts it) counts the tokens its response was handed, which the
+TrackingClient's streams note as they go; a response's ``usage`` comes first when it has one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextvars
 import json
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,10 +41,56 @@ class _Tracker:
     pending: set[str] = field(default_factory=set)
     tokens: int = 0
     finished: int = 0
+    handed: dict[str, int] = field(default_factory=dict)  # engine request id -> tokens handed to the response
 
     @property
     def started(self) -> bool:
         return bool(self.pending) or self.finished > 0
+
+    def count(self, usage_tokens: int | None) -> int | None:
+        """The HTTP request's generated tokens: the engine's records when every engine request it started
+        finished; else the response's usage, else the records plus the tokens handed out by the others."""
+        if not self.started:
+            return usage_tokens
+        if not self.pending:
+            return self.tokens
+        if usage_tokens is not None:
+            return usage_tokens
+        return self.tokens + sum(self.handed.get(cid, 0) for cid in self.pending)
+
+
+class _CountedStream:
+    """An EngineClient RequestStream that notes, per engine request, the tokens of the deltas it hands out.
+    Everything else is the stream's own."""
+
+    def __init__(self, stream, tracker: _Tracker):
+        self._stream = stream
+        self._tracker = tracker
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    async def next_batch(self):
+        batch = await self._stream.next_batch()
+        handed = self._tracker.handed
+        for d in batch:
+            n = handed.get(d.request_id, 0) + len(d.token_ids)
+            handed[d.request_id] = max(n, d.num_output_tokens or 0)
+        return batch
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        while batch := await self.next_batch():
+            for d in batch:
+                yield d
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._stream.abort()
 
 
 _current: contextvars.ContextVar[_Tracker | None] = contextvars.ContextVar("kestrel_request_tracker", default=None)
@@ -53,7 +102,8 @@ class TrackingClient:
 
     def __init__(self, client):
         self._client = client
-        self._owners: dict[str, _Tracker] = {}
+        # weak: an engine request that ends without a record (aborted) leaves no entry once its HTTP request is done
+        self._owners: weakref.WeakValueDictionary[str, _Tracker] = weakref.WeakValueDictionary()
         client.add_listener(self._on_record)
 
     def __getattr__(self, name: str):
@@ -62,11 +112,12 @@ class TrackingClient:
     async def add_request(self, *args, **kwargs):
         stream = await self._client.add_request(*args, **kwargs)
         tracker = _current.get()
-        if tracker is not None:
-            for cid in stream.child_ids:
-                tracker.pending.add(cid)
-                self._owners[cid] = tracker
-        return stream
+        if tracker is None:
+            return stream
+        for cid in stream.child_ids:
+            tracker.pending.add(cid)
+            self._owners[cid] = tracker
+        return _CountedStream(stream, tracker)
 
     def _on_record(self, rec) -> None:
         tracker = self._owners.pop(rec.request_id, None)
@@ -113,7 +164,7 @@ class RequestLogMiddleware:
             await self.app(scope, receive, sending)
         finally:
             _current.reset(token)
-            tokens = tracker.tokens if tracker.finished and not tracker.pending else sniffer.tokens()
+            tokens = tracker.count(sniffer.tokens())
             client = scope.get("client") or ("", 0)
             entry = LogEntry(time=started, method=scope.get("method", ""), path=scope.get("path", ""),
                              status=sniffer.status or 500, tokens=tokens, latency=time.perf_counter() - t0,

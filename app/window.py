@@ -1,9 +1,12 @@
-"""The main window: a sidebar of panels, the panels, and a status bar with the engine and server state."""
+"""The main window: a sidebar of panels (and the theme setting), the panels, a status bar with the engine and
+server state, the keyboard shortcuts of app.shortcuts and their help overlay."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QComboBox,
     QHBoxLayout,
     QLabel,
     QListWidget,
@@ -11,11 +14,13 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QPushButton,
     QStackedWidget,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from app import resources
+from app import resources, shortcuts
+from app import theme as themes
 from app.context import AppContext
 from app.panels.chat import ChatPanel
 from app.panels.hardware import HardwarePanel
@@ -51,8 +56,9 @@ class MainWindow(QMainWindow):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(0)
         side = QWidget()
+        side.setObjectName("sidebar")
+        side.setAttribute(Qt.WA_StyledBackground, True)
         side.setFixedWidth(190)
-        side.setStyleSheet("background: #1f2937;")
         sl = QVBoxLayout(side)
         sl.setContentsMargins(0, 0, 0, 0)
         sl.setSpacing(0)
@@ -63,6 +69,7 @@ class MainWindow(QMainWindow):
         self.nav.setObjectName("nav")
         self.nav.setIconSize(QSize(18, 18))
         sl.addWidget(self.nav, 1)
+        sl.addWidget(self._sidebar_footer())
         lay.addWidget(side)
         self.stack = QStackedWidget()
         lay.addWidget(self.stack, 1)
@@ -95,6 +102,107 @@ class MainWindow(QMainWindow):
         ctx.server.stopped.connect(self._on_server_stopped)
         self.server_label.setText("Endpoint: off")
         self._on_engine_state(ctx.engine.state)
+
+        self.theme = themes.ThemeManager(ctx.store, self)
+        self.theme.changed.connect(self._on_theme_changed)
+        self._on_theme_changed(themes.current())
+        self._show_theme_choice()
+        self.shortcut_table = shortcuts.table(PANELS)
+        self.shortcuts: list[QShortcut] = []
+        for row in self.shortcut_table:
+            if row.action:
+                self._add_shortcut(row)
+        self.help_overlay = shortcuts.HelpOverlay(self.shortcut_table, self)
+
+    def _sidebar_footer(self) -> QWidget:
+        foot = QWidget()
+        fl = QVBoxLayout(foot)
+        fl.setContentsMargins(12, 6, 12, 10)
+        fl.setSpacing(4)
+        self.help_button = QToolButton()
+        self.help_button.setObjectName("sidebarLink")
+        self.help_button.setText("Keyboard shortcuts (F1)")
+        self.help_button.setCursor(Qt.PointingHandCursor)
+        self.help_button.clicked.connect(self.shortcut_help)
+        fl.addWidget(self.help_button, 0, Qt.AlignLeft)
+        row = QHBoxLayout()
+        label = QLabel("Theme")
+        label.setObjectName("sidebarLabel")
+        self.theme_choice = QComboBox()
+        self.theme_choice.setObjectName("themeChoice")
+        self.theme_choice.setToolTip("System follows the desktop's light or dark setting")
+        for key, text in themes.CHOICES.items():
+            self.theme_choice.addItem(text, key)
+        self.theme_choice.currentIndexChanged.connect(self._theme_chosen)
+        row.addWidget(label)
+        row.addWidget(self.theme_choice, 1)
+        fl.addLayout(row)
+        return foot
+
+    def _show_theme_choice(self) -> None:
+        self.theme_choice.blockSignals(True)
+        self.theme_choice.setCurrentIndex(max(0, self.theme_choice.findData(self.theme.choice)))
+        self.theme_choice.blockSignals(False)
+
+    def _theme_chosen(self, _index: int) -> None:
+        self.theme.set_choice(self.theme_choice.currentData())
+
+    def _on_theme_changed(self, theme: themes.Theme) -> None:
+        """The style sheet and palette reach every widget; a panel that paints colours of its own (plots)
+        gets ``apply_theme(theme)`` when it has one."""
+        for panel in self.panels.values():
+            if hasattr(panel, "apply_theme"):
+                panel.apply_theme(theme)
+
+    # ------------------------------------------------------------------------------------------------
+    # keyboard shortcuts (app.shortcuts.table): each row with an action calls shortcut_<action>(arg)
+
+    def _add_shortcut(self, row: shortcuts.Shortcut) -> None:
+        handler = getattr(self, f"shortcut_{row.action}")
+        parent = self.chat if row.scope == "chat" else self
+        for keys in row.keys:
+            sc = QShortcut(QKeySequence(keys), parent)
+            sc.setContext(Qt.WidgetWithChildrenShortcut if row.scope == "chat" else Qt.WindowShortcut)
+            sc.setObjectName(f"shortcut:{row.action}{':' + row.arg if row.arg else ''}")
+            if row.arg:
+                sc.activated.connect(lambda arg=row.arg, h=handler: h(arg))
+            else:
+                sc.activated.connect(handler)
+            self.shortcuts.append(sc)
+
+    def shortcut(self, action: str, arg: str = "") -> list[QShortcut]:
+        """The QShortcuts of a table row (tests activate them)."""
+        name = f"shortcut:{action}{':' + arg if arg else ''}"
+        return [s for s in self.shortcuts if s.objectName() == name]
+
+    def _to_chat(self) -> None:
+        self.help_overlay.close_overlay()
+        self.show_panel("chat")
+
+    def shortcut_new_chat(self) -> None:
+        self._to_chat()
+        self.chat.new_conversation()
+
+    def shortcut_stop(self) -> None:
+        if self.help_overlay.isVisible():
+            self.help_overlay.close_overlay()
+        else:
+            self.chat.stop()
+
+    def shortcut_regenerate(self) -> None:
+        self._to_chat()
+        self.chat.regenerate()
+
+    def shortcut_focus_composer(self) -> None:
+        self._to_chat()
+        self.chat.composer.setFocus(Qt.ShortcutFocusReason)
+
+    def shortcut_panel(self, name: str) -> None:
+        self.help_overlay.close_overlay()
+        self.show_panel(name)
+
+    def shortcut_help(self) -> None:
+        self.help_overlay.toggle()
 
     @property
     def chat(self) -> ChatPanel:
@@ -141,6 +249,7 @@ class MainWindow(QMainWindow):
     def shutdown(self) -> None:
         if not self._closed:
             self._closed = True
+            self.theme.disconnect_system()
             for panel in self.panels.values():
                 if hasattr(panel, "shutdown"):
                     panel.shutdown()

@@ -21,17 +21,16 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 
 import zmq
 
 from engine import ipc
 from engine.errors import InvalidRequestError, KestrelError
+from engine.metrics import TokenRate
 
 log = logging.getLogger("engine.engine_process")
 
 DEFAULT_CORE_FACTORY = "engine.core.core:EngineCore"
-RATE_WINDOW_S = 10.0
 
 
 _core = None  # the running core, for the parent-death path
@@ -204,7 +203,11 @@ class EngineServer:
         self.poller = zmq.Poller()
         self.poller.register(pull, zmq.POLLIN)
         self.running = True
-        self._rates: deque[tuple[float, int, int]] = deque()
+        # tokens/s over the last seconds, counted per step (engine.metrics.TokenRate); ``clock`` is for tests
+        self.clock = time.monotonic
+        self.prompt_rate = TokenRate(clock=self._now)
+        self.generation_rate = TokenRate(clock=self._now)
+        self._counted = (0, 0)  # the core's prompt / generation totals at the last count
         self._token_bytes: list[bytes] | None = None
         self._worked = False
 
@@ -227,8 +230,7 @@ class EngineServer:
             if not self.running:
                 break
             if core.has_unfinished():
-                deltas.extend(core.step())
-                self._sample_rates()
+                deltas.extend(self.step())
             if deltas or accepted or errors:
                 self.push.send(self.enc.encode(ipc.StepOutput(time.monotonic(), deltas, accepted, errors)),
                                copy=False)
@@ -358,22 +360,24 @@ class EngineServer:
         return True
 
     # -- throughput over the last seconds ------------------------------------------------------
-    def _sample_rates(self) -> None:
-        now = time.monotonic()
-        r = self._rates
-        r.append((now, self.core.prompt_tokens_total, self.core.generation_tokens_total))
-        while len(r) > 2 and r[1][0] < now - RATE_WINDOW_S:
-            r.popleft()
+    def _now(self) -> float:
+        return self.clock()
+
+    def step(self) -> list:
+        """One core step, its prompt and generated tokens counted for the rates."""
+        start = self.clock()
+        deltas = self.core.step()
+        now = self.clock()
+        p, g = int(self.core.prompt_tokens_total), int(self.core.generation_tokens_total)
+        p0, g0 = self._counted
+        self._counted = (p, g)
+        self.prompt_rate.add(p - p0, now, start)
+        self.generation_rate.add(g - g0, now, start)
+        return deltas
 
     def _current_rates(self) -> tuple[float, float]:
-        r = self._rates
-        if len(r) < 2:
-            return 0.0, 0.0
-        now = time.monotonic()
-        t0, p0, g0 = r[0]
-        _, p1, g1 = r[-1]
-        span = max(now - t0, 1e-3)
-        return (p1 - p0) / span, (g1 - g0) / span
+        now = self.clock()
+        return self.prompt_rate.rate(now), self.generation_rate.rate(now)
 
 
 def _as_request_error(e: Exception) -> KestrelError:

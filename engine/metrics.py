@@ -8,7 +8,10 @@ the GUI's plots too). ``PrometheusMetrics`` turns records and EngineStats snapsh
 - counters: prompt and generation tokens, finished requests by finish reason, prefix-cache queries and hits
   (tokens), preemptions
 - gauges: running and waiting requests, KV-cache use (0..1), free and total KV blocks, prefix-cache hit
-  rate, engine health, engine restarting; counter of engine restarts
+  rate, prompt and generation tokens/s (the engine's ``TokenRate`` over the last RATE_WINDOW_S seconds), engine
+  health, engine restarting; counter of engine restarts
+
+For rates in Prometheus use the counters, as with vLLM: ``rate(kestrel_generation_tokens_total[1m])``.
 
 Latencies are measured as a user of the EngineClient sees them: from the moment the request was handed to
 the client to the engine step that produced the token (so they include the trip to the engine process and
@@ -18,8 +21,66 @@ prometheus_client is imported only when PrometheusMetrics is built: the GUI does
 
 from __future__ import annotations
 
+import time
 from array import array
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+RATE_WINDOW_S = 5.0  # the tokens/s figures: tokens counted over the last 5 s
+
+
+class TokenRate:
+    """Tokens per second over a sliding window, from token counts and the times they were produced.
+
+    ``add(n, t, start)`` counts ``n`` tokens produced by work that began at ``start`` and ended at ``t`` (an
+    engine step). ``rate(now)`` is the tokens produced in the last ``window`` seconds over the window; when the
+    engine sat idle for a whole window before, the window is cut to the time since the first tokens after the
+    idle spell (those first tokens themselves mark the start and are not counted; with nothing after them yet,
+    they count over the time of the step that made them). So a stream that starts after an idle spell reads
+    its true rate from its first tokens on (not its tokens spread over the idle time, nor over its prefill),
+    concurrent streams add up (every token counts), and an engine that stops producing reads 0 once
+    ``window`` seconds have passed, whether or not anyone asks in between. Not thread-safe (one owner: the
+    engine loop)."""
+
+    def __init__(self, window: float = RATE_WINDOW_S, clock: Callable[[], float] = time.monotonic):
+        self.window = float(window)
+        self.clock = clock
+        self.total = 0
+        self._events: deque[tuple[float, int]] = deque()  # (time, tokens), oldest first
+        self._in_window = 0  # sum of the tokens in _events
+        self._opening: tuple[float, float, int] | None = None  # (start, time, tokens) of the first work after idle
+
+    def add(self, n: int, t: float | None = None, start: float | None = None) -> None:
+        if n <= 0:
+            return
+        t = self.clock() if t is None else t
+        self._prune(t)
+        if not self._events:  # idle for a whole window before: the count starts with this work
+            self._opening = (t if start is None else min(start, t), t, n)
+        self._events.append((t, n))
+        self._in_window += n
+        self.total += n
+
+    def _prune(self, now: float) -> None:
+        ev, cut = self._events, now - self.window
+        while ev and ev[0][0] <= cut:
+            self._in_window -= ev.popleft()[1]
+        if not ev:
+            self._opening = None
+
+    def rate(self, now: float | None = None) -> float:
+        now = self.clock() if now is None else now
+        self._prune(now)
+        if not self._events:
+            return 0.0
+        start, t_open, n_open = self._opening
+        if t_open <= now - self.window:  # the window is full of work: the plain sliding window
+            return self._in_window / self.window
+        if len(self._events) > 1 and now > t_open:  # since the first tokens after idle
+            return (self._in_window - n_open) / (now - t_open)
+        return n_open / max(now - start, 1e-3)  # only the first tokens yet: over their own step
+
 
 # latency buckets, seconds (CPU decode steps are slow, GPU ones fast: wide range)
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -109,8 +170,10 @@ class PrometheusMetrics:
         self.kv_free = gauge("kestrel_kv_cache_free_blocks", "Free KV-cache blocks")
         self.kv_total = gauge("kestrel_kv_cache_blocks", "KV-cache blocks")
         self.hit_rate = gauge("kestrel_prefix_cache_hit_rate", "Prefix-cache hit rate (tokens, since start)")
-        self.prompt_rate = gauge("kestrel_prompt_tokens_per_second", "Prompt tokens/s over the last seconds")
-        self.gen_rate = gauge("kestrel_generation_tokens_per_second", "Generated tokens/s over the last seconds")
+        self.prompt_rate = gauge("kestrel_prompt_tokens_per_second",
+                                 f"Prompt tokens/s over the last {RATE_WINDOW_S:g} s (rate() of the counter is better)")
+        self.gen_rate = gauge("kestrel_generation_tokens_per_second",
+                              f"Generated tokens/s over the last {RATE_WINDOW_S:g} s (rate() of the counter is better)")
         self.healthy = gauge("kestrel_engine_healthy", "1 while the engine process runs")
         self.restarting = gauge("kestrel_engine_restarting", "1 while a dead engine process is being restarted")
         self.restarts = Counter("kestrel_engine_restarts", "Times the engine process was restarted after it died",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up everything (first run) and launch Kestrel on the embedded default model.
+# Set up what is missing or changed (installer/setup.sh: nothing to do and ~0.05 s on a machine already set up),
+# then launch Kestrel on the embedded default model. Arguments go to the app (e.g. --panel models).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$here/installer/setup.sh"

@@ -6,7 +6,12 @@ The context meter under the composer counts the next turn (the conversation, the
 tokens) with the loaded model's tokenizer and chat template, on the engine worker's loop (never on the GUI
 thread): a debounced count whose answer comes back through a queued signal. Each send goes through the
 conversation's overflow policy (app.chat_context) the same way before it reaches the engine: old turns are
-left out and max tokens clamped so that a long chat keeps working at the context limit."""
+left out and max tokens clamped so that a long chat keeps working at the context limit.
+
+The model picker above the conversation lists the library's runnable models with the loaded one selected;
+choosing another loads it the way the Load panel does (``AppContext.load_model`` with the model's saved
+engine settings; the Load panel follows) without leaving the chat. It is disabled while a reply streams or a
+model loads."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -28,6 +34,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -39,14 +46,13 @@ from app.sampling import SamplingSettings
 from app.store import NEW_TITLE, Conversation
 from app.widgets.messages import Composer, MessageList, MessageWidget
 from app.widgets.sampling_form import SamplingForm
-from app.workers.engine_worker import LOADING, READY, ReplyStats
+from app.workers.engine_worker import DEAD, LOADING, READY, ReplyStats
+from engine.config import EngineConfig
 
 RENDER_INTERVAL_MS = 50  # streaming re-render at most 20 times a second
-# "#danger" buttons' red text outranks the style sheet's grey for disabled buttons: disabled, they look disabled
-DANGER_DISABLED = "QPushButton#danger:disabled { color: #9ca3af; background: #f9fafb; border-color: #e5e7eb; }"
 METER_DELAY_MS = 250  # the context meter recounts this long after the last change
 METER_STYLE = ("QProgressBar#contextMeter { min-height: 8px; max-height: 8px; border-radius: 4px; "
-               "border: 1px solid #e5e7eb; background: #f3f4f6; } "
+               "border: 1px solid palette(mid); background: palette(base); } "
                "QProgressBar#contextMeter::chunk { border-radius: 3px; } ")
 
 
@@ -124,6 +130,9 @@ class ChatPanel(QWidget):
         self.engine.replyFailed.connect(self._on_failed)
         self.engine.stateChanged.connect(self._on_engine_state)
         self.engine.loaded.connect(self._on_model_loaded)
+        ctx.library.changed.connect(self.refresh_models)
+        ctx.modelChosen.connect(self._on_model_chosen)
+        self.refresh_models()
         self.refresh_conversations()
         convs = self.store.conversations()
         if convs:
@@ -154,8 +163,6 @@ class ChatPanel(QWidget):
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.conv_list.setTextElideMode(Qt.ElideRight)
         # the open conversation stands out (a style sheet's ::item rule hides the list's selection colours)
-        self.conv_list.setStyleSheet("QListWidget#conversations::item:selected { background: #ffedd5; "
-                                     "color: #111827; border-left: 3px solid #ea580c; }")
         self.conv_list.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
         self.conv_list.itemDoubleClicked.connect(lambda item: self.rename_conversation(item.data(Qt.UserRole)))
         self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
@@ -168,7 +175,6 @@ class ChatPanel(QWidget):
         self.rename_button.clicked.connect(lambda: self.conversation and self.rename_conversation(self.conversation.id))
         self.delete_button = QPushButton("Delete")
         self.delete_button.setObjectName("danger")
-        self.delete_button.setStyleSheet(DANGER_DISABLED)
         self.delete_button.clicked.connect(lambda: self.conversation and self.delete_conversation(self.conversation.id))
         conv_buttons.addWidget(self.rename_button)
         conv_buttons.addWidget(self.delete_button)
@@ -178,9 +184,27 @@ class ChatPanel(QWidget):
         center = QWidget()
         cl = QVBoxLayout(center)
         cl.setContentsMargins(6, 0, 6, 0)
-        self.title = QLabel(NEW_TITLE)
+        head = QHBoxLayout()
+        self.title = _TitleLabel(NEW_TITLE)
         self.title.setObjectName("pageTitle")
-        cl.addWidget(self.title)
+        self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # a long title gives way to the picker
+        self.title.setMinimumWidth(120)
+        head.addWidget(self.title, 1)
+        model_label = QLabel("Model:")
+        model_label.setObjectName("hint")
+        head.addWidget(model_label)
+        self.model_picker = QComboBox()
+        self.model_picker.setObjectName("modelPicker")
+        self.model_picker.setMinimumContentsLength(16)
+        self.model_picker.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        self.model_picker.setMaximumWidth(400)  # a long Hub name is elided, not the whole chat pushed aside
+        self.model_picker.setPlaceholderText("No model loaded: choose one")
+        self.model_picker.setToolTip("The model to chat with. Choosing another loads it with its settings from "
+                                     "the Load panel; the conversation stays.")
+        self.model_picker.activated.connect(self._on_model_picked)
+        model_label.setBuddy(self.model_picker)
+        head.addWidget(self.model_picker)
+        cl.addLayout(head)
         self.messages = MessageList()
         cl.addWidget(self.messages, 1)
         self.editing_banner = QWidget()
@@ -313,6 +337,7 @@ class ChatPanel(QWidget):
         if self.conversation is None:
             return
         self.title.setText(self.conversation.title)
+        self.title.setToolTip(self.conversation.title)
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(self.conversation.system_prompt)
         self.system_prompt.blockSignals(False)
@@ -340,6 +365,7 @@ class ChatPanel(QWidget):
         if self.conversation is not None and self.conversation.id == conversation_id:
             self.conversation = self.store.conversation(conversation_id)
             self.title.setText(self.conversation.title)
+            self.title.setToolTip(self.conversation.title)
         self.refresh_conversations()
 
     def delete_conversation(self, conversation_id: int, confirm: bool = True) -> None:
@@ -391,6 +417,68 @@ class ChatPanel(QWidget):
             self.store.set_overflow_policy(self.conversation.id, self.overflow_policy())
             self.conversation = self.store.conversation(self.conversation.id)
         self.schedule_meter()
+
+    # ------------------------------------------------------------------------------------------------
+    # the model picker
+
+    def refresh_models(self) -> None:
+        """List the library's runnable models (and the loaded one, if the library does not have it yet)."""
+        p = self.model_picker
+        p.blockSignals(True)
+        p.clear()
+        entries = [e for e in self.ctx.library.entries if e.facts.supported]
+        names = [e.name for e in entries]
+        for e in entries:  # the same file in two places (embedded, models folder): say which
+            p.addItem(e.name if names.count(e.name) == 1 else f"{e.name} ({e.source_label})", e.key)
+            bits = [b for b in (e.facts.quantization, e.source_label) if b]
+            p.setItemData(p.count() - 1, f"{e.name} ({', '.join(bits)})\n{e.facts.path}", Qt.ToolTipRole)
+        key = self.ctx.model_key
+        if key and p.findData(key) < 0 and self._has_model():
+            info = self.engine.info
+            p.addItem(info.name if info is not None else key.split(":", 1)[-1], key)
+        p.blockSignals(False)
+        self._select_loaded()
+
+    def _has_model(self) -> bool:
+        return self.engine.state in (READY, LOADING, DEAD)
+
+    def _select_loaded(self) -> None:
+        key = self.ctx.model_key if self._has_model() else None
+        i = self.model_picker.findData(key) if key else -1
+        if key and i < 0:
+            self.refresh_models()  # a model the list does not have yet (a file chosen in the Load panel)
+            return
+        self.model_picker.setCurrentIndex(i)
+
+    def _on_model_chosen(self, _key: str) -> None:
+        self._select_loaded()
+
+    def _on_model_picked(self, index: int) -> None:
+        key = self.model_picker.itemData(index)
+        if key is None or self.pending is not None or self.engine.state == LOADING:
+            self._select_loaded()
+            return
+        if key == self.ctx.model_key and self.engine.state == READY:
+            return
+        if not self.load_model(key):
+            self._select_loaded()
+
+    def load_model(self, key: str) -> bool:
+        """Load the library's model ``key`` as the Load panel would (its saved engine settings), staying here."""
+        entry = self.ctx.library.find(key)
+        if entry is None or not entry.facts.supported:
+            return False
+        names = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
+        saved = self.store.model_settings(key).get("engine", {})
+        values = {k: v for k, v in saved.items() if k in names and v is not None}
+        try:
+            config = EngineConfig(model=entry.model_ref or None, **values)
+        except (TypeError, ValueError) as e:
+            self.notice.setText(f"Cannot load {entry.name} with its saved settings ({e}); open the Load panel.")
+            return False
+        self.ctx.selectModel.emit(key)  # the Load panel shows what is loading
+        self.ctx.load_model(key, config)
+        return True
 
     # ------------------------------------------------------------------------------------------------
     # sending
@@ -634,7 +722,8 @@ class ChatPanel(QWidget):
         elif state == LOADING:
             self.notice.setText("Loading the model… you can type meanwhile.")
         else:
-            self.notice.setText("No model is loaded: load one in the Load panel to chat.")
+            self.notice.setText("No model is loaded: choose one above or in the Load panel to chat.")
+        self.refresh_models()
         self._update_controls()
         self.schedule_meter()
 
@@ -685,6 +774,7 @@ class ChatPanel(QWidget):
         self.regenerate_button.setEnabled(ready and not busy and has_msgs)
         self.rename_button.setEnabled(self.conversation is not None)
         self.delete_button.setEnabled(self.conversation is not None)
+        self.model_picker.setEnabled(not busy and self.engine.state != LOADING)
         widgets = self.messages.widgets()
         last_assistant = next((w for w in reversed(widgets) if w.role == "assistant"), None)
         for w in widgets:
@@ -706,6 +796,17 @@ class ChatPanel(QWidget):
     # for tests and the screenshot script
     def message_widgets(self) -> list[MessageWidget]:
         return self.messages.widgets()
+
+
+class _TitleLabel(QLabel):
+    """The conversation's title, elided at the right when the model picker beside it needs the room."""
+
+    def paintEvent(self, _event) -> None:
+        painter = QPainter(self)
+        rect = self.contentsRect()
+        text = self.fontMetrics().elidedText(self.text(), Qt.ElideRight, rect.width())
+        self.style().drawItemText(painter, rect, int(self.alignment()), self.palette(), self.isEnabled(), text,
+                                  self.foregroundRole())
 
 
 def _title_from(text: str) -> str:

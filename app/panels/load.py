@@ -50,11 +50,11 @@ CHOICE_LABELS = {
     "dtype": {"auto": "Auto"}, "device": {"auto": "Auto", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"},
 }
 RANGES = {"max_model_len": (0, 1 << 20), "gpu_memory_utilization": (0.05, 0.99), "kv_cache_memory_gib": (0, 4096),
-          "tensor_parallel_size": (1, 8), "block_size": (1, 1024), "num_kv_blocks": (0, 1 << 24),
+          "tensor_parallel_size": (1, 8), "block_size": (0, 1024), "num_kv_blocks": (0, 1 << 24),
           "max_num_seqs": (1, 65536), "max_num_batched_tokens": (16, 1 << 20), "num_threads": (0, 1024),
           "seed": (0, 2**31 - 1)}
 NONE_TEXT = {"max_model_len": "model's (≤ 8192)", "kv_cache_memory_gib": "auto (2 GiB)", "num_kv_blocks": "auto",
-             "num_threads": "physical cores"}
+             "num_threads": "physical cores", "block_size": "auto (GPU 64, CPU 16)"}
 SUFFIXES = {"kv_cache_memory_gib": " GiB", "max_model_len": " tokens"}
 ENGINE_DEFAULT_CONTEXT_CAP = 8192
 
@@ -343,6 +343,10 @@ class LoadPanel(QWidget):
             self.estimate.setText("")
             return
         facts = e.facts
+        known, why = fit.can_estimate(facts)
+        if not known:  # a garbage file: its size on disk is no estimate, and "it fits" would mislead
+            self.estimate.setText(why)
+            return
         values = self.form.values()
         device = self._device()
         dtype = values.get("dtype") or "auto"
@@ -458,8 +462,12 @@ class LoadPanel(QWidget):
 
     def _on_loaded(self, info) -> None:
         took = time.monotonic() - self._load_started if self._load_started else info.load_time
+        config = self.ctx.engine.config
+        quant = getattr(config, "quantization", None) if config is not None else None
+        # int8: the engine requantized the linear layers; the dtype is then the activations' (as the status bar)
+        weights = f"{quant} weights, {info.dtype} activations" if quant and quant != "none" else info.dtype
         self._show_message(
-            f"Loaded {info.name}: {info.dtype} on {info.device}, context {info.max_model_len:,} tokens, "
+            f"Loaded {info.name}: {weights} on {info.device}, context {info.max_model_len:,} tokens, "
             f"{info.num_kv_blocks:,} KV blocks of {info.block_size} tokens, in {took:.1f} s.", "okBox")
 
     def _on_failed(self, message: str) -> None:

@@ -25,8 +25,6 @@ from app.context import AppContext
 from app.library import LibraryEntry, delete_entry, deletion_size, missing_added
 from app.widgets.tables import GREEN, RED, cell, selected_row, table
 
-# "#danger" buttons' red text outranks the style sheet's grey for disabled buttons: disabled, they look disabled
-DANGER_DISABLED = "QPushButton#danger:disabled { color: #9ca3af; background: #f9fafb; border-color: #e5e7eb; }"
 
 StatusFn = Callable[..., None]  # (text, error=False)
 
@@ -52,7 +50,6 @@ class LibraryTab(QWidget):
         self.load_button.clicked.connect(self.load_selected)
         self.delete_button = QPushButton("Delete")
         self.delete_button.setObjectName("danger")
-        self.delete_button.setStyleSheet(DANGER_DISABLED)
         self.delete_button.clicked.connect(self.delete_selected)
         bar.addWidget(self.load_button)
         bar.addWidget(self.delete_button)

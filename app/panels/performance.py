@@ -1,7 +1,13 @@
-"""Performance, live: TTFT and TPOT of every finished request (points and a moving median), generation
-tokens/s, running and waiting requests, KV-cache use, and interconnect traffic (per-GPU PCIe TX/RX from
-NVML; the engine's counted all-reduce bytes/s when it reports them, i.e. with TP > 1). Updated with every
-engine stats sample (twice a second); pause, clear, export PNG and CSV."""
+"""Performance, live: TTFT and TPOT of every request (points and a moving median; a chat reply stopped after
+its first token is drawn too, and again as a cross; a failed one is counted), generation tokens/s, running
+and waiting requests, KV-cache use, and interconnect traffic (per-GPU PCIe TX/RX from NVML; the engine's
+counted all-reduce bytes/s when it reports them, i.e. with TP > 1). Updated with every engine stats sample
+(twice a second); pause, clear, export PNG and CSV.
+
+The tokens/s figure is the engine's own (``EngineStats.generation_tokens_per_s``: every token generated, by
+all running requests, counted over a sliding window of a few seconds, see ``engine.metrics.TokenRate``), so
+it is right from the first tokens of a stream after an idle spell and reads 0 a few seconds after the engine
+stops."""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from app.context import AppContext
 
 HISTORY = 3600  # samples kept per series
 MEDIAN_WINDOW = 9
+STOPPED = ("abort", "error")  # finish reasons of requests that did not end by themselves
 COLORS = ["#ea580c", "#2563eb", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#4b5563"]
 
 
@@ -55,8 +62,13 @@ class PerformancePanel(QWidget):
         self.t0 = time.monotonic()
         self.paused = False
         self.num_requests = 0
+        self.num_stopped = 0  # stopped by the user or a client, or failed
         self.ttft = Series("ttft_ms")
         self.tpot = Series("tpot_ms")
+        self.ttft_stopped = Series("ttft_stopped_ms")  # also in ttft / tpot: drawn again as crosses
+        self.tpot_stopped = Series("tpot_stopped_ms")
+        self._recorded: deque[str] = deque(maxlen=256)  # request ids plotted from the engine's records
+        self._stats = None  # the last EngineStats
         self.gen_tps = Series("generation_tokens_per_s")
         self.running = Series("running")
         self.waiting = Series("waiting")
@@ -67,6 +79,9 @@ class PerformancePanel(QWidget):
         self._build()
         ctx.engine.statsUpdated.connect(self.add_stats)
         ctx.engine.requestRecorded.connect(self.add_record)
+        # the engine client reports finished requests only; the chat's stopped ones come with the reply's stats
+        ctx.engine.replyFinished.connect(self.add_reply)
+        ctx.engine.replyFailed.connect(self.add_failure)
         ctx.hardware.sampled.connect(self.add_hardware)
 
     def _build(self) -> None:
@@ -109,10 +124,15 @@ class PerformancePanel(QWidget):
         self.ttft_points = self.p_ttft.plot([], [], pen=None, symbol="o", symbolSize=6,
                                             symbolBrush=pg.mkBrush(COLORS[0] + "99"), symbolPen=None, name="request")
         self.ttft_median = self.p_ttft.plot([], [], pen=pg.mkPen(COLORS[1], width=2), name="moving median")
+        self.ttft_stopped_points = self.p_ttft.plot([], [], pen=None, symbol="x", symbolSize=9,
+                                                    symbolBrush=pg.mkBrush(COLORS[4]), symbolPen=pg.mkPen(COLORS[4]),
+                                                    name="stopped / failed")
         self.p_tpot = plot(0, 1, "Time per output token, per request", "ms", "request #")
         self.tpot_points = self.p_tpot.plot([], [], pen=None, symbol="o", symbolSize=6,
                                             symbolBrush=pg.mkBrush(COLORS[0] + "99"), symbolPen=None)
         self.tpot_median = self.p_tpot.plot([], [], pen=pg.mkPen(COLORS[1], width=2))
+        self.tpot_stopped_points = self.p_tpot.plot([], [], pen=None, symbol="x", symbolSize=9,
+                                                    symbolBrush=pg.mkBrush(COLORS[4]), symbolPen=pg.mkPen(COLORS[4]))
         self.p_tps = plot(0, 2, "Generation throughput", "tokens/s")
         self.tps_curve = self.p_tps.plot([], [], pen=pg.mkPen(COLORS[2], width=2), fillLevel=0,
                                          brush=pg.mkBrush(COLORS[2] + "33"))
@@ -153,19 +173,57 @@ class PerformancePanel(QWidget):
                 rate = (comm - self._last_comm[1]) / (t - self._last_comm[0]) / 1e6
                 self.allreduce.add(t, max(rate, 0.0))
             self._last_comm = (t, comm)
+        self._stats = stats
+        self._update_summary()
+        self.redraw()
+
+    def _update_summary(self) -> None:
+        stats = self._stats
+        if stats is None:
+            return
         self.summary.setText(
             f"{stats.generation_tokens_per_s:.1f} tokens/s · {stats.num_running} running · {stats.num_waiting} "
             f"waiting · KV cache {100 * stats.kv_usage:.1f}% of {stats.num_kv_blocks:,} blocks · "
-            f"prefix-cache hits {100 * stats.prefix_cache_hit_rate:.0f}% · {self.num_requests} requests")
+            f"prefix-cache hits {100 * stats.prefix_cache_hit_rate:.0f}% · {self._requests_text()}")
+
+    def _requests_text(self) -> str:
+        n = self.num_requests
+        text = f"{n} request" + ("" if n == 1 else "s")
+        return text + (f" ({self.num_stopped} stopped or failed)" if self.num_stopped else "")
+
+    def _add_point(self, ttft: float | None, tpot: float | None, stopped: bool) -> None:
+        """One request (seconds); a stopped or failed one is drawn again as a cross."""
+        self.num_requests += 1
+        n = self.num_requests
+        self.num_stopped += stopped
+        if ttft is not None:
+            self.ttft.add(n, ttft * 1000)
+            if stopped:
+                self.ttft_stopped.add(n, ttft * 1000)
+        if tpot is not None:
+            self.tpot.add(n, tpot * 1000)
+            if stopped:
+                self.tpot_stopped.add(n, tpot * 1000)
+        self._update_summary()
         self.redraw()
 
     def add_record(self, rec) -> None:
-        self.num_requests += 1
-        if rec.ttft is not None:
-            self.ttft.add(self.num_requests, rec.ttft * 1000)
-        if rec.tpot is not None:
-            self.tpot.add(self.num_requests, rec.tpot * 1000)
-        self.redraw()
+        """An engine.metrics.RequestRecord: every request the engine finished (chat and HTTP)."""
+        self._recorded.append(rec.request_id)
+        self._add_point(rec.ttft, rec.tpot, rec.finish_reason in STOPPED)
+
+    def add_reply(self, rid: str, stats) -> None:
+        """A chat reply's end (app.workers.engine_worker.ReplyStats): a stopped one has no engine record."""
+        if stats.finish_reason not in STOPPED or rid in self._recorded:
+            return
+        tpot = 1.0 / stats.tokens_per_s if stats.tokens_per_s else None
+        self._add_point(stats.ttft, tpot, True)
+
+    def add_failure(self, rid: str, message: str) -> None:
+        """A chat request that failed: counted (its timings do not come with the failure)."""
+        if rid in self._recorded:
+            return
+        self._add_point(None, None, True)
 
     def add_hardware(self, snap) -> None:
         t = self._now()
@@ -207,6 +265,8 @@ class PerformancePanel(QWidget):
         x, y = self.tpot.arrays()
         self.tpot_points.setData(x, y)
         self.tpot_median.setData(x, moving_median(y) if len(y) else y)
+        self.ttft_stopped_points.setData(*self.ttft_stopped.arrays())
+        self.tpot_stopped_points.setData(*self.tpot_stopped.arrays())
         self.tps_curve.setData(*self.gen_tps.arrays())
         self.running_curve.setData(*self.running.arrays())
         self.waiting_curve.setData(*self.waiting.arrays())
@@ -224,13 +284,14 @@ class PerformancePanel(QWidget):
             self.redraw()
 
     def all_series(self) -> list[Series]:
-        return [self.ttft, self.tpot, self.gen_tps, self.running, self.waiting, self.kv, self.allreduce,
+        return [self.ttft, self.tpot, self.ttft_stopped, self.tpot_stopped, self.gen_tps, self.running, self.waiting, self.kv, self.allreduce,
                 *self.pcie.values()]
 
     def clear(self) -> None:
         for s in self.all_series():
             s.clear()
-        self.num_requests = 0
+        self.num_requests = self.num_stopped = 0
+        self._recorded.clear()
         self._last_comm = None
         self.t0 = time.monotonic()
         self.redraw()

@@ -1,12 +1,16 @@
 """The chat's message view: one frame per message (role, Markdown body, stats line, actions) in a scroll
 area that follows the newest text while the user is at the bottom, and the input box (Enter sends,
-Shift+Enter breaks the line)."""
+Shift+Enter breaks the line).
+
+An assistant's body is a column of prose labels and code blocks (``CodeBlock``: language, Copy button,
+highlighted code), cut by app.markdown_render.segments. A streamed reply re-renders in place: the parts that
+did not change keep their widgets, the growing one is updated. A theme change re-renders every body."""
 
 from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent
 from PySide6.QtWidgets import (
     QFrame,
@@ -20,7 +24,141 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.markdown_render import to_html
+from app import theme as themes
+from app.markdown_render import Segment, segments
+
+COPIED_MS = 1200  # how long a Copy button says "Copied"
+
+
+def _rich_label(object_name: str = "") -> QLabel:
+    label = QLabel()
+    if object_name:
+        label.setObjectName(object_name)
+    label.setWordWrap(True)
+    label.setTextFormat(Qt.RichText)
+    label.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.LinksAccessibleByMouse)
+    label.setOpenExternalLinks(True)
+    label.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
+    return label
+
+
+class CodeBlock(QFrame):
+    """One fenced code block: a header with its language and a Copy button, then the highlighted code."""
+
+    def __init__(self, segment: Segment):
+        super().__init__()
+        self.setObjectName("codeBlock")
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        header = QWidget()
+        header.setObjectName("codeHeader")
+        header.setAttribute(Qt.WA_StyledBackground, True)
+        hl = QHBoxLayout(header)
+        hl.setContentsMargins(10, 2, 4, 2)
+        self.language_label = QLabel()
+        self.language_label.setObjectName("codeLanguage")
+        hl.addWidget(self.language_label)
+        hl.addStretch(1)
+        self.copy_button = QToolButton()
+        self.copy_button.setObjectName("codeCopy")
+        self.copy_button.setText("Copy")
+        self.copy_button.setToolTip("Copy this code")
+        self.copy_button.setCursor(Qt.PointingHandCursor)
+        self.copy_button.clicked.connect(self.copy)
+        hl.addWidget(self.copy_button)
+        lay.addWidget(header)
+        self.code_label = _rich_label("codeText")
+        self.code_label.setContentsMargins(10, 8, 10, 8)
+        lay.addWidget(self.code_label)
+        self._reset_copy = QTimer(self)
+        self._reset_copy.setSingleShot(True)
+        self._reset_copy.setInterval(COPIED_MS)
+        self._reset_copy.timeout.connect(lambda: self.copy_button.setText("Copy"))
+        self.segment: Segment | None = None
+        self.set_segment(segment)
+
+    @property
+    def code(self) -> str:
+        return self.segment.code if self.segment else ""
+
+    @property
+    def language(self) -> str:
+        return self.segment.language if self.segment else ""
+
+    def set_segment(self, segment: Segment) -> None:
+        if segment == self.segment:
+            return
+        self.segment = segment
+        self.language_label.setText(segment.language or "code")
+        self.code_label.setText(segment.html)
+
+    def copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.code)
+        self.copy_button.setText("Copied")
+        self._reset_copy.start()
+
+
+class MessageBody(QWidget):
+    """A message's text: prose labels and code blocks top to bottom, updated in place as the text changes."""
+
+    def __init__(self):
+        super().__init__()
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(6)
+        # vertical Preferred (not Minimum): the scroll area's minimum is then the height for the actual width,
+        # not the taller size hint of word-wrapped labels at their preferred width (blank space below)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
+        self._parts: list[tuple[Segment, QWidget]] = []
+
+    def set_segments(self, segs: list[Segment]) -> None:
+        for i, seg in enumerate(segs):
+            if i < len(self._parts):
+                old, w = self._parts[i]
+                if old == seg:
+                    continue
+                if old.kind == seg.kind:
+                    self._update(w, seg)
+                    self._parts[i] = (seg, w)
+                    continue
+                self._drop_from(i)
+            self._parts.append((seg, self._make(seg)))
+        self._drop_from(len(segs))
+
+    def set_html(self, text: str) -> None:
+        self.set_segments([Segment("html", text)])
+
+    def _make(self, seg: Segment) -> QWidget:
+        if seg.kind == "code":
+            w = CodeBlock(seg)
+        else:
+            w = _rich_label()
+            w.setText(seg.html)
+        self._layout.addWidget(w)
+        return w
+
+    @staticmethod
+    def _update(w: QWidget, seg: Segment) -> None:
+        if isinstance(w, CodeBlock):
+            w.set_segment(seg)
+        else:
+            w.setText(seg.html)
+
+    def _drop_from(self, i: int) -> None:
+        for _seg, w in self._parts[i:]:
+            self._layout.removeWidget(w)
+            w.hide()
+            w.deleteLater()
+        del self._parts[i:]
+
+    def code_blocks(self) -> list[CodeBlock]:
+        return [w for _s, w in self._parts if isinstance(w, CodeBlock)]
+
+    def text(self) -> str:
+        """The body as HTML (prose and highlighted code, in order)."""
+        return "".join(s.html for s, _w in self._parts)
 
 
 class MessageWidget(QFrame):
@@ -52,12 +190,8 @@ class MessageWidget(QFrame):
             self.regenerate_button = self._action("Regenerate", lambda: self.regenerateRequested.emit(self))
             head.addWidget(self.regenerate_button)
         lay.addLayout(head)
-        self.body = QLabel()
-        self.body.setWordWrap(True)
-        self.body.setTextFormat(Qt.RichText)
-        self.body.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.LinksAccessibleByMouse)
-        self.body.setOpenExternalLinks(True)
-        self.body.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Minimum)
+        self.body = MessageBody()
+        self._theme = ""  # the theme the body was rendered with
         lay.addWidget(self.body)
         self.error_label = QLabel()
         self.error_label.setObjectName("messageError")
@@ -87,11 +221,24 @@ class MessageWidget(QFrame):
 
     def set_text(self, text: str) -> None:
         self.text = text
+        theme = themes.current()
+        self._theme = theme.name
         if self.role == "user":
             escaped = html.escape(text).replace("\n", "<br>")
-            self.body.setText(f'<div style="white-space: pre-wrap;">{escaped}</div>')
+            self.body.set_html(f'<div style="white-space: pre-wrap;">{escaped}</div>')
+        elif text:
+            self.body.set_segments(segments(text, theme))
         else:
-            self.body.setText(to_html(text) if text else '<span style="color:#9ca3af;">…</span>')
+            self.body.set_html(f'<span style="color:{theme["muted"]};">…</span>')
+
+    def code_blocks(self) -> list[CodeBlock]:
+        return self.body.code_blocks()
+
+    def changeEvent(self, e: QEvent) -> None:
+        # a new application style sheet: re-render when the theme (code colours) changed
+        if e.type() == QEvent.StyleChange and self._theme and self._theme != themes.current().name:
+            self.set_text(self.text)
+        super().changeEvent(e)
 
     def set_stats(self, text: str) -> None:
         self.stats_label.setText(text)

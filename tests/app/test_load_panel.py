@@ -133,3 +133,64 @@ def test_cancel_loading(make_window, qtbot, monkeypatch):
     qtbot.waitUntil(lambda: w.ctx.engine.state == "empty", timeout=30_000)
     assert "cancelled" in load.message.text()
     assert load.progress.isHidden()
+
+
+def test_loaded_message_says_int8(make_window, qtbot):
+    """Issue 14 item 5: int8 weights are named in the Load panel's "Loaded" message, as in the status bar."""
+    w = make_window(engine_settings={"quantization": "int8"})
+    load = w.panels["load"]
+    qtbot.waitUntil(lambda: load.message.text().startswith("Loaded"), timeout=30_000)
+    text = load.message.text()
+    assert "int8 weights" in text and f"{w.ctx.engine.info.dtype} activations" in text, text
+    w2 = make_window(engine_settings={"quantization": "none"})
+    msg = w2.panels["load"].message
+    qtbot.waitUntil(lambda: msg.text().startswith("Loaded"), timeout=30_000)
+    assert "int8" not in msg.text()
+
+
+def test_garbage_file_is_no_model_and_no_estimate(make_window, qtbot, tmp_path):
+    """Issue 14 item 6: a file that is not a model gets no "it fits" from the memory pre-check."""
+    import os
+
+    from app import fit
+    from app.model_inspect import inspect_model
+
+    junk = tmp_path / "holiday-photos.gguf"
+    junk.write_bytes(os.urandom(3 * 2**20))
+    facts = inspect_model(junk)
+    assert not facts.readable and not facts.supported
+    assert fit.can_estimate(facts)[0] is False
+    empty_dir = tmp_path / "not-a-model"
+    empty_dir.mkdir()
+    (empty_dir / "config.json").write_text("[1, 2]")
+    assert not inspect_model(empty_dir).readable
+
+    w = make_window(autoload=False)
+    load = w.panels["load"]
+    load.select_path(junk)
+    text = load.estimate.text()
+    assert "Cannot tell" in text and "not a model file" in text, text
+    assert "fits" not in text and "GiB" not in text
+    assert not load.model_warning.isHidden() and "bad magic" in load.model_warning.text()
+    # a real model still gets its estimate
+    qtbot.waitUntil(lambda: load.model_combo.findData(EMBEDDED_KEY) >= 0, timeout=30_000)
+    load.select_key(EMBEDDED_KEY)
+    qtbot.waitUntil(lambda: "GiB" in load.estimate.text() or "MiB" in load.estimate.text(), timeout=30_000)
+
+
+def test_sampling_settings_are_per_model_as_the_readme_says(make_window, qtbot):
+    """Issue 14 item 6: sampling settings are stored per model (every conversation with it uses them), and the
+    README says so."""
+    from pathlib import Path
+
+    w = make_window()
+    chat = w.chat
+    a = chat.new_conversation()
+    chat.sampling.temperature.setValue(1.35)
+    key = w.ctx.model_key
+    qtbot.waitUntil(lambda: (w.ctx.store.model_settings(key).get("sampling") or {}).get("temperature") == 1.35,
+                    timeout=10_000)
+    b = chat.new_conversation()
+    assert b.id != a.id and chat.sampling.temperature.value() == 1.35
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    assert "sampling settings per model" in readme and "sampling settings per conversation" not in readme
