@@ -2,16 +2,14 @@
 conversation, sampling settings per model, streamed Markdown replies with their TTFT, tokens/s and token
 count; stop, regenerate, edit-and-resend.
 
-The context meter under the composer counts the next turn (the conversation, the draft and the reply's max
-tokens) with the loaded model's tokenizer and chat template, on the engine worker's loop (never on the GUI
-thread): a debounced count whose answer comes back through a queued signal. Each send goes through the
-conversation's overflow policy (app.chat_context) the same way before it reaches the engine: old turns are
-left out and max tokens clamped so that a long chat keeps working at the context limit.
+The context meter under the composer (app/widgets/context_meter.py) counts the next turn (the conversation, the
+draft and the reply's max tokens) with the loaded model's tokenizer and chat template, on the engine worker's loop
+(never on the GUI thread): a debounced count whose answer comes back through a queued signal. Each send goes
+through the conversation's overflow policy (app.chat_context) the same way before it reaches the engine: old
+turns are left out and max tokens clamped so that a long chat keeps working at the context limit.
 
-The model picker above the conversation lists the library's runnable models with the loaded one selected;
-choosing another loads it the way the Load panel does (``AppContext.load_model`` with the model's saved
-engine settings; the Load panel follows) without leaving the chat. It is disabled while a reply streams or a
-model loads."""
+The model picker above the conversation (app/widgets/model_picker.py) switches the loaded model without leaving
+the chat; it is disabled while a reply streams."""
 
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
-    QComboBox,
     QHBoxLayout,
     QInputDialog,
     QLabel,
@@ -32,7 +29,6 @@ from PySide6.QtWidgets import (
     QMenu,
     QMessageBox,
     QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QSizePolicy,
     QSplitter,
@@ -40,20 +36,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat_context import DEFAULT_POLICY, POLICIES, Fit, fit_messages
+from app.chat_context import DEFAULT_POLICY, Fit, fit_messages
 from app.context import AppContext
 from app.sampling import SamplingSettings
 from app.store import NEW_TITLE, Conversation
+from app.widgets.context_meter import ContextMeter
 from app.widgets.messages import Composer, MessageList, MessageWidget
+from app.widgets.model_picker import ModelPicker
 from app.widgets.sampling_form import SamplingForm
-from app.workers.engine_worker import DEAD, LOADING, READY, ReplyStats
-from engine.config import EngineConfig
+from app.workers.engine_worker import LOADING, READY, ReplyStats
 
 RENDER_INTERVAL_MS = 50  # streaming re-render at most 20 times a second
 METER_DELAY_MS = 250  # the context meter recounts this long after the last change
-METER_STYLE = ("QProgressBar#contextMeter { min-height: 8px; max-height: 8px; border-radius: 4px; "
-               "border: 1px solid palette(mid); background: palette(base); } "
-               "QProgressBar#contextMeter::chunk { border-radius: 3px; } ")
 
 
 @dataclass
@@ -130,9 +124,6 @@ class ChatPanel(QWidget):
         self.engine.replyFailed.connect(self._on_failed)
         self.engine.stateChanged.connect(self._on_engine_state)
         self.engine.loaded.connect(self._on_model_loaded)
-        ctx.library.changed.connect(self.refresh_models)
-        ctx.modelChosen.connect(self._on_model_chosen)
-        self.refresh_models()
         self.refresh_conversations()
         convs = self.store.conversations()
         if convs:
@@ -193,15 +184,8 @@ class ChatPanel(QWidget):
         model_label = QLabel("Model:")
         model_label.setObjectName("hint")
         head.addWidget(model_label)
-        self.model_picker = QComboBox()
-        self.model_picker.setObjectName("modelPicker")
-        self.model_picker.setMinimumContentsLength(16)
-        self.model_picker.setSizeAdjustPolicy(QComboBox.AdjustToContents)
-        self.model_picker.setMaximumWidth(400)  # a long Hub name is elided, not the whole chat pushed aside
-        self.model_picker.setPlaceholderText("No model loaded: choose one")
-        self.model_picker.setToolTip("The model to chat with. Choosing another loads it with its settings from "
-                                     "the Load panel; the conversation stays.")
-        self.model_picker.activated.connect(self._on_model_picked)
+        self.model_picker = ModelPicker(self.ctx, busy=lambda: self.pending is not None)
+        self.model_picker.problem.connect(self.notice_text)
         model_label.setBuddy(self.model_picker)
         head.addWidget(self.model_picker)
         cl.addLayout(head)
@@ -242,35 +226,11 @@ class ChatPanel(QWidget):
         buttons.addStretch(1)
         row.addLayout(buttons)
         cl.addLayout(row)
-        meter = QHBoxLayout()
-        self.meter_bar = QProgressBar()
-        self.meter_bar.setObjectName("contextMeter")
-        self.meter_bar.setTextVisible(False)
-        self.meter_bar.setFixedHeight(8)
-        self.meter_bar.setStyleSheet(METER_STYLE)
-        self.meter_bar.setRange(0, 1)
-        self.meter_bar.setValue(0)
-        self.meter_bar.setToolTip("The next turn (the conversation, your draft and the reply's max tokens) "
-                                  "against the loaded model's context")
-        self.meter_label = QLabel("")
-        self.meter_label.setObjectName("hint")
-        self.meter_label.setToolTip(self.meter_bar.toolTip())
-        self.overflow = QComboBox()
-        self.overflow.setToolTip("What a turn does when the conversation outgrows the model's context "
-                                 "(the system prompt is always kept)")
-        for key, label in POLICIES.items():
-            self.overflow.addItem(label, key)
-        self.overflow.currentIndexChanged.connect(self._overflow_changed)
-        meter.addWidget(self.meter_bar, 1)
-        meter.addWidget(self.meter_label)
-        meter.addWidget(QLabel("When full:"))
-        meter.addWidget(self.overflow)
-        cl.addLayout(meter)
-        self.meter_note = QLabel("")
-        self.meter_note.setObjectName("hint")
-        self.meter_note.setWordWrap(True)
-        self.meter_note.hide()
-        cl.addWidget(self.meter_note)
+        self.meter = ContextMeter()
+        self.meter.policyChanged.connect(self._overflow_changed)
+        self.meter_bar, self.meter_label, self.meter_note = self.meter.bar, self.meter.label, self.meter.note
+        self.overflow = self.meter.overflow
+        cl.addWidget(self.meter)
         split.addWidget(center)
 
         right = QWidget()
@@ -341,7 +301,7 @@ class ChatPanel(QWidget):
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(self.conversation.system_prompt)
         self.system_prompt.blockSignals(False)
-        self._show_policy(self.conversation.overflow_policy)
+        self.meter.set_policy(self.conversation.overflow_policy)
         self.messages.clear()
         for m in self.store.messages(conversation_id):  # each reply under the model that wrote it
             w = self._message_widget(m.role, m.content, m.id, (m.model or "Assistant") if m.role == "assistant" else "")
@@ -380,7 +340,7 @@ class ChatPanel(QWidget):
             self.conversation = None
             self.messages.clear()
             self.title.setText(NEW_TITLE)
-            self._show_policy(DEFAULT_POLICY)
+            self.meter.set_policy(DEFAULT_POLICY)
         self.store.delete_conversation(conversation_id)
         self.refresh_conversations()
         remaining = self.store.conversations()
@@ -404,81 +364,16 @@ class ChatPanel(QWidget):
         self.schedule_meter()
 
     def overflow_policy(self) -> str:
-        return self.overflow.currentData() or DEFAULT_POLICY
+        return self.meter.policy()
 
-    def _show_policy(self, policy: str) -> None:
-        i = self.overflow.findData(policy)
-        self.overflow.blockSignals(True)
-        self.overflow.setCurrentIndex(i if i >= 0 else self.overflow.findData(DEFAULT_POLICY))
-        self.overflow.blockSignals(False)
-
-    def _overflow_changed(self, _index: int) -> None:
+    def _overflow_changed(self, _policy: str) -> None:
         if self.conversation is not None:
             self.store.set_overflow_policy(self.conversation.id, self.overflow_policy())
             self.conversation = self.store.conversation(self.conversation.id)
         self.schedule_meter()
 
-    # ------------------------------------------------------------------------------------------------
-    # the model picker
-
-    def refresh_models(self) -> None:
-        """List the library's runnable models (and the loaded one, if the library does not have it yet)."""
-        p = self.model_picker
-        p.blockSignals(True)
-        p.clear()
-        entries = [e for e in self.ctx.library.entries if e.facts.supported]
-        names = [e.name for e in entries]
-        for e in entries:  # the same file in two places (embedded, models folder): say which
-            p.addItem(e.name if names.count(e.name) == 1 else f"{e.name} ({e.source_label})", e.key)
-            bits = [b for b in (e.facts.quantization, e.source_label) if b]
-            p.setItemData(p.count() - 1, f"{e.name} ({', '.join(bits)})\n{e.facts.path}", Qt.ToolTipRole)
-        key = self.ctx.model_key
-        if key and p.findData(key) < 0 and self._has_model():
-            info = self.engine.info
-            p.addItem(info.name if info is not None else key.split(":", 1)[-1], key)
-        p.blockSignals(False)
-        self._select_loaded()
-
-    def _has_model(self) -> bool:
-        return self.engine.state in (READY, LOADING, DEAD)
-
-    def _select_loaded(self) -> None:
-        key = self.ctx.model_key if self._has_model() else None
-        i = self.model_picker.findData(key) if key else -1
-        if key and i < 0:
-            self.refresh_models()  # a model the list does not have yet (a file chosen in the Load panel)
-            return
-        self.model_picker.setCurrentIndex(i)
-
-    def _on_model_chosen(self, _key: str) -> None:
-        self._select_loaded()
-
-    def _on_model_picked(self, index: int) -> None:
-        key = self.model_picker.itemData(index)
-        if key is None or self.pending is not None or self.engine.state == LOADING:
-            self._select_loaded()
-            return
-        if key == self.ctx.model_key and self.engine.state == READY:
-            return
-        if not self.load_model(key):
-            self._select_loaded()
-
-    def load_model(self, key: str) -> bool:
-        """Load the library's model ``key`` as the Load panel would (its saved engine settings), staying here."""
-        entry = self.ctx.library.find(key)
-        if entry is None or not entry.facts.supported:
-            return False
-        names = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
-        saved = self.store.model_settings(key).get("engine", {})
-        values = {k: v for k, v in saved.items() if k in names and v is not None}
-        try:
-            config = EngineConfig(model=entry.model_ref or None, **values)
-        except (TypeError, ValueError) as e:
-            self.notice.setText(f"Cannot load {entry.name} with its saved settings ({e}); open the Load panel.")
-            return False
-        self.ctx.selectModel.emit(key)  # the Load panel shows what is loading
-        self.ctx.load_model(key, config)
-        return True
+    def notice_text(self, text: str) -> None:
+        self.notice.setText(text)
 
     # ------------------------------------------------------------------------------------------------
     # sending
@@ -640,31 +535,10 @@ class ChatPanel(QWidget):
 
     def _show_meter(self, fit) -> None:
         self.meter_fit = fit if isinstance(fit, Fit) else None
-        if self.meter_fit is None:
-            self.meter_bar.setRange(0, 1)
-            self.meter_bar.setValue(0)
-            self.meter_label.setText("" if self.engine.state != READY else "— tokens")
-            self._show_note("")
-            return
-        f = self.meter_fit
-        total = f.full_prompt_tokens + f.requested
-        self.meter_bar.setRange(0, max(1, f.max_len))
-        self.meter_bar.setValue(min(total, f.max_len))
-        level = "over" if total > f.max_len else "near" if total > 0.8 * f.max_len else "ok"
-        color = {"over": "#d9534f", "near": "#e0a030", "ok": "#3f8fd2"}[level]
-        self.meter_bar.setStyleSheet(METER_STYLE + f"QProgressBar#contextMeter::chunk {{ background: {color}; }}")
-        self.meter_bar.setProperty("level", level)
-        self.meter_label.setText(f"{f.full_prompt_tokens:,} + {f.requested:,} / {f.max_len:,} tokens")
-        self.meter_label.setToolTip(f"Prompt {f.full_prompt_tokens:,} tokens + reply up to {f.requested:,} "
-                                    f"(max tokens), against the model's {f.max_len:,}-token context")
-        if total > f.max_len and self.pending is None:
-            self._show_note(("Next turn: " + f.summary()[0].lower() + f.summary()[1:]) if f.ok else f.error)
-        elif self.pending is None:
-            self._show_note("")
+        self.meter.show_fit(self.meter_fit, self.engine.state == READY, quiet=self.pending is not None)
 
     def _show_note(self, text: str) -> None:
-        self.meter_note.setText(text)
-        self.meter_note.setVisible(bool(text))
+        self.meter.show_note(text)
 
     def _abort_pending(self) -> None:
         if self.pending is not None:
@@ -723,7 +597,7 @@ class ChatPanel(QWidget):
             self.notice.setText("Loading the model… you can type meanwhile.")
         else:
             self.notice.setText("No model is loaded: choose one above or in the Load panel to chat.")
-        self.refresh_models()
+        self.model_picker.refresh()
         self._update_controls()
         self.schedule_meter()
 

@@ -92,7 +92,7 @@ def test_picker_is_disabled_while_a_reply_streams(window_with_two_models, qtbot,
     assert not picker.isEnabled()
     requests = []
     monkeypatch.setattr(w.ctx, "load_model", lambda key, config: requests.append(key))
-    chat._on_model_picked(picker.findData(str(tiny)))  # even if it were reached: no load mid-reply
+    picker.pick(picker.findData(str(tiny)))  # even if it were reached: no load mid-reply
     assert requests == [] and picker.currentData() == EMBEDDED_KEY
     qtbot.mouseClick(chat.stop_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: chat.pending is None, timeout=REPLY_TIMEOUT_MS)
