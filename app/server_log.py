@@ -4,9 +4,10 @@ into signals).
 
 Tokens are exact: the server app gets a ``TrackingClient`` (a thin stand-in for the EngineClient) that notes
 which engine requests each HTTP request starts, and the EngineClient's finished-request records give their
-token counts. A request that ends without a record (a stream the HTTP client stopped reading or dropped, an
-engine failure mid-stream: the engine aborts it) counts the tokens its response was handed, which the
-TrackingClient's streams note as they go; a response's ``usage`` comes first when it has one.
+token counts. A request that did not finish by itself (its record says "abort" or "error": a stream the HTTP
+client stopped reading or dropped, an engine failure mid-stream) counts the tokens its response was handed,
+which the TrackingClient's streams note as they go (the record's count includes tokens that reached the
+client but not the response); a response's ``usage`` comes first when it has one.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ class TrackingClient:
 
     def __init__(self, client):
         self._client = client
-        # weak: an engine request that ends without a record (aborted) leaves no entry once its HTTP request is done
+        # weak: an engine request whose record never comes (a stand-in client) leaves no entry once its HTTP
+        # request is done
         self._owners: weakref.WeakValueDictionary[str, _Tracker] = weakref.WeakValueDictionary()
         client.add_listener(self._on_record)
 
@@ -121,6 +123,8 @@ class TrackingClient:
 
     def _on_record(self, rec) -> None:
         tracker = self._owners.pop(rec.request_id, None)
+        if getattr(rec, "finish_reason", None) in ("abort", "error"):
+            return  # stays pending: counted by the tokens its response was handed (or the response's usage)
         if tracker is not None:
             tracker.pending.discard(rec.request_id)
             tracker.tokens += rec.num_output_tokens

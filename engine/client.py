@@ -23,7 +23,7 @@ API (all coroutines run on the event loop the client was started on; from anothe
     client.is_alive, client.dead_reason, client.engine_pid
     await client.tokenize(prompt=... | messages=...), await client.detokenize(ids),
     await client.apply_chat_template(messages), await client.token_bytes()
-    client.add_listener(fn)            # fn(RequestRecord) for every finished sequence (engine.metrics)
+    client.add_listener(fn)            # fn(RequestRecord) once per sequence, stopped/failed too (engine.metrics)
     client.recent_requests()           # the last RequestRecords (TTFT / TPOT plots)
     await client.shutdown()            # stops the engine process; nothing is left behind
 
@@ -438,7 +438,9 @@ class EngineClient:
     # metrics hooks
 
     def add_listener(self, fn: Callable[[RequestRecord], None]) -> None:
-        """Call ``fn(record)`` (on the loop) for every sequence that finishes normally."""
+        """Call ``fn(record)`` (on the loop) once for every sequence, however it ends: its ``finish_reason``
+        is the engine's ("stop", "length", "abort"), "abort" when stopped here, "error" when it failed (a
+        refusal, the engine's death); ``first_token`` is None when no token came."""
         self._listeners.append(fn)
 
     def remove_listener(self, fn: Callable[[RequestRecord], None]) -> None:
@@ -446,6 +448,18 @@ class EngineClient:
 
     def recent_requests(self) -> list[RequestRecord]:
         return list(self._recent)
+
+    def _record(self, records) -> None:
+        """Hand finished sequences' records to the listeners (on the loop). RequestStream calls it once per
+        sample: when the engine finishes it (any finish reason, "abort" included), when ``abort()`` stops it
+        here ("abort") and when it fails ("error")."""
+        for rec in records:
+            self._recent.append(rec)
+            for fn in self._listeners:
+                try:
+                    fn(rec)
+                except Exception:
+                    log.exception("request listener failed")
 
     # ------------------------------------------------------------------------------------------------
     # the reader
@@ -488,13 +502,8 @@ class EngineClient:
                 rec = entry[0]._push(d, entry[1])
                 if d.finished:
                     del streams[d.request_id]
-                    if rec is not None and d.finish_reason != "abort":
-                        self._recent.append(rec)
-                        for fn in self._listeners:
-                            try:
-                                fn(rec)
-                            except Exception:
-                                log.exception("request listener failed")
+                    if rec is not None:
+                        self._record((rec,))
         elif isinstance(msg, ipc.Reply):
             fut = self._calls.pop(msg.call_id, None)
             if fut is not None and not fut.done():

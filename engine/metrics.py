@@ -1,11 +1,13 @@
 """Per-request and per-engine statistics, and their Prometheus exposition.
 
-``RequestRecord`` is what EngineClient hands its listeners for every finished sequence (plain Python, for
-the GUI's plots too). ``PrometheusMetrics`` turns records and EngineStats snapshots into the /metrics page:
+``RequestRecord`` is what EngineClient hands its listeners once for every sequence, however it ended (plain
+Python, for the GUI's plots too): the engine's finish reason, "abort" for one stopped (by the user, or an
+HTTP client gone) and "error" for one that failed (refused, the engine's death), with the timings it had. ``PrometheusMetrics`` turns records and EngineStats snapshots into the /metrics page:
 
 - histograms: time to first token, inter-token latency, end-to-end latency, queue time (seconds);
   prompt / generation tokens per request
-- counters: prompt and generation tokens, finished requests by finish reason, prefix-cache queries and hits
+- counters: prompt and generation tokens, finished requests by finish reason (as vLLM's request_success:
+  aborted ones under finished_reason="abort", failed ones under "error"), prefix-cache queries and hits
   (tokens), preemptions
 - gauges: running and waiting requests, KV-cache use (0..1), free and total KV blocks, prefix-cache hit
   rate, prompt and generation tokens/s (the engine's ``TokenRate`` over the last RATE_WINDOW_S seconds), engine
@@ -92,7 +94,8 @@ _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 2
 
 @dataclass
 class RequestRecord:
-    """One finished sequence (one of a request's n samples). Times are time.monotonic() seconds."""
+    """One finished sequence (one of a request's n samples), stopped and failed ones too. Times are
+    time.monotonic() seconds; ``first_token`` / ``last_token`` are None when no token came."""
 
     request_id: str
     index: int = 0

@@ -1,6 +1,7 @@
 """RequestStream: the deltas of one request made through engine.client.EngineClient (all its n samples), in
 arrival order, and its RequestRecords (engine.metrics: TTFT, inter-token latencies, queue time) for the
-client's listeners.
+client's listeners: exactly one per sample, however it ends (the engine's finish reason; "abort" when
+``abort()`` stops it here, "error" when ``_fail`` ends it), with the timings it has.
 
 The client feeds a stream from its reader (``_on_accepted`` when the engine has queued the request,
 ``_push`` per delta, ``_fail`` with a typed error); the consumer waits on ``accepted()`` and ``next_batch()``
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -52,6 +54,8 @@ class RequestStream:
         d.index = index
         self._items.append(d)
         self._event.set()
+        if d.request_id not in self._unfinished:
+            return None  # ended here already (aborted or failed): its record is out
         rec = self._records[d.request_id]
         n = len(d.token_ids)
         if n:
@@ -81,9 +85,26 @@ class RequestStream:
     def _fail(self, err: BaseException) -> None:
         if self._error is None:
             self._error = err
+        records = self._end_records("error")
         self._unfinished.clear()
+        self.client._forget(self)
         self._accepted.set()
         self._event.set()
+        self.client._record(records)
+
+    def _end_records(self, reason: str) -> list[RequestRecord]:
+        """The records of the samples still unfinished, ended now with ``reason`` and the timings they have."""
+        now = time.monotonic()
+        records = []
+        for cid in self.child_ids:
+            if cid in self._unfinished:
+                rec = self._records[cid]
+                rec.finished = now
+                rec.finish_reason = reason
+                if not rec.num_prompt_tokens and self.num_prompt_tokens:
+                    rec.num_prompt_tokens = self.num_prompt_tokens
+                records.append(rec)
+        return records
 
     # -- consumer side --------------------------------------------------------------------------
     @property
@@ -124,10 +145,12 @@ class RequestStream:
         """Stop the request's unfinished samples; the engine frees their KV blocks."""
         if self._unfinished and self._error is None:
             self.aborted = True
-            ids = list(self._unfinished)
+            records = self._end_records("abort")
+            ids = [rec.request_id for rec in records]
             self._unfinished.clear()
             self.client._forget(self)
             self.client._abort_nowait(ids)
+            self.client._record(records)
         self._event.set()
 
     async def __aenter__(self) -> RequestStream:

@@ -26,10 +26,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import theme as themes
 from app.context import AppContext
 from app.fit import gib
 from app.hardware import HISTORY, HardwareHistory
-from app.panels.performance import COLORS
+from app.panels.performance import COLORS, style_plots
 
 GPU_COLUMNS = ["GPU", "Name", "Memory used / total", "Utilization", "Temperature", "PCIe link (now / max)",
                "PCIe TX / RX"]
@@ -122,6 +123,14 @@ class HardwarePanel(QWidget):
         self.gpus_box = gpus
         self.filler = QWidget()
         root.addWidget(self.filler, 1)
+        self.apply_theme(themes.current())
+
+    def apply_theme(self, theme: themes.Theme) -> None:
+        """The plots in the theme's colours (MainWindow calls it when the theme changes)."""
+        self.theme = theme
+        style_plots(self.host_plots, [self.p_cpu, self.p_ram], theme)
+        style_plots(self.gpu_plots, [self.p_gpu_util, self.p_gpu_mem, self.p_gpu_pcie, self.p_gpu_temp], theme)
+        self.p_gpu_util.legend.setBrush(theme["surface"] + "cc")
 
     def _plot(self, widget: pg.GraphicsLayoutWidget, col: int, title: str, left: str) -> pg.PlotItem:
         p = widget.addPlot(row=0, col=col, title=f"<span style='font-size:10pt'>{title}</span>")

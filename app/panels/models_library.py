@@ -54,7 +54,10 @@ class LibraryTab(QWidget):
         bar.addWidget(self.load_button)
         bar.addWidget(self.delete_button)
         lay.addLayout(bar)
-        self.table = table(COLUMNS)
+        # the names sized to their text; the engine support column takes what is left (a long "no: ..." is
+        # elided, whole in its tooltip) instead of squeezing the names to "SmolL..." (issue 14 item 5)
+        self.table = table(COLUMNS, stretch=COLUMNS.index("Engine support"))
+        self.table.setTextElideMode(Qt.ElideRight)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.itemDoubleClicked.connect(self._on_double_click)
         self.table.setContextMenuPolicy(Qt.CustomContextMenu)

@@ -1,5 +1,5 @@
-"""Performance, live: TTFT and TPOT of every request (points and a moving median; a chat reply stopped after
-its first token is drawn too, and again as a cross; a failed one is counted), generation tokens/s, running
+"""Performance, live: TTFT and TPOT of every request (points and a moving median; a request stopped after
+its first token, in the chat or over HTTP, is drawn too, and again as a cross; a failed one is counted), generation tokens/s, running
 and waiting requests, KV-cache use, and interconnect traffic (per-GPU PCIe TX/RX from NVML; the engine's
 counted all-reduce bytes/s when it reports them, i.e. with TP > 1). Updated with every engine stats sample
 (twice a second); pause, clear, export PNG and CSV.
@@ -21,6 +21,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from app import theme as themes
 from app.context import AppContext
 
 HISTORY = 3600  # samples kept per series
@@ -35,6 +36,23 @@ def moving_median(values: np.ndarray, window: int = MEDIAN_WINDOW) -> np.ndarray
     for i in range(len(values)):
         out[i] = np.median(values[max(0, i - window + 1):i + 1])
     return out
+
+
+def style_plots(widget: pg.GraphicsLayoutWidget, plots: list[pg.PlotItem], theme: themes.Theme) -> None:
+    """Give pyqtgraph plots a theme's colours (app.theme.Theme): the background, the axes with their ticks,
+    labels and grid, the titles and the legends' labels (the curves keep their colours)."""
+    widget.setBackground(theme["surface"])
+    for p in plots:
+        for name in ("left", "bottom"):
+            axis = p.getAxis(name)
+            axis.setPen(theme["text_secondary"])  # the axis line, ticks and grid (drawn faint)
+            axis.setTextPen(theme["text_secondary"])
+        p.setTitle(p.titleLabel.text, color=theme["text"])
+        legend = p.legend
+        if legend is not None:
+            legend.setLabelTextColor(theme["text"])
+            for _sample, label in legend.items:
+                label.setText(label.text, color=theme["text"])
 
 
 class Series:
@@ -79,7 +97,8 @@ class PerformancePanel(QWidget):
         self._build()
         ctx.engine.statsUpdated.connect(self.add_stats)
         ctx.engine.requestRecorded.connect(self.add_record)
-        # the engine client reports finished requests only; the chat's stopped ones come with the reply's stats
+        # the engine client's records cover every request (stopped and failed too, chat and HTTP); a chat
+        # reply's end only counts one that has no record (refused before it reached the engine)
         ctx.engine.replyFinished.connect(self.add_reply)
         ctx.engine.replyFailed.connect(self.add_failure)
         ctx.hardware.sampled.connect(self.add_hardware)
@@ -151,6 +170,16 @@ class PerformancePanel(QWidget):
         self.net_note = pg.TextItem("", color="#6b7280", anchor=(0.5, 0.5))
         self.p_net.addItem(self.net_note, ignoreBounds=True)
         self._update_net_note()
+        self.apply_theme(themes.current())
+
+    def plot_items(self) -> list[pg.PlotItem]:
+        return [self.p_ttft, self.p_tpot, self.p_tps, self.p_req, self.p_kv, self.p_net]
+
+    def apply_theme(self, theme: themes.Theme) -> None:
+        """The plots in the theme's colours (MainWindow calls it when the theme changes)."""
+        self.theme = theme
+        style_plots(self.plots, self.plot_items(), theme)
+        self.net_note.setColor(theme["muted"])
 
     # ------------------------------------------------------------------------------------------------
     # data in
@@ -208,19 +237,22 @@ class PerformancePanel(QWidget):
         self.redraw()
 
     def add_record(self, rec) -> None:
-        """An engine.metrics.RequestRecord: every request the engine finished (chat and HTTP)."""
+        """An engine.metrics.RequestRecord: one for every request, however it ended (chat and HTTP; a
+        stopped or failed one has finish_reason "abort" / "error" and the timings it had)."""
         self._recorded.append(rec.request_id)
         self._add_point(rec.ttft, rec.tpot, rec.finish_reason in STOPPED)
 
     def add_reply(self, rid: str, stats) -> None:
-        """A chat reply's end (app.workers.engine_worker.ReplyStats): a stopped one has no engine record."""
+        """A chat reply's end (app.workers.engine_worker.ReplyStats): a stopped one is plotted from it only
+        when no engine record came for it (the record comes first)."""
         if stats.finish_reason not in STOPPED or rid in self._recorded:
             return
         tpot = 1.0 / stats.tokens_per_s if stats.tokens_per_s else None
         self._add_point(stats.ttft, tpot, True)
 
     def add_failure(self, rid: str, message: str) -> None:
-        """A chat request that failed: counted (its timings do not come with the failure)."""
+        """A chat request that failed: counted, unless its engine record ("error") was (a refusal before
+        the request reached the engine has none)."""
         if rid in self._recorded:
             return
         self._add_point(None, None, True)

@@ -93,3 +93,34 @@ def test_the_style_sheet_greys_a_disabled_danger_button_and_marks_the_open_conve
     lst.resize(200, 120)
     lst.setCurrentRow(0)
     assert (0xff, 0xed, 0xd5) in _colors(_grab(lst))  # the open conversation's background
+
+
+def test_a_long_engine_support_text_does_not_squeeze_the_model_name(make_window, qtbot):
+    """Issue 14 item 5: a long "no: ..." in the Engine support column used to take the width it wanted and leave
+    the model names elided ("SmolL..."). The name keeps its width; the support text is elided, whole in its
+    tooltip."""
+    import dataclasses
+
+    w = make_window(autoload=False)
+    w.resize(1100, 700)
+    w.show_panel("models")
+    lib = w.ctx.library
+    qtbot.waitUntil(lambda: lib.scanned and bool(lib.entries), timeout=30_000)
+    reason = ("the architecture 'mamba2' is not supported by the engine yet (supported: llama, mistral, qwen2, "
+              "qwen3, phi3, gemma2; see the README for the list and what each needs)")
+    e = lib.entries[0]
+    long_one = dataclasses.replace(e, facts=dataclasses.replace(e.facts, supported=False, reason=reason),
+                                   key="long-support")
+    lib.entries = [e, long_one]
+    tab = w.panels["models"].library_tab
+    tab.show_entries()
+    qtbot.wait(50)
+    t = tab.table
+    fm = t.fontMetrics()
+    name_width = max(fm.horizontalAdvance(t.item(r, 0).text()) for r in range(t.rowCount()))
+    # sizeHintForColumn: the width the names need whole (text and the cell's margins)
+    assert t.columnWidth(0) >= max(t.sizeHintForColumn(0), name_width), (t.columnWidth(0), name_width)
+    total = sum(t.columnWidth(c) for c in range(t.columnCount()))
+    assert total <= t.viewport().width() + 2  # no horizontal scrolling needed either
+    support = t.item(1, t.columnCount() - 1)
+    assert reason in support.toolTip() and t.textElideMode() != Qt.ElideNone

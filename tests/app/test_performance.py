@@ -9,7 +9,7 @@ import re
 import pytest
 from PySide6.QtCore import Qt
 
-from tests.app.helpers import REPLY_TIMEOUT_MS, set_sampling
+from tests.app.helpers import REPLY_TIMEOUT_MS, click_when_enabled, set_sampling
 
 
 def _shown_rate(perf) -> float:
@@ -107,3 +107,35 @@ def test_stopped_and_failed_requests_are_plotted(make_window, qtbot, monkeypatch
     perf.add_reply("http-1", Stats())
     perf.add_failure("http-1", "late")
     assert perf.num_requests == 4 and perf.ttft_stopped.y[-1] == 250.0 and perf.tpot_stopped.y[-1] == 50.0
+
+
+def test_a_server_request_the_client_dropped_is_plotted(make_window, qtbot, monkeypatch):
+    """Issue 14 item 5: an HTTP stream whose client goes away mid-stream is aborted by the server; the engine
+    client's "abort" record puts it in the TTFT / TPOT plots, as a cross, once."""
+    import httpx
+
+    monkeypatch.setenv("KESTREL_FAKE", "slow")  # 50 ms a token: the client leaves mid-stream
+    w = make_window()
+    perf = w.panels["performance"]
+    panel = w.panels["server"]
+    panel.port.setValue(0)
+    click_when_enabled(qtbot, panel.start_button)
+    qtbot.waitUntil(lambda: panel.url is not None, timeout=30_000)
+    body = {"model": w.ctx.engine.info.name, "stream": True, "max_tokens": 100,
+            "messages": [{"role": "user", "content": "hi"}]}
+    seen = 0
+    with httpx.stream("POST", panel.url_field.text() + "/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and '"content":"' in line.replace(" ", "") and '"content":""' not in line:
+                seen += 1
+            if seen >= 3:
+                break  # closes the connection: the server aborts the engine request
+    qtbot.waitUntil(lambda: perf.num_requests == 1, timeout=30_000)
+    assert perf.num_stopped == 1 and "1 request (1 stopped or failed)" in perf.summary.text()
+    assert len(perf.ttft.x) == 1 and len(perf.ttft_stopped.x) == 1 and perf.ttft_stopped.y[0] > 0
+    assert len(perf.ttft_stopped_points.getData()[0]) == 1  # drawn as a cross
+    assert len(perf.tpot_stopped.x) == 1 and perf.tpot_stopped.y[0] > 0  # >= 3 tokens: a TPOT too
+    qtbot.wait(300)
+    assert perf.num_requests == 1  # not counted twice
+    click_when_enabled(qtbot, panel.start_button)
+    qtbot.waitUntil(lambda: panel.url is None, timeout=30_000)

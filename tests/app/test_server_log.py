@@ -1,6 +1,6 @@
-"""The Server panel's request log (issue 14 item 5): a streamed request has its token count, also when it ends
-without the engine's finished-request record (the HTTP client stopped reading; the engine aborted it) and its
-stream carried no usage chunk."""
+"""The Server panel's request log (issue 14 item 5): a streamed request has its token count, also when it did not
+finish by itself (the HTTP client stopped reading; its engine record says "abort") and its stream carried no
+usage chunk."""
 
 from __future__ import annotations
 
@@ -79,12 +79,44 @@ def test_stream_stopped_early_logs_the_tokens_it_sent():
                 chunk = {"choices": [{"delta": {"content": "t" * len(d.token_ids)}}]}
                 await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
                             "more_body": True})
-        stream.abort()  # what serving's abort_all does: the engine aborts it, no record comes
+        stream.abort()  # what serving's abort_all does (a stand-in stream: no record comes)
 
     (e,) = _serve(tracking, body)
     assert e.status == 200 and e.tokens == 3 and inner.aborted
     gc.collect()
     assert len(tracking._owners) == 0  # the aborted request's entry went with its HTTP request
+    tracking.close()
+
+
+def test_stream_stopped_early_with_its_abort_record_logs_the_tokens_it_sent():
+    """The EngineClient hands an "abort" record for a stream stopped here (its count includes tokens that
+    reached the client but not the response): the log keeps the tokens the response was handed."""
+    inner = _Stream([[_Delta("req-7", [5], 1)], [_Delta("req-7", [6, 7], 3)], [_Delta("req-7", [8], 4)]])
+    client = _Client(inner)
+    tracking = TrackingClient(client)
+
+    class Rec:
+        request_id, num_output_tokens, finish_reason = "req-7", 4, "abort"
+
+    def abort():
+        inner.aborted = True
+        for fn in client.listeners:
+            fn(Rec())
+
+    inner.abort = abort
+
+    async def body(send):
+        stream = await tracking.add_request(prompt="x")
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for _ in range(2):
+            await stream.next_batch()
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        stream.abort()
+
+    (e,) = _serve(tracking, body)
+    assert e.tokens == 3 and inner.aborted
+    assert len(tracking._owners) == 0
     tracking.close()
 
 

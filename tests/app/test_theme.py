@@ -109,3 +109,24 @@ def test_window_theme_choice(make_window, qtbot, qapp):
     combo.setCurrentIndex(combo.findData(theme.LIGHT))
     assert theme.current().name == "light" and w.ctx.store.pref(theme.PREF_KEY) == "light"
     assert [combo.itemData(i) for i in range(combo.count())] == list(theme.CHOICES)
+
+
+def test_plots_follow_the_theme(make_window, qapp):
+    """The Performance and Hardware plots (pyqtgraph paints its own colours) switch with the theme: background,
+    axis text, titles and legends."""
+    w = make_window(autoload=False)
+    perf, hw = w.panels["performance"], w.panels["hardware"]
+    w.theme.set_choice(theme.LIGHT)
+    light, dark = theme.load("light"), theme.load("dark")
+    views = [perf.plots, hw.host_plots, hw.gpu_plots]
+    assert [v.backgroundBrush().color().name() for v in views] == [light["surface"]] * 3
+    w.theme.set_choice(theme.DARK)
+    assert [v.backgroundBrush().color().name() for v in views] == [dark["surface"]] * 3
+    assert perf.p_ttft.getAxis("left").textPen().color().name() == dark["text_secondary"]
+    assert hw.p_cpu.getAxis("bottom").textPen().color().name() == dark["text_secondary"]
+    assert perf.p_ttft.titleLabel.opts["color"] == dark["text"]
+    assert all(label.opts["color"] == dark["text"] for _, label in perf.p_ttft.legend.items)
+    assert hw.p_gpu_util.legend.opts["brush"].color().name() == dark["surface"]
+    w.theme.set_choice(theme.LIGHT)
+    assert perf.plots.backgroundBrush().color().name() == light["surface"]
+    assert perf.p_ttft.getAxis("left").textPen().color().name() == light["text_secondary"]

@@ -152,6 +152,56 @@ def test_leaving_the_loop_aborts_the_request(monkeypatch):
     run(main())
 
 
+def test_every_request_gives_one_record_stopped_or_failed_too(monkeypatch):
+    """Issue 14 item 5: a stream aborted here, one the engine refused and one cut by the engine's death each
+    give their listeners exactly one RequestRecord ("abort" / "error", with the timings they have)."""
+    monkeypatch.setenv("KESTREL_FAKE", "slow")
+
+    async def main():
+        client = await start_fake(max_model_len=64)
+        records = []
+        client.add_listener(records.append)
+        try:
+            done = await client.add_request("a", SamplingParams(max_tokens=2))
+            assert [d.finish_reason async for d in done][-1] == "length"
+            stream = await client.add_request("a", SamplingParams(max_tokens=1000, n=2))
+            while sum(len(d.token_ids) for d in await stream.next_batch()) < 1:
+                pass
+            stream.abort()
+            stream.abort()  # twice, and the engine's own final "abort" deltas: no more records
+            s = await client.stats()
+            assert s.num_running == 0
+            refused = await client.add_request("x" * 100, SamplingParams())
+            with pytest.raises(PromptTooLongError):
+                await refused.accepted()
+            dying = await client.add_request("b", SamplingParams(max_tokens=100000))
+            await dying.next_batch()
+            os.kill(client.engine_pid, signal.SIGKILL)
+            with pytest.raises(EngineDeadError):
+                await asyncio.wait_for(dying.next_batch(), 5)
+            await asyncio.sleep(0.1)
+        finally:
+            await client.shutdown()
+        by_id = {}
+        for rec in records:
+            assert rec.request_id not in by_id, f"two records for {rec.request_id}"
+            by_id[rec.request_id] = rec
+        assert len(records) == 5 and client.recent_requests()[-5:] == records
+        assert by_id[done.request_id].finish_reason == "length"
+        aborted = [by_id[cid] for cid in stream.child_ids]
+        assert [r.finish_reason for r in aborted] == ["abort", "abort"]
+        assert [r.index for r in aborted] == [0, 1]
+        for r in aborted:
+            assert r.finished is not None and r.e2e > 0 and r.num_prompt_tokens == 1
+        assert any(r.first_token is not None and r.ttft >= 0 for r in aborted)
+        rec = by_id[refused.request_id]
+        assert rec.finish_reason == "error" and rec.first_token is None and rec.ttft is None and rec.tpot is None
+        rec = by_id[dying.request_id]
+        assert rec.finish_reason == "error" and rec.first_token is not None and rec.num_output_tokens >= 1
+
+    run(main())
+
+
 def test_many_concurrent_requests():
     async def main():
         client = await start_fake()
