@@ -493,6 +493,7 @@ class ChatPanel(QWidget):
                 self._render_timer.stop()
                 if p.widget is not None:
                     p.widget.set_error(result.error)
+                self._show_meter(result)  # the count that refused it, not the one from before the send
                 self._update_controls()
                 return
             messages = result.messages

@@ -70,6 +70,7 @@ class HubTab(QWidget):
         lay.addLayout(bar)
         split = QSplitter(Qt.Horizontal)
         self.results_table = table(["Model", "Formats", "Downloads", "Likes", "Updated"])
+        self.results_table.setTextElideMode(Qt.ElideLeft)  # a narrow list keeps the model's name, not its owner
         self.results_table.itemSelectionChanged.connect(self._on_result_selected)
         split.addWidget(self.results_table)
         detail = QWidget()
@@ -118,7 +119,7 @@ class HubTab(QWidget):
         self.download_button.clicked.connect(self.download_selected_variant)
         dl.addWidget(self.download_button, 0, Qt.AlignRight)
         split.addWidget(detail)
-        split.setSizes([420, 560])
+        split.setSizes([520, 560])
         lay.addWidget(split, 1)
 
     # search -------------------------------------------------------------------------------------------
@@ -146,7 +147,8 @@ class HubTab(QWidget):
         t.setRowCount(0)
         t.setRowCount(len(results))
         for r, m in enumerate(results):
-            cells = [cell(m.repo_id + ("  (gated)" if m.gated else "")), cell(", ".join(m.formats) or "—"),
+            cells = [cell(m.repo_id + ("  (gated)" if m.gated else ""), tip=m.repo_id),
+                     cell(", ".join(m.formats) or "—"),
                      cell(f"{m.downloads:,}", right=True), cell(f"{m.likes:,}", right=True),
                      cell(m.last_modified.strftime("%Y-%m-%d") if m.last_modified else "")]
             for c, it in enumerate(cells):

@@ -300,6 +300,7 @@ class MessageList(QScrollArea):
 
     def remove(self, w: MessageWidget) -> None:
         self._layout.removeWidget(w)
+        w.hide()  # gone at once, even before Qt runs the deferred delete
         w.deleteLater()
 
     def clear(self) -> None:
