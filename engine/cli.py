@@ -108,6 +108,18 @@ def cmd_bench_http(args) -> int:
     return bench_http(args)
 
 
+def cmd_bench_serve(args) -> int:
+    from engine.bench.serve import main as bench_serve
+
+    return bench_serve(args)
+
+
+def cmd_bench_sweep(args) -> int:
+    from engine.bench.serve import main_sweep
+
+    return main_sweep(args)
+
+
 def cmd_bench_gpu(args) -> int:
     from engine.bench.gpu import main as bench_gpu
 
@@ -136,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "The same requests offline and through the HTTP server, in one run: tokens/s and ratio")
     http_args(bh)
     bh.set_defaults(func=cmd_bench_http)
+    from engine.bench.serve import add_args as serve_args
+    bs = bsub.add_parser("serve", help="Load test of an OpenAI-compatible server (flags as vLLM's bench serve): "
+                                       "TTFT, TPOT, ITL, E2E latency, throughput, goodput; a JSON report")
+    serve_args(bs)
+    bs.set_defaults(func=cmd_bench_serve)
+    bw = bsub.add_parser("sweep", help="bench serve over lists of concurrencies, request rates, input / output "
+                                       "lengths: one report, a table per point")
+    serve_args(bw, sweep=True)
+    bw.set_defaults(func=cmd_bench_sweep)
     from engine.bench.gpu import add_args as gpu_args
     bg = bsub.add_parser("gpu", help="Kestrel vs HF transformers on one GPU (Llama-3-8B shape, random weights), "
                                      "against the GPU's measured limits")
@@ -157,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):  # no command (app.cli opens the desktop app before getting here)
         parser.print_help()
         return 2
+    args._argv = list(sys.argv[1:] if argv is None else argv)  # reports record the command line
     from engine.errors import KestrelError
 
     try:

@@ -288,3 +288,25 @@ class HealthResponse(_Response):
 
 class VersionResponse(_Response):
     version: str
+
+
+class ServerInfo(_Response):
+    """GET /v1/server_info: what a benchmark report records about the server (never the model's path)."""
+
+    engine: Literal["kestrel"] = "kestrel"
+    version: str
+    served_model_names: list[str]
+    model: str
+    architecture: str | None = None
+    format: str | None = None
+    quantization: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    max_model_len: int | None = None
+    vocab_size: int | None = None
+    num_kv_blocks: int | None = None
+    block_size: int | None = None
+    tensor_parallel_size: int = 1
+    comm_strategy: str | None = Field(None, description="As configured (auto, nccl, ...); tp 1: none")
+    engine_config: dict = Field(default_factory=dict, description="Scheduling and cache options of the engine")
+    host: dict = Field(default_factory=dict, description="CPU, GPUs, driver, PCIe topology of the server's host")

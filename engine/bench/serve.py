@@ -1,0 +1,391 @@
+"""`kestrel bench serve` and `kestrel bench sweep`: load tests of an OpenAI-compatible server (Kestrel's
+`kestrel serve`, vLLM, SGLang, llama.cpp's server, Ollama, LM Studio...), flags named as vLLM's `bench serve`.
+The datasets, arrivals, runner and metrics are engine/bench/load.py; this module reads the server (GET
+/v1/models, /version, and Kestrel's /v1/server_info: model, dtype, quantization, TP size, comm strategy),
+builds the requests and writes the report: one JSON holding everything that reproduces the run (the command
+line, the client's hardware and versions, the server's info, dataset parameters, seed, arrival settings).
+
+A sweep runs the same benchmark at every combination of the lists given (``--max-concurrency 1 2 4 8 16``,
+``--request-rate``, ``--random-input-len``, ``--random-output-len``), one after the other, and writes one report
+with a point per combination and prints a table."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import itertools
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+
+from engine.bench import load
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"  # `kestrel serve`'s default --host / --port
+DATASETS = ("random", "fixed", "sharegpt", "prefix_repetition")
+SWEPT = ("max_concurrency", "request_rate", "random_input_len", "random_output_len")
+
+
+def add_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    many = {"nargs": "+"} if sweep else {}
+    g = p.add_argument_group("server")
+    g.add_argument("--base-url", default=DEFAULT_BASE_URL,
+                   help=f"Server root, without /v1 (default {DEFAULT_BASE_URL}, `kestrel serve`'s)")
+    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or os.environ.get("KESTREL_API_KEY"),
+                   help="Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY, else $KESTREL_API_KEY; a "
+                        "key on the command line is visible in ps)")
+    g.add_argument("--model", default=None, help="Model name in the requests (default: the first of /v1/models)")
+    g.add_argument("--endpoint-type", choices=("completions", "chat"), default=None,
+                   help="/v1/completions (default) or /v1/chat/completions")
+    g.add_argument("--backend", choices=("openai", "openai-chat"), default=None,
+                   help="vLLM's name for the same choice: openai = completions, openai-chat = chat")
+    g.add_argument("--endpoint", default=None, help="Path of the API route (default: from --endpoint-type)")
+    g.add_argument("--tokenizer", default=None,
+                   help="A tokenizer.json (or a directory holding one) for prompt lengths in tokens (default: the "
+                        "server's /tokenize and /detokenize when it has them, else word-based estimates)")
+    d = p.add_argument_group("dataset")
+    d.add_argument("--dataset-name", choices=DATASETS, default="random",
+                   help="random: lengths around --random-input-len / --random-output-len (--random-range-ratio); "
+                        "fixed: exactly those lengths; sharegpt: --dataset-path, a ShareGPT-format JSON; "
+                        "prefix_repetition: shared prefixes, to exercise prefix caching")
+    d.add_argument("--dataset-path", default=None)
+    d.add_argument("--num-prompts", type=int, default=100)
+    d.add_argument("--random-input-len", type=int, default=1024, **many)
+    d.add_argument("--random-output-len", type=int, default=128, **many)
+    d.add_argument("--random-range-ratio", type=float, default=0.0,
+                   help="Lengths uniform in [len * (1 - r), len * (1 + r)]")
+    d.add_argument("--sharegpt-output-len", type=int, default=None,
+                   help="Output length of every ShareGPT request (default: the reply's)")
+    d.add_argument("--prefix-repetition-prefix-len", type=int, default=256)
+    d.add_argument("--prefix-repetition-suffix-len", type=int, default=256)
+    d.add_argument("--prefix-repetition-num-prefixes", type=int, default=10)
+    d.add_argument("--prefix-repetition-output-len", type=int, default=128)
+    a = p.add_argument_group("load")
+    a.add_argument("--request-rate", type=float, default=[math.inf] if sweep else math.inf, **many,
+                   help="Requests per second (inf: all at once)")
+    a.add_argument("--burstiness", type=float, default=1.0,
+                   help="Shape of the gamma arrival process: 1 = Poisson, < 1 burstier, > 1 more regular")
+    a.add_argument("--max-concurrency", type=int, default=None, **many, help="Most requests in flight")
+    a.add_argument("--num-warmups", type=int, default=1, help="Untimed requests before the run")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--temperature", type=float, default=0.0)
+    a.add_argument("--ignore-eos", action="store_true", help="Generate exactly the output length (servers that "
+                                                              "accept 'ignore_eos': Kestrel, vLLM, SGLang)")
+    a.add_argument("--request-timeout", type=float, default=6 * 3600.0, help="Seconds per request")
+    r = p.add_argument_group("report")
+    r.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
+                   help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (ms)")
+    r.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el")
+    r.add_argument("--metric-percentiles", default="50,90,99")
+    r.add_argument("--save-result", action="store_true", help="Write the JSON report (implied by the two below)")
+    r.add_argument("--result-dir", default=None)
+    r.add_argument("--result-filename", default=None)
+    r.add_argument("--save-detailed", action="store_true", help="Also each request's generated text")
+    r.add_argument("--label", default=None, help="A name for the run in the report")
+    r.add_argument("--metadata", nargs="*", default=None, metavar="KEY=VALUE", help="Recorded in the report")
+    r.add_argument("--disable-tqdm", action="store_true", help="No progress bar")
+
+
+# ------------------------------------------------------------------------------------------------
+# the client and the server
+
+
+def client_host() -> dict:
+    """This machine: CPU, GPUs, driver and topology (engine.bench.report.host_hardware), versions and the engine's
+    view (engine.bench.report.environment) when the engine's packages import."""
+    from engine.bench.report import host_hardware
+
+    try:
+        from engine.bench.report import environment
+
+        env = environment()
+    except Exception:  # noqa: BLE001 - a client-only install
+        env = {"python": platform.python_version()}
+    env.pop("command", None)  # the report's own "command" is the bench's
+    env.pop("gpus", None)  # torch's names: host_hardware has them with memory and topology
+    env.update(host_hardware())
+    for dist in ("httpx", "numpy", "tqdm"):
+        env.setdefault("versions", {})[dist] = load_version(dist)
+    return env
+
+
+def load_version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def server_info(http, base_url: str) -> dict:
+    """What the server says about itself: /v1/models, /version, /health and Kestrel's /v1/server_info (each
+    None when the server has no such route)."""
+    out: dict = {"base_url": base_url}
+    for key, path in (("models", "/v1/models"), ("version", "/version"), ("health", "/health"),
+                      ("kestrel", "/v1/server_info")):
+        try:
+            r = http.get(base_url + path, timeout=30)
+            out[key] = r.json() if r.status_code == 200 else None
+        except Exception:  # noqa: BLE001 - unreachable or not JSON
+            out[key] = None
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# one run
+
+
+def _endpoint(args) -> tuple[str, str]:
+    kind = args.endpoint_type or {"openai-chat": "chat", "openai": "completions"}.get(args.backend or "",
+                                                                                      "completions")
+    path = args.endpoint or ("/v1/chat/completions" if kind == "chat" else "/v1/completions")
+    return kind, path
+
+
+def build_dataset(args, tok: load.Tokenizer, input_len: int, output_len: int) -> tuple[list, dict]:
+    n, seed = args.num_prompts, args.seed
+    name = args.dataset_name
+    if name in ("random", "fixed"):
+        ratio = 0.0 if name == "fixed" else args.random_range_ratio
+        params = {"input_len": input_len, "output_len": output_len, "range_ratio": ratio}
+        samples = load.random_dataset(tok, n, input_len, output_len, ratio, seed)
+    elif name == "sharegpt":
+        if not args.dataset_path:
+            raise ValueError("--dataset-name sharegpt needs --dataset-path")
+        params = {"path": os.path.abspath(args.dataset_path), "output_len": args.sharegpt_output_len}
+        samples = load.sharegpt_dataset(tok, args.dataset_path, n, args.sharegpt_output_len, seed)
+    else:
+        params = {"prefix_len": args.prefix_repetition_prefix_len, "suffix_len": args.prefix_repetition_suffix_len,
+                  "num_prefixes": args.prefix_repetition_num_prefixes,
+                  "output_len": args.prefix_repetition_output_len}
+        samples = load.prefix_dataset(tok, n, params["prefix_len"], params["suffix_len"], params["num_prefixes"],
+                                      params["output_len"], seed)
+    return samples, {"name": name, "num_prompts": n, "seed": seed, "tokenizer": tok.kind, **params}
+
+
+class Target:
+    """The server, its model and the tokenizer used for the prompts, read once for a run or a sweep."""
+
+    def __init__(self, args):
+        import httpx
+
+        self.args = args
+        self.base = args.base_url.rstrip("/").removesuffix("/v1")
+        self.headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        self.http = httpx.Client(headers=self.headers, timeout=600)
+        self.info = server_info(self.http, self.base)
+        models = [m["id"] for m in (self.info.get("models") or {}).get("data", [])]
+        if args.model is None and not models:
+            raise RuntimeError(f"{self.base}: no model from /v1/models (is the server up?); give --model")
+        self.model = args.model or models[0]
+        self.kind, self.path = _endpoint(args)
+        vocab = (self.info.get("kestrel") or {}).get("vocab_size")
+        self.tok = (load.Tokenizer.from_file(args.tokenizer) if args.tokenizer
+                    else load.Tokenizer.probe_server(self.http, self.base, self.model, vocab))
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def run_point(target: Target, args, *, max_concurrency, request_rate: float, input_len: int, output_len: int,
+              desc: str = "") -> dict:
+    """One benchmark run: its dataset, arrivals, results and metrics (a dict of the report)."""
+    samples, dataset = build_dataset(args, target.tok, input_len, output_len)
+    bodies = [load.request_body(target.kind, target.model, s, ignore_eos=args.ignore_eos,
+                                temperature=args.temperature) for s in samples]
+    delays = load.arrival_delays(len(bodies), request_rate, args.burstiness, args.seed)
+    warm = load.request_body(target.kind, target.model, load.SampleRequest("Hello", 1, 4),
+                             temperature=args.temperature)
+    results, duration = asyncio.run(load.run_load(
+        target.base + target.path, bodies, delays=delays, max_concurrency=max_concurrency, headers=target.headers,
+        num_warmups=args.num_warmups, warmup_body=warm, disable_progress=args.disable_tqdm,
+        timeout=args.request_timeout, desc=desc))
+    for r, s in zip(results, samples):
+        if r.success and not r.usage_reported:
+            r.prompt_len = s.prompt_len
+    metrics = load.compute_metrics(
+        results, duration, goodput=load.parse_goodput(args.goodput),
+        percentile_metrics=tuple(m for m in args.percentile_metrics.split(",") if m),
+        percentiles=tuple(float(p) for p in args.metric_percentiles.split(",") if p))
+    errors = sorted({r.error for r in results if not r.success})
+    return {"dataset": dataset,
+            "arrivals": {"request_rate": request_rate, "burstiness": args.burstiness,
+                         "max_concurrency": max_concurrency, "num_warmups": args.num_warmups, "seed": args.seed},
+            "metrics": metrics, "usage_reported": all(r.usage_reported for r in results if r.success),
+            "errors": errors[:10],
+            "requests": load.per_request(results, bodies, samples, with_text=args.save_detailed)}
+
+
+def _header(target: Target, args, benchmark: str) -> dict:
+    argv = ["kestrel", *(_argv_tail(args) or ["bench", benchmark])]
+    return {"benchmark": benchmark, "label": args.label,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": shlex.join(argv), "args": {k: v for k, v in vars(args).items()
+                                                  if k not in ("func", "api_key", "_argv") and not callable(v)},
+            "metadata": dict(kv.split("=", 1) for kv in (args.metadata or []) if "=" in kv),
+            "client": client_host(),
+            "server": {**target.info, "endpoint": target.path, "endpoint_type": target.kind, "model": target.model},
+            "sampling": {"temperature": args.temperature, "ignore_eos": args.ignore_eos, "stream": True},
+            "goodput_slos_ms": load.parse_goodput(args.goodput), "seed": args.seed}
+
+
+def _argv_tail(args) -> list[str]:
+    """The command line as given (the API key masked)."""
+    tail = list(getattr(args, "_argv", None) or sys.argv[1:])
+    for i, a in enumerate(tail):
+        if a == "--api-key" and i + 1 < len(tail):
+            tail[i + 1] = "REDACTED"
+        elif a.startswith("--api-key="):
+            tail[i] = "--api-key=REDACTED"
+    return tail
+
+
+def _json_default(o):
+    if isinstance(o, float) and math.isinf(o):
+        return "inf"
+    return str(o)
+
+
+def _write(report: dict, args, benchmark: str) -> str | None:
+    if not (args.save_result or args.result_filename or args.result_dir):
+        return None
+    name = args.result_filename or (f"kestrel-bench-{benchmark}-"
+                                    f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    path = os.path.join(args.result_dir, name) if args.result_dir else name
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(_finite(report), f, indent=2, default=_json_default)
+    return path
+
+
+def _finite(o):
+    """inf (an unlimited request rate) as the string "inf": JSON has no infinity."""
+    if isinstance(o, float) and math.isinf(o):
+        return "inf"
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_finite(v) for v in o]
+    return o
+
+
+def print_summary(point: dict) -> None:
+    m = point["metrics"]
+    rows = [("Successful requests", m["completed"]), ("Failed requests", m["failed"]),
+            ("Benchmark duration (s)", f"{m['duration']:.2f}"), ("Total input tokens", m["total_input_tokens"]),
+            ("Total generated tokens", m["total_output_tokens"]),
+            ("Request throughput (req/s)", f"{m['request_throughput']:.2f}")]
+    if "request_goodput" in m:
+        rows.append(("Request goodput (req/s)", f"{m['request_goodput']:.2f}"))
+    rows += [("Output token throughput (tok/s)", f"{m['output_throughput']:.2f}"),
+             ("Total token throughput (tok/s)", f"{m['total_token_throughput']:.2f}")]
+    for key, v in m.items():
+        if key.endswith("_ms"):
+            stat, name = key[:-3].split("_", 1)
+            rows.append((f"{stat.capitalize()} {name.upper()} (ms)", f"{v:.2f}"))
+    print("=" * 50)
+    for k, v in rows:
+        print(f"{k:<36}{v:>14}")
+    print("=" * 50)
+    for e in point["errors"]:
+        print(f"error: {e}", file=sys.stderr)
+
+
+def check_args(args) -> None:
+    """ValueError for what argparse cannot check."""
+    load.parse_goodput(args.goodput)
+    bad = set(args.percentile_metrics.split(",")) - {"ttft", "tpot", "itl", "e2el", ""}
+    if bad:
+        raise ValueError(f"--percentile-metrics takes ttft, tpot, itl, e2el, not {', '.join(sorted(bad))}")
+    for p in args.metric_percentiles.split(","):
+        if p and not 0 <= float(p) <= 100:
+            raise ValueError(f"--metric-percentiles: {p} is not in [0, 100]")
+    if args.num_prompts < 1:
+        raise ValueError("--num-prompts must be at least 1")
+    if args.dataset_name == "sharegpt" and not (args.dataset_path and os.path.isfile(args.dataset_path)):
+        raise ValueError(f"--dataset-name sharegpt needs --dataset-path to a JSON file (got {args.dataset_path!r})")
+
+
+def _guarded(run, args) -> int:
+    try:
+        check_args(args)
+        return run(args)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def main(args) -> int:
+    return _guarded(_main, args)
+
+
+def main_sweep(args) -> int:
+    return _guarded(_main_sweep, args)
+
+
+def _main(args) -> int:
+    target = Target(args)
+    try:
+        report = _header(target, args, "serve")
+        point = run_point(target, args, max_concurrency=args.max_concurrency, request_rate=args.request_rate,
+                          input_len=args.random_input_len, output_len=args.random_output_len)
+    finally:
+        target.close()
+    report.update(point)
+    print_summary(point)
+    path = _write(report, args, "serve")
+    if path:
+        print(f"report written to {path}")
+    return 0 if point["metrics"]["completed"] else 1
+
+
+# ------------------------------------------------------------------------------------------------
+# sweep
+
+
+def sweep_points(args) -> list[dict]:
+    """Every combination of the swept lists, in the order given (concurrency outermost)."""
+    lists = [getattr(args, k) if getattr(args, k) is not None else [None] for k in SWEPT]
+    return [dict(zip(SWEPT, combo)) for combo in itertools.product(*lists)]
+
+
+def sweep_table(points: list[dict]) -> str:
+    head = ("conc", "rate", "in", "out", "ok", "fail", "req/s", "out tok/s", "TTFT mean", "TTFT p99", "TPOT mean",
+            "TPOT p99", "ITL p99", "E2E p99")
+    lines = [" ".join(f"{h:>10}" for h in head)]
+    for p in points:
+        m, q = p["metrics"], p["params"]
+        cells = [q["max_concurrency"] or "-", q["request_rate"], q["random_input_len"], q["random_output_len"],
+                 m["completed"], m["failed"], f"{m['request_throughput']:.2f}", f"{m['output_throughput']:.1f}"]
+        for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms"):
+            cells.append(f"{m[key]:.1f}" if key in m else "-")
+        lines.append(" ".join(f"{c!s:>10}" for c in cells))
+    return "\n".join(lines)
+
+
+def _main_sweep(args) -> int:
+    target = Target(args)
+    points = []
+    try:
+        report = _header(target, args, "sweep")
+        report["sweep"] = {k: getattr(args, k) for k in SWEPT}
+        combos = sweep_points(args)
+        for i, q in enumerate(combos):
+            desc = f"point {i + 1}/{len(combos)}"
+            point = run_point(target, args, max_concurrency=q["max_concurrency"], request_rate=q["request_rate"],
+                              input_len=q["random_input_len"], output_len=q["random_output_len"], desc=desc)
+            points.append({"params": q, **point})
+            m = point["metrics"]
+            print(f"{desc}: {q} -> {m['completed']} ok, {m['output_throughput']:.1f} out tok/s", flush=True)
+    finally:
+        target.close()
+    report["points"] = points
+    print(sweep_table(points))
+    path = _write(report, args, "sweep")
+    if path:
+        print(f"report written to {path}")
+    return 0 if all(p["metrics"]["completed"] for p in points) else 1
