@@ -22,7 +22,8 @@ from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
 from tests.server.conftest import MODEL, make_server  # noqa: E402
 
 OPERATIONS = ["GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions", "POST /v1/completions",
-              "POST /tokenize", "POST /detokenize", "GET /health", "GET /version", "GET /metrics"]
+              "POST /tokenize", "POST /detokenize", "GET /health", "GET /version", "GET /metrics",
+              "GET /v1/server_info"]
 GENERATE = ("POST /v1/chat/completions", "POST /v1/completions")
 CASES = ([(op, "positive") for op in OPERATIONS] + [(op, "negative") for op in OPERATIONS if op.startswith("POST")]
          + [(op, "nudged") for op in (*GENERATE, "POST /tokenize", "POST /detokenize")])
