@@ -156,6 +156,10 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
     "KESTREL_TORCH_INDEX": (
         None, _str,
         "An extra package index for PyTorch (e.g. its CPU-only index). Read by installer/setup.sh."),
+    "KESTREL_BIN_DIR": (
+        None, _str,
+        ("Where installer/install-desktop.sh links `kestrel` (default: ~/.local/bin); uninstall.sh removes the "
+         "link from there.")),
     # -- tests -----------------------------------------------------------------------------------------------
     "KESTREL_TEST_TOKENIZER_DIR": (
         None, _str, ("Tests only: a saved SmolLM2 tokenizer directory the tiny test models use instead of one made "

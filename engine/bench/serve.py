@@ -22,6 +22,7 @@ import platform
 import shlex
 import sys
 
+from engine import envs
 from engine.bench import load
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"  # `kestrel serve`'s default --host / --port
@@ -34,7 +35,7 @@ def add_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--base-url", default=DEFAULT_BASE_URL,
                    help=f"Server root, without /v1 (default {DEFAULT_BASE_URL}, `kestrel serve`'s)")
-    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or os.environ.get("KESTREL_API_KEY"),
+    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or envs.KESTREL_API_KEY,
                    help="Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY, else $KESTREL_API_KEY; a "
                         "key on the command line is visible in ps)")
     g.add_argument("--model", default=None, help="Model name in the requests (default: the first of /v1/models)")

@@ -55,6 +55,9 @@ def make_window(app_env, qtbot):
         if autoload:
             qtbot.waitUntil(lambda: w.ctx.engine.state in ("ready", "failed"), timeout=LOAD_TIMEOUT_MS)
             assert w.ctx.engine.state == "ready", w.panels["load"].message.text()
+            # the worker sets its state before the GUI thread runs the queued `loaded` slots (the chat applies the
+            # model's sampling settings there): wait for them, or a setting changed now could be overwritten
+            qtbot.waitUntil(lambda: w.panels["load"].message.text().startswith("Loaded "), timeout=LOAD_TIMEOUT_MS)
         return w
 
     yield make
