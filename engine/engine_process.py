@@ -27,6 +27,7 @@ import zmq
 from engine import ipc
 from engine.errors import InvalidRequestError, KestrelError
 from engine.metrics import TokenRate
+from engine.tokenizer.grammar import token_bytes
 
 log = logging.getLogger("engine.engine_process")
 
@@ -119,34 +120,6 @@ def model_info(core, load_time: float) -> ipc.ModelInfo:
         engine_pid=os.getpid(),
         load_time=load_time,
     )
-
-
-def token_bytes(tokenizer) -> list[bytes]:
-    """The UTF-8 bytes each token id stands for (OpenAI's logprobs ``bytes``), for byte-level BPE
-    (GPT-2 / Llama 3 / Qwen / SmolLM), SentencePiece byte fallback (<0xNN>, '▁') and anything else
-    through decode()."""
-    from engine.tokenizer import bytes_to_unicode
-
-    inverse = {c: b for b, c in bytes_to_unicode().items()}
-    vocab_size = len(tokenizer)
-    pieces = tokenizer.convert_ids_to_tokens(list(range(vocab_size)))
-    special = getattr(tokenizer, "all_special_ids", frozenset())
-    byte_level = sum(1 for p in pieces if p and ("Ġ" in p or "Ċ" in p)) > 10
-    out: list[bytes] = []
-    for i, piece in enumerate(pieces):
-        if piece is None:
-            out.append(b"")
-        elif i in special:
-            out.append(piece.encode("utf-8"))
-        elif byte_level and all(c in inverse for c in piece):
-            out.append(bytes(inverse[c] for c in piece))
-        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            out.append(bytes([int(piece[3:5], 16)]))
-        elif "▁" in piece:
-            out.append(piece.replace("▁", " ").encode("utf-8"))
-        else:
-            out.append(tokenizer.decode([i], skip_special_tokens=False).encode("utf-8"))
-    return out
 
 
 # What may sit in a tokenizer.json for "a text of B UTF-8 bytes has at least B / max_token_bytes tokens" to hold:

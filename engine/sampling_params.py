@@ -6,6 +6,23 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
 
+STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice")
+
+
+@dataclass
+class StructuredOutput:
+    """Constrained decoding (engine/tokenizer/grammar.py): ``kind`` "json" (any JSON object; ``spec`` unused),
+    "json_schema" (``spec``: the schema as JSON text), "regex" (``spec``: the pattern) or "choice" (``spec``: a
+    JSON list of the allowed strings)."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise InvalidRequestError(f"Invalid structured output kind {self.kind!r}: one of "
+                                      f"{', '.join(STRUCTURED_KINDS)}.", param="response_format")
+
 
 @dataclass
 class SamplingParams:
@@ -27,6 +44,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: StructuredOutput | None = None  # the output follows this grammar (None: free text)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,6 +67,8 @@ class SamplingParams:
         self._check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
         self._check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]")
         self._check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
+        if isinstance(self.structured, dict):
+            self.structured = StructuredOutput(**self.structured)
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             self._check(all(-100 <= v <= 100 for v in self.logit_bias.values()), "logit_bias",

@@ -122,6 +122,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self.requests: dict[str, _Tracked] = {}
+        self._grammars = None  # GrammarCache, built on the first structured request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.recent_steps: deque[StepStats] = deque(maxlen=256)
@@ -145,13 +146,23 @@ class EngineCore:
             raise InvalidRequestError(f"A request with id {request_id!r} is already running.", param="request_id")
         ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize_prompt(prompt, messages)
         self.validate_prompt(ids, params)
+        grammar = self._grammar(params) if params.structured is not None else None
         req = Request(request_id, list(ids), params, eos_token_ids=self.eos_token_ids,
-                      prompt=prompt if isinstance(prompt, str) else None)
+                      prompt=prompt if isinstance(prompt, str) else None, grammar=grammar)
         detok = self._detok_cls(self.tokenizer, req.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
         self.requests[request_id] = _Tracked(req, detok, stop_max=max((len(s) for s in params.stop), default=0))
         self.runner.add_request(req)
         self.scheduler.add(req)
         return req
+
+    def _grammar(self, params: SamplingParams):
+        """A fresh matcher of the request's grammar (compiled once per grammar text); InvalidRequestError for a
+        schema, regex or choice list the compiler refuses."""
+        if self._grammars is None:
+            from engine.tokenizer.grammar import GrammarCache
+
+            self._grammars = GrammarCache(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        return self._grammars.matcher(params.structured)
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
@@ -215,7 +226,12 @@ class EngineCore:
         tr.text += tr.detok.add(tok)
         n_out = len(req.output_token_ids)
         reason = stop = None
-        if tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_tokens:
+        if req.grammar is not None and not req.grammar.accept_token(tok):
+            log.warning("request %s: token %d is outside its grammar; finishing it", req.request_id, tok)
+            reason = "stop"  # never expected: the sampler only draws allowed tokens
+        elif req.grammar is not None and req.grammar.is_terminated():
+            reason = "stop"  # the grammar took its stop token: the output is complete
+        elif tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_tokens:
             reason = "stop"
         elif tok in p.stop_token_ids and n_out >= p.min_tokens:
             reason, stop = "stop", tok

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 
@@ -49,6 +50,7 @@ class Request:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     timings: RequestTimings = field(default_factory=RequestTimings)
+    grammar: Any = None  # params.structured's matcher (engine/tokenizer/grammar.py), advanced by each token
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -2,11 +2,12 @@
 operations on the logits' device: no per-request host synchronisation; the step's one transfer back is the
 chosen tokens (and logprobs when asked).
 
-Order: logit bias, min_tokens masking (eos and stop ids), repetition / presence / frequency penalties; then greedy
-argmax, or temperature -> top-k -> softmax -> min-p -> top-p -> a draw. The draw is an exponential race
-(argmax of p / E with E ~ Exp(1), which picks token i with probability p_i), so a request with a seed draws its
-noise from its own generator and the others share the engine's. Logprobs are those of the model's raw
-distribution, as OpenAI and vLLM report them.
+Order: structured output's allowed-token masks (their rows only; engine/tokenizer/grammar.py), logit bias,
+min_tokens masking (eos and stop ids; not on a row with a grammar, which decides where EOS may come), repetition /
+presence / frequency penalties; then greedy argmax, or temperature -> top-k -> softmax -> min-p -> top-p -> a draw.
+The draw is an exponential race (argmax of p / E with E ~ Exp(1), which picks token i with probability p_i), so a
+request with a seed draws its noise from its own generator and the others share the engine's. Logprobs are those
+of the model's raw distribution, as OpenAI and vLLM report them.
 
 Called as ``sampler(logits, metadata)``: row i of the logits with row i of a SamplingMetadata (what each row
 samples with, in plain data; see engine/layers/sampling_metadata.py)."""
@@ -39,6 +40,39 @@ def _rows_cols(pairs: list[tuple[int, list[int]]], vocab: int, device) -> tuple[
 
 def _column(values: list[float], device) -> torch.Tensor:
     return to_device(values, torch.float32, device).unsqueeze(1)
+
+
+def apply_bitmask(x: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """A copy of x with the tokens that ``bitmask`` (int32 [len(rows), ceil(vocab / 32)], CPU) leaves out of each of
+    its rows at -inf; the other rows untouched. On the CPU xgrammar's kernel does it in place (measured on 16 rows of
+    a 49,152-token vocabulary: ~5 ms where unpacking the bits with torch ops took ~50-110 ms); elsewhere the bits
+    are unpacked by torch on the device after a non-blocking copy (pinned on a GPU): no host sync."""
+    dev, vocab = x.device, x.shape[-1]
+    covered = min(vocab, bitmask.shape[1] * 32)
+    if dev.type == "cpu":
+        import xgrammar
+
+        idx = torch.tensor(rows, dtype=torch.long)
+        sub = x.index_select(0, idx)
+        xgrammar.apply_token_bitmask_inplace(sub, bitmask, vocab_size=covered)
+        if covered < vocab:  # tokens past the grammar's vocabulary are never allowed
+            sub[:, covered:] = float("-inf")
+        return x.index_copy(0, idx, sub)
+    return apply_bitmask_torch(x, bitmask, rows)
+
+
+def apply_bitmask_torch(x: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """apply_bitmask in torch ops on x's device (the GPU path)."""
+    dev, vocab = x.device, x.shape[-1]
+    if dev.type == "cuda":
+        bitmask = bitmask.pin_memory()
+    bits = bitmask.to(dev, non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=dev)
+    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab].bool()
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    idx = to_device(rows, torch.long, dev)
+    return x.index_copy(0, idx, x.index_select(0, idx).masked_fill(~allowed, float("-inf")))
 
 
 def filtered_probs(x: torch.Tensor, params: list) -> torch.Tensor:
@@ -83,13 +117,15 @@ class Sampler:
         dev, vocab = logits.device, logits.shape[-1]
         params = md.params
         bias = [(i, p.logit_bias) for i, p in enumerate(params) if p.logit_bias]
-        masked = [i for i, p in enumerate(params) if md.num_output_tokens[i] < p.min_tokens]
+        constrained = set(md.bitmask_rows) if md.bitmask is not None else set()
+        # a grammar decides where EOS may come: min_tokens does not mask a constrained row
+        masked = [i for i, p in enumerate(params) if md.num_output_tokens[i] < p.min_tokens and i not in constrained]
         repeat = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         counted = [i for i, p in enumerate(params)
                    if (p.presence_penalty or p.frequency_penalty) and md.output_token_ids[i]]
-        if not (bias or masked or repeat or counted):
+        if not (bias or masked or repeat or counted or constrained):
             return logits  # the model's own logits are finite; only the processing below can overflow
-        x = logits.clone()
+        x = apply_bitmask(logits, md.bitmask, md.bitmask_rows) if constrained else logits.clone()
         if bias:
             rows, cols = _rows_cols([(i, list(b)) for i, b in bias], vocab, dev)
             vals = [b[t] for _, b in bias for t in b if 0 <= t < vocab]

@@ -9,7 +9,7 @@ them from this object before each replay; nothing in the sampler reads anything 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,7 +28,10 @@ class SamplingMetadata:
       when both are 0);
     - num_output_tokens[i]: how many tokens it has generated so far (min_tokens);
     - eos_token_ids[i]: the ids masked with stop_token_ids while below min_tokens (unless ignore_eos);
-    - generators[i]: its own generator (a seeded request) or None for the sampler's default one.
+    - generators[i]: its own generator (a seeded request) or None for the sampler's default one;
+    - bitmask / bitmask_rows: structured output (engine/tokenizer/grammar.py): row j of the int32 [k,
+      ceil(vocab / 32)] CPU tensor holds the allowed tokens of logits row bitmask_rows[j] (bit t % 32 of word
+      t // 32); None when no row has a grammar.
 
     The token lists may be the requests' own lists (not copies): use the metadata within the step."""
 
@@ -38,6 +41,8 @@ class SamplingMetadata:
     num_output_tokens: list[int]
     eos_token_ids: list[frozenset[int]]
     generators: list[torch.Generator | None]
+    bitmask: torch.Tensor | None = None
+    bitmask_rows: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.params)

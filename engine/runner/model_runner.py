@@ -259,7 +259,14 @@ def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generato
                       ) -> SamplingMetadata:
     """What the sampler needs of each sampling request, row i for reqs[i]: its params, the token histories its
     penalties read (only where a penalty applies; the requests' own lists, so use it within the step), its
-    output count, its eos ids and its generator (None: the sampler's default)."""
+    output count, its eos ids, its generator (None: the sampler's default) and, for the requests with a grammar
+    (structured output), their allowed-token bitmask."""
+    grammars = [(i, g) for i, g in enumerate(getattr(r, "grammar", None) for r in reqs) if g is not None]
+    bitmask = None
+    if grammars:
+        from engine.tokenizer.grammar import fill_bitmask
+
+        bitmask = fill_bitmask([g for _, g in grammars])
     return SamplingMetadata(
         params=[r.params for r in reqs],
         seen_token_ids=[r.all_token_ids if r.params.repetition_penalty != 1.0 else () for r in reqs],
@@ -268,4 +275,5 @@ def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generato
         num_output_tokens=[len(r.output_token_ids) for r in reqs],
         eos_token_ids=[r.eos_token_ids for r in reqs],
         generators=list(generators) if generators is not None else [None] * len(reqs),
+        bitmask=bitmask, bitmask_rows=[i for i, _ in grammars],
     )

@@ -215,7 +215,7 @@ def test_errors_are_openai_errors(api, http, server, tok):
         api.chat.completions.create(model=MODEL, messages=CHAT, extra_body={"best_of_mode": 3})
     assert "best_of_mode" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        api.chat.completions.create(model=MODEL, messages=CHAT, response_format={"type": "json_object"})
+        api.chat.completions.create(model=MODEL, messages=CHAT, response_format={"type": "xml"})
     assert e.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError) as e:
         api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [

@@ -221,3 +221,105 @@ def test_seeded_rows_do_not_depend_on_their_neighbours():
         toks = [s(logits[:len(batch)], md)[0][batch.index(seeded)] for _ in range(10)]
         runs.append(toks)
     assert runs[0] == runs[1]
+
+
+# -- structured output: allowed-token bitmasks (engine/tokenizer/grammar.py) ------------------------------
+
+
+class _FixedGrammar:
+    """A stand-in matcher whose next allowed tokens are a fixed set."""
+
+    def __init__(self, allowed, vocab_size=V):
+        self.allowed, self.vocab_size = set(allowed), vocab_size
+
+    def fill(self, bitmask, row):
+        words = [0] * bitmask.shape[1]
+        for t in self.allowed:
+            words[t // 32] |= 1 << (t % 32)
+        bitmask[row] = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+
+def _structured_batch(params_allowed, logits):
+    reqs = []
+    for i, (params, allowed) in enumerate(params_allowed):
+        req = Request(f"r{i}", [1], params, eos_token_ids=frozenset({0}))
+        req.grammar = None if allowed is None else _FixedGrammar(allowed, logits.shape[1])
+        reqs.append(req)
+    return sampling_metadata(reqs)
+
+
+def test_bitmask_restricts_its_rows_only():
+    logits = torch.arange(V, dtype=torch.float32).repeat(4, 1)  # token 15 best everywhere
+    md = _structured_batch([(SamplingParams(temperature=0), {3, 7}), (SamplingParams(temperature=0), None),
+                                  (SamplingParams(temperature=0), {2}), (SamplingParams(temperature=0), None)],
+                                 logits)
+    assert md.bitmask_rows == [0, 2] and md.bitmask.shape == (2, 1)
+    toks, _ = Sampler(torch.Generator().manual_seed(0))(logits, md)
+    assert toks == [7, 15, 2, 15]
+
+
+def test_bitmask_with_drawing_penalties_and_min_tokens():
+    """Drawn rows only ever pick allowed tokens; a grammar row is not min_tokens-masked (the grammar decides
+    where EOS goes), penalties and bias do not bring a masked token back."""
+    logits = torch.zeros(3, V)
+    p = SamplingParams(temperature=1.5, top_k=10, repetition_penalty=1.3, logit_bias={5: 100.0}, seed=3)
+    md = _structured_batch([(p, {0, 4, 9}), (SamplingParams(temperature=1.0, min_tokens=5), {0}),
+                                  (SamplingParams(temperature=1.0), None)], logits)
+    s = Sampler(torch.Generator().manual_seed(0))
+    seen = set()
+    for _ in range(100):
+        toks, _ = s(logits, md)
+        seen.add(toks[0])
+        assert toks[1] == 0
+    assert seen == {0, 4, 9}
+
+
+def test_bitmask_over_a_vocabulary_not_a_multiple_of_32():
+    vocab = 70  # three words; token 69 is bit 5 of word 2
+    logits = torch.zeros(2, vocab)
+    logits[:, 1] = 5.0
+    md = _structured_batch([(SamplingParams(temperature=0), {31, 69}), (SamplingParams(temperature=0), {32})],
+                                 logits)
+    logits[0, 69] = 1.0
+    toks, _ = Sampler(torch.Generator().manual_seed(0))(logits, md)
+    assert toks == [69, 32]
+
+
+def test_bitmask_from_a_real_grammar_on_a_tiny_vocab():
+    pytest.importorskip("xgrammar")
+    import xgrammar as xgr
+
+    from engine.tokenizer.grammar import RequestGrammar, fill_bitmask
+
+    vocab = [b"<eos>", b"a", b"b", b"ab", b"c", b"{", b"}"]
+    info = xgr.TokenizerInfo(vocab, vocab_size=len(vocab), stop_token_ids=[0])
+    g = RequestGrammar(xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_regex("a+b")), len(vocab))
+    mask = fill_bitmask([g])
+    logits = torch.zeros(1, len(vocab))
+    logits[0, 4] = 9.0  # 'c' is the model's favourite, never allowed
+    req = Request("r", [1], SamplingParams(temperature=0), eos_token_ids=frozenset({0}))
+    req.grammar = g
+    md = sampling_metadata([req])
+    assert torch.equal(md.bitmask, mask)
+    out = []
+    for _ in range(4):
+        tok = Sampler(torch.Generator())(logits, sampling_metadata([req]))[0][0]
+        out.append(tok)
+        assert g.accept_token(tok)
+        if g.is_terminated():
+            break
+        logits[0, 1] = 1.0 if len(out) < 2 else -1.0  # 'a' then 'ab'/'b'
+    assert out[-1] == 0 and b"".join(vocab[t] for t in out[:-1]) in (b"aab", b"ab", b"aaab")
+
+
+@pytest.mark.parametrize("vocab", [16, 64, 70])
+def test_bitmask_kernels_agree(vocab):
+    """xgrammar's CPU kernel and the torch unpacking (the GPU path) mask the same tokens of the same rows."""
+    from engine.layers.sampler import apply_bitmask, apply_bitmask_torch
+
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(5, vocab, generator=g)
+    mask = torch.randint(-2**31, 2**31 - 1, (3, (vocab + 31) // 32), dtype=torch.int32, generator=g)
+    a, b = apply_bitmask(x, mask, [0, 2, 3]), apply_bitmask_torch(x, mask, [0, 2, 3])
+    assert torch.equal(a, b) and torch.equal(a[[1, 4]], x[[1, 4]])
+    assert torch.isinf(a[[0, 2, 3]]).any()

@@ -120,7 +120,10 @@ _HARMLESS: dict[str, tuple[tuple[Any, ...], str]] = {
     "parallel_tool_calls": ((None, True, False), ""),
     "functions": ((None, []), "function calling is not supported"),
     "function_call": ((None, "none", "auto"), "function calling is not supported"),
-    "response_format": ((None, {"type": "text"}), "structured output (response_format) is not supported"),
+    "response_format": ((), ""),  # structured output: checked by engine.server.openai.serving.structured_output
+    "guided_json": ((), ""),  # vLLM's extra fields, the same
+    "guided_regex": ((), ""),
+    "guided_choice": ((), ""),
     "store": ((None, False), "stored completions are not supported"),
     "metadata": ((), ""),  # only meaningful with store
     "service_tier": ((None, "auto", "default"), "service tiers are not supported"),

@@ -17,7 +17,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine.errors import InvalidRequestError, KestrelError, PromptTooLongError
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.server.openai.errors import ModelNotServedError, kestrel_error_parts
 
 if TYPE_CHECKING:
@@ -99,6 +99,55 @@ def _check_count(name: str, items, most: int) -> None:
         raise InvalidRequestError(f"Too many entries in '{name}': {len(items)}, at most {most}.", param=name)
 
 
+def _bad_format(what: str, param: str = "response_format") -> InvalidRequestError:
+    return InvalidRequestError(f"Invalid value for '{param}': {what}.", param=param)
+
+
+def structured_output(req) -> StructuredOutput | None:
+    """``response_format`` ({"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+    "strict"}}) or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` -> the engine's StructuredOutput
+    (at most one of them). The grammar is compiled by the engine: a schema or regex its compiler refuses comes
+    back as a 400 naming the reason."""
+    from engine.tokenizer.grammar import parse_spec
+
+    extra = req.model_extra or {}
+    found: list[StructuredOutput] = []
+    rf = extra.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+            raise _bad_format("an object with a 'type' (text, json_object or json_schema)")
+        kind = rf["type"]
+        if kind == "json_object":
+            found.append(StructuredOutput("json"))
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict):
+                raise _bad_format("type json_schema needs a 'json_schema' object with a 'schema'")
+            schema = js.get("schema", {})
+            if not isinstance(schema, (dict, bool)):
+                raise _bad_format("'json_schema.schema' must be a JSON Schema object")
+            found.append(StructuredOutput("json_schema", encode_json(schema).decode()))
+        elif kind != "text":
+            raise _bad_format(f"unknown type {kind!r} (text, json_object or json_schema)")
+    gj = extra.get("guided_json")
+    if gj is not None:
+        if isinstance(gj, str):
+            try:
+                gj = msgspec.json.decode(gj)
+            except msgspec.DecodeError:
+                raise _bad_format("not valid JSON", "guided_json") from None
+        if not isinstance(gj, (dict, bool)):
+            raise _bad_format("a JSON Schema object", "guided_json")
+        found.append(StructuredOutput("json_schema", encode_json(gj).decode()))
+    for name, kind in (("guided_regex", "regex"), ("guided_choice", "choice")):
+        if extra.get(name) is not None:
+            found.append(parse_spec(kind, extra[name]))
+    if len(found) > 1:
+        raise InvalidRequestError("Only one of 'response_format', 'guided_json', 'guided_regex' and "
+                                  "'guided_choice' may constrain the output.", param="response_format")
+    return found[0] if found else None
+
+
 def sampling_params(ctx: ServerContext, req, *, max_tokens: int | None, max_tokens_name: str,
                     logprobs: int | None) -> SamplingParams:
     gen = ctx.info.generation_config or {}
@@ -165,7 +214,7 @@ def sampling_params(ctx: ServerContext, req, *, max_tokens: int | None, max_toke
         presence_penalty=float(req.presence_penalty or 0.0), frequency_penalty=float(req.frequency_penalty or 0.0),
         seed=req.seed, stop=stop, stop_token_ids=stop_ids, ignore_eos=bool(req.ignore_eos), logprobs=logprobs,
         logit_bias=bias, include_stop_str_in_output=bool(req.include_stop_str_in_output),
-        skip_special_tokens=req.skip_special_tokens is not False)
+        skip_special_tokens=req.skip_special_tokens is not False, structured=structured_output(req))
 
 
 # ------------------------------------------------------------------------------------------------
