@@ -6,13 +6,13 @@ exception. Runs on a worker thread (the PCIe throughput counters take ~20 ms per
 from __future__ import annotations
 
 import os
-import platform
 from collections import deque
 from dataclasses import dataclass, field
 
 import psutil
 
-from engine.cpu_features import cpu_flags, cpu_has_native_bf16  # noqa: F401 - the panels import them from here
+# cpu_flags and cpu_has_native_bf16: the panels import them from here
+from engine.cpu_features import cpu_flags, cpu_has_native_bf16, cpu_model_name  # noqa: F401
 
 
 @dataclass
@@ -92,17 +92,6 @@ class HardwareHistory:
         self.gpus.clear()
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
-
-
 class HardwareProbe:
     """Open once (NVML init), read many times, close at the end."""
 
@@ -111,7 +100,7 @@ class HardwareProbe:
         self.handles: list = []
         self.error = ""
         self.driver: str | None = None
-        self._cpu_name = cpu_name()
+        self._cpu_name = cpu_model_name()
         psutil.cpu_percent(None)  # prime the counter
         try:
             import pynvml

@@ -17,19 +17,10 @@ import asyncio
 import concurrent.futures
 import os
 
-from engine.errors import InvalidRequestError, KestrelError, PromptTooLongError
+from engine.errors import InvalidRequestError, PromptTooLongError, as_request_error
 from engine.sampling_params import SamplingParams
 
-__all__ = ["LocalTokenizer", "as_request_error", "check_prompt_length"]
-
-
-def as_request_error(e: Exception) -> KestrelError:
-    """An exception raised while rendering or tokenizing a prompt, as the typed error for the caller."""
-    if isinstance(e, KestrelError):
-        return e
-    if isinstance(e, (ValueError, TypeError, KeyError, IndexError, UnicodeError, OverflowError)):
-        return InvalidRequestError(f"Invalid request ({type(e).__name__}: {e}).")
-    return KestrelError(f"Internal error while tokenizing ({type(e).__name__}: {e}).")
+__all__ = ["LocalTokenizer", "check_prompt_length"]
 
 
 def check_prompt_length(n: int, params: SamplingParams, max_len: int) -> None:
@@ -102,13 +93,13 @@ class LocalTokenizer:
         try:
             return await self._run(inline, self._render, messages, add_generation_prompt)
         except Exception as e:  # noqa: BLE001 - typed for the caller
-            raise as_request_error(e) from None
+            raise as_request_error(e, "Internal error while tokenizing") from None
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         try:
             return await self._run(len(text) <= self.INLINE_CHARS, self._encode, text, add_special_tokens)
         except Exception as e:  # noqa: BLE001
-            raise as_request_error(e) from None
+            raise as_request_error(e, "Internal error while tokenizing") from None
 
     async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return await self._run(len(ids) <= self.INLINE_CHARS // 4, self._decode, ids, skip_special_tokens)

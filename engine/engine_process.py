@@ -25,7 +25,7 @@ import time
 import zmq
 
 from engine import ipc
-from engine.errors import InvalidRequestError, KestrelError
+from engine.errors import InvalidRequestError, KestrelError, as_request_error
 from engine.metrics import TokenRate
 from engine.tokenizer.grammar import token_bytes
 
@@ -243,7 +243,7 @@ class EngineServer:
                 core.add_request(cid, msg.prompt, params, prompt_token_ids=ids)
                 added.append(cid)
         except Exception as e:  # noqa: BLE001 - every refusal goes back to the client, typed
-            info = ipc.error_to_info(e if isinstance(e, KestrelError) else _as_request_error(e))
+            info = ipc.error_to_info(as_request_error(e))
             e.__traceback__ = None
         ids = None
         msg.prompt_token_ids = msg.prompt = msg.messages = None
@@ -263,7 +263,7 @@ class EngineServer:
             reply = ipc.Reply(msg.call_id, fn(**msg.args))
         except Exception as e:  # noqa: BLE001 - typed back to the caller; no local keeps the exception
             reply = ipc.Reply(msg.call_id, None,
-                              ipc.error_to_info(e if isinstance(e, KestrelError) else _as_request_error(e)))
+                              ipc.error_to_info(as_request_error(e)))
             e.__traceback__ = None
         msg.args = {}
         self.push.send(self.enc.encode(reply), copy=False)
@@ -351,15 +351,6 @@ class EngineServer:
     def _current_rates(self) -> tuple[float, float]:
         now = self.clock()
         return self.prompt_rate.rate(now), self.generation_rate.rate(now)
-
-
-def _as_request_error(e: Exception) -> KestrelError:
-    """A non-Kestrel exception while taking a request: bad input the checks missed is the client's fault
-    (400), anything else is ours (500)."""
-    if isinstance(e, (ValueError, TypeError, KeyError, IndexError, UnicodeError, OverflowError)):
-        return InvalidRequestError(f"Invalid request ({type(e).__name__}: {e}).")
-    err = KestrelError(f"Internal engine error ({type(e).__name__}: {e}).")
-    return err
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,3 +89,13 @@ class EngineRestartingError(EngineDeadError):
 
     error_type = "engine_restarting"
     retry_after = 5  # seconds, for HTTP's Retry-After
+
+
+def as_request_error(e: Exception, internal: str = "Internal engine error") -> KestrelError:
+    """Any exception raised while taking a request, as the typed error for the caller: a KestrelError as it is,
+    bad input the checks missed as the client's fault (400), anything else as ours (500), prefixed ``internal``."""
+    if isinstance(e, KestrelError):
+        return e
+    if isinstance(e, (ValueError, TypeError, KeyError, IndexError, UnicodeError, OverflowError)):
+        return InvalidRequestError(f"Invalid request ({type(e).__name__}: {e}).")
+    return KestrelError(f"{internal} ({type(e).__name__}: {e}).")

@@ -22,13 +22,9 @@ _NVML_TOPOLOGY = {0: "same board", 10: "single PCIe switch", 20: "multiple PCIe 
 def host_hardware() -> dict:
     """This host's CPU and, when NVML answers, its NVIDIA GPUs, driver and the PCIe topology between each pair
     (no torch import: the API server's /v1/server_info and `kestrel bench serve` on a client machine use it)."""
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    hw: dict = {"hostname": platform.node(), "platform": platform.platform(), "cpu": cpu,
+    from engine.cpu_features import cpu_model_name
+
+    hw: dict = {"hostname": platform.node(), "platform": platform.platform(), "cpu": cpu_model_name(),
                 "logical_cpus": os.cpu_count(), "gpus": [], "gpu_driver": None}
     try:
         import pynvml
@@ -64,20 +60,14 @@ def environment() -> dict:
     import torch
 
     from engine import envs
-    from engine.cpu_features import cpu_flags
+    from engine.cpu_features import cpu_flags, cpu_model_name
     from engine.runner.device import physical_cores
 
-    cpu_name = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu_name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu_name)
-    except OSError:
-        pass
     env = {
         "command": " ".join(["kestrel", *sys.argv[1:]]),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "cpu": cpu_name,
+        "cpu": cpu_model_name(),
         "cpu_isa": sorted(f for f in cpu_flags() if f.startswith(("avx512", "avx2", "amx", "fma"))),
         "physical_cores": physical_cores(),
         "logical_cpus": os.cpu_count(),

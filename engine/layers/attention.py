@@ -49,7 +49,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None  # [S, M] int32, row i = seqs[i].block_ids zero-padded
     seq_lens: torch.Tensor | None  # [S] int32, the context lengths
     query_start_loc: torch.Tensor | None  # [S + 1] int32, cumulative query lengths
-    plans: dict = field(default_factory=dict)  # per-step kernel plans, built by the first layer, shared
+    plans: dict = field(default_factory=dict)  # per-step kernel plans by head size, built by the first layer
     decode_block_tables: torch.Tensor | None = None  # [num_decode, M] view of block_tables
     decode_context_lens: torch.Tensor | None = None  # [num_decode] view of seq_lens
     all_fresh: bool = False  # no decode and no cached prefix: every sequence is a whole new prompt
@@ -197,11 +197,11 @@ def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int
                  ) -> tuple[ops.VarlenKernelConfig, ops.VarlenPlan]:
     """The kernel configuration for this device and step (smaller tiles for decodes and short chunks) and the
     step's query tiles for it: built by the first layer, reused."""
-    short = meta.num_decode_tokens > 0 or max(s.query_len for s in meta.seqs) <= ops.VARLEN_SHORT_QUERY
-    cfg = ops.varlen_config(device, head_dim, short=short)
-    plan = meta.plans.get(cfg.block_m)
-    if plan is None:
-        plan = meta.plans[cfg.block_m] = ops.VarlenPlan.build([s.query_len for s in meta.seqs],
-                                                              [s.context_len for s in meta.seqs], cfg.block_m,
-                                                              device)
-    return cfg, plan
+    found = meta.plans.get(head_dim)
+    if found is None:
+        short = meta.num_decode_tokens > 0 or max(s.query_len for s in meta.seqs) <= ops.VARLEN_SHORT_QUERY
+        cfg = ops.varlen_config(device, head_dim, short=short)
+        plan = ops.VarlenPlan.build([s.query_len for s in meta.seqs], [s.context_len for s in meta.seqs],
+                                    cfg.block_m, device)
+        found = meta.plans[head_dim] = (cfg, plan)
+    return found

@@ -125,30 +125,30 @@ def _tensor_descriptor():
     return TensorDescriptor
 
 
-_DESCRIPTORS: dict[tuple, tuple] = {}  # the last few caches' descriptors (every layer of every step reuses them)
+_DESCRIPTORS: dict[tuple, tuple | None] = {}  # per cache layout: its descriptors, or None (no TMA there)
 
 
 def tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, cfg: KernelConfig, head_dim: int):
     """TMA descriptors of the caches viewed as [blocks * block_size, nkv * hd] with [BLOCK_N, hd] boxes, or
     None where TMA cannot load a key tile: a tile must lie in one cache block (block_size % BLOCK_N == 0), the
     caches must be contiguous, head_dim a power of two (the box is the whole head) and the GPU sm_90+."""
-    if not cfg.tma or k_cache.shape[1] % cfg.block_n or head_dim != max(16, _pow2(head_dim)):
+    if not cfg.tma:
         return None
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        return None
-    if k_cache.is_cuda and torch.cuda.get_device_capability(k_cache.device) < (9, 0):
-        return None
+    key = (k_cache.data_ptr(), v_cache.data_ptr(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
+           k_cache.dtype, cfg.block_n, head_dim)
+    if key in _DESCRIPTORS:  # every layer of every step after the first: no checks again
+        return _DESCRIPTORS[key]
+    found = None
     TensorDescriptor = _tensor_descriptor()
-    if TensorDescriptor is None:
-        return None
-    key = (k_cache.data_ptr(), v_cache.data_ptr(), tuple(k_cache.shape), k_cache.dtype, cfg.block_n)
-    found = _DESCRIPTORS.get(key)
-    if found is None:
-        if len(_DESCRIPTORS) >= 256:  # caches of an unloaded model: drop them
-            _DESCRIPTORS.clear()
+    if (TensorDescriptor is not None and k_cache.shape[1] % cfg.block_n == 0
+            and head_dim == max(16, _pow2(head_dim)) and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and not (k_cache.is_cuda and torch.cuda.get_device_capability(k_cache.device) < (9, 0))):
         rows = k_cache.shape[0] * k_cache.shape[1]
-        found = _DESCRIPTORS[key] = tuple(
-            TensorDescriptor.from_tensor(c.view(rows, -1), [cfg.block_n, head_dim]) for c in (k_cache, v_cache))
+        found = tuple(TensorDescriptor.from_tensor(c.view(rows, -1), [cfg.block_n, head_dim])
+                      for c in (k_cache, v_cache))
+    if len(_DESCRIPTORS) >= 256:  # caches of an unloaded model: drop them
+        _DESCRIPTORS.clear()
+    _DESCRIPTORS[key] = found
     return found
 
 

@@ -56,3 +56,25 @@ def click_when_enabled(qtbot, button, timeout_ms: int = 30_000) -> None:
 
     qtbot.waitUntil(button.isEnabled, timeout=timeout_ms)
     qtbot.mouseClick(button, Qt.LeftButton)
+
+
+def drop_a_stream_mid_reply(window, qtbot, chunks: int = 3):
+    """Start the Server panel's endpoint, stream a chat completion through it and leave after ``chunks`` text
+    chunks (the server then aborts the engine request: run the window with KESTREL_FAKE=slow). Returns the
+    Server panel."""
+    import httpx
+
+    panel = window.panels["server"]
+    panel.port.setValue(0)
+    click_when_enabled(qtbot, panel.start_button)
+    qtbot.waitUntil(lambda: panel.url is not None, timeout=30_000)
+    body = {"model": window.ctx.engine.info.name, "stream": True, "max_tokens": 100,
+            "messages": [{"role": "user", "content": "hi"}]}
+    seen = 0
+    with httpx.stream("POST", panel.url_field.text() + "/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and '"content":"' in line.replace(" ", "") and '"content":""' not in line:
+                seen += 1
+            if seen >= chunks:
+                break  # closes the connection
+    return panel

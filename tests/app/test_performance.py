@@ -9,7 +9,8 @@ import re
 import pytest
 from PySide6.QtCore import Qt
 
-from tests.app.helpers import REPLY_TIMEOUT_MS, click_when_enabled, set_sampling
+from tests.app.helpers import REPLY_TIMEOUT_MS, click_when_enabled, drop_a_stream_mid_reply, set_sampling
+from tests.support.fake_clock import engine_server_on_fake_clock
 
 
 def _shown_rate(perf) -> float:
@@ -18,22 +19,9 @@ def _shown_rate(perf) -> float:
 
 @pytest.fixture
 def engine_loop():
-    """An EngineServer around a stand-in core whose steps take 1/52 s on a fake clock (no sleeps)."""
-    import zmq
-
-    from engine.engine_process import EngineServer
-    from tests.unit.test_token_rate import Clock, _Core
-
-    ctx = zmq.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    clock = Clock()
-    srv = EngineServer(_Core(clock, 1 / 52), pull, push)
-    srv.clock = clock
-    srv.fake_clock = clock
-    yield srv
-    pull.close(0)
-    push.close(0)
-    ctx.term()
+    """The engine loop around a stand-in core whose steps take 1/52 s on a fake clock (no sleeps)."""
+    with engine_server_on_fake_clock(1 / 52) as srv:
+        yield srv
 
 
 def test_tokens_per_second_figure(make_window, qtbot, engine_loop):
@@ -42,7 +30,7 @@ def test_tokens_per_second_figure(make_window, qtbot, engine_loop):
 
     w = make_window(autoload=False)
     perf = w.panels["performance"]
-    srv, core, clock = engine_loop, engine_loop.core, engine_loop.fake_clock
+    srv, core, clock = engine_loop, engine_loop.core, engine_loop.clock
 
     def sample() -> float:
         perf.add_stats(ipc.EngineStats(**{k: v for k, v in srv.call_stats().items()
@@ -112,24 +100,10 @@ def test_stopped_and_failed_requests_are_plotted(make_window, qtbot, monkeypatch
 def test_a_server_request_the_client_dropped_is_plotted(make_window, qtbot, monkeypatch):
     """Issue 14 item 5: an HTTP stream whose client goes away mid-stream is aborted by the server; the engine
     client's "abort" record puts it in the TTFT / TPOT plots, as a cross, once."""
-    import httpx
-
     monkeypatch.setenv("KESTREL_FAKE", "slow")  # 50 ms a token: the client leaves mid-stream
     w = make_window()
     perf = w.panels["performance"]
-    panel = w.panels["server"]
-    panel.port.setValue(0)
-    click_when_enabled(qtbot, panel.start_button)
-    qtbot.waitUntil(lambda: panel.url is not None, timeout=30_000)
-    body = {"model": w.ctx.engine.info.name, "stream": True, "max_tokens": 100,
-            "messages": [{"role": "user", "content": "hi"}]}
-    seen = 0
-    with httpx.stream("POST", panel.url_field.text() + "/chat/completions", json=body, timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data:") and '"content":"' in line.replace(" ", "") and '"content":""' not in line:
-                seen += 1
-            if seen >= 3:
-                break  # closes the connection: the server aborts the engine request
+    panel = drop_a_stream_mid_reply(w, qtbot)
     qtbot.waitUntil(lambda: perf.num_requests == 1, timeout=30_000)
     assert perf.num_stopped == 1 and "1 request (1 stopped or failed)" in perf.summary.text()
     assert len(perf.ttft.x) == 1 and len(perf.ttft_stopped.x) == 1 and perf.ttft_stopped.y[0] > 0

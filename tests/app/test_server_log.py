@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 from app.server_log import RequestLogMiddleware, TrackingClient
-from tests.app.helpers import click_when_enabled
+from tests.app.helpers import click_when_enabled, drop_a_stream_mid_reply
 
 
 @dataclass
@@ -146,23 +146,9 @@ def test_record_wins_and_usage_is_the_fallback():
 
 
 def test_server_panel_logs_a_stream_the_client_dropped(make_window, qtbot, monkeypatch):
-    import httpx
-
     monkeypatch.setenv("KESTREL_FAKE", "slow")  # 50 ms a token: the client leaves mid-stream
     w = make_window()
-    panel = w.panels["server"]
-    panel.port.setValue(0)
-    click_when_enabled(qtbot, panel.start_button)
-    qtbot.waitUntil(lambda: panel.url is not None, timeout=30_000)
-    body = {"model": w.ctx.engine.info.name, "stream": True, "max_tokens": 100,
-            "messages": [{"role": "user", "content": "hi"}]}
-    seen = 0
-    with httpx.stream("POST", panel.url_field.text() + "/chat/completions", json=body, timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data:") and '"content":"' in line.replace(" ", "") and '"content":""' not in line:
-                seen += 1
-            if seen >= 3:
-                break  # closes the connection: the server aborts the engine request
+    panel = drop_a_stream_mid_reply(w, qtbot)
     qtbot.waitUntil(lambda: any(r[2] == "/v1/chat/completions" for r in panel.log_rows()), timeout=30_000)
     row = next(r for r in panel.log_rows() if r[2] == "/v1/chat/completions")
     assert row[4].isdigit() and 3 <= int(row[4]) < 100, row

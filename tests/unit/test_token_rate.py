@@ -5,21 +5,9 @@ an idle engine reads 0 within the window; /metrics exposes token counters for Pr
 from __future__ import annotations
 
 import pytest
-import zmq
 
-from engine.engine_process import EngineServer
 from engine.metrics import RATE_WINDOW_S, TokenRate
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> None:
-        self.t += dt
+from tests.support.fake_clock import Clock, engine_server_on_fake_clock
 
 
 def test_known_tokens_over_known_time():
@@ -100,54 +88,10 @@ def test_parallel_streams_add_up():
 
 # -- the engine loop's figures (what the GUI's Performance panel and /metrics show) ---------------------------
 
-class _Core:
-    """A stand-in core whose steps take ``step_s`` on a fake clock; each running request gets one token per
-    step, and the first step of a request also computes its prompt."""
-
-    def __init__(self, clock: Clock, step_s: float):
-        self.clock, self.step_s = clock, step_s
-        self.blocks = None  # no KV cache: the stats call reads no prefix-cache counts
-        self.left: dict[str, int] = {}
-        self.fresh: list[str] = []
-        self.prompt_tokens_total = self.generation_tokens_total = 0
-
-    def add(self, rid: str, tokens: int) -> None:
-        self.left[rid] = tokens
-        self.fresh.append(rid)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.left)
-
-    def step(self) -> list:
-        self.clock.advance(self.step_s)
-        self.prompt_tokens_total += 10 * len(self.fresh)
-        self.fresh.clear()
-        for rid in list(self.left):
-            self.generation_tokens_total += 1
-            self.left[rid] -= 1
-            if not self.left[rid]:
-                del self.left[rid]
-        return []
-
-    def stats(self, recent: int = 32):
-        class S:
-            pass
-
-        return S()
-
-
 @pytest.fixture
 def server():
-    ctx = zmq.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    clock = Clock()
-    srv = EngineServer(_Core(clock, 1 / 52), pull, push)
-    srv.clock = clock
-    srv.fake_clock = clock
-    yield srv
-    pull.close(0)
-    push.close(0)
-    ctx.term()
+    with engine_server_on_fake_clock(1 / 52) as srv:
+        yield srv
 
 
 def _rates(srv) -> tuple[float, float]:
@@ -160,7 +104,7 @@ def _run(srv) -> None:
 
 
 def test_engine_rates_after_idle_and_parallel(server):
-    core, clock = server.core, server.fake_clock
+    core, clock = server.core, server.clock
     assert _rates(server) == (0.0, 0.0)
     core.add("warm-up", 30)
     _run(server)
@@ -184,7 +128,7 @@ def test_engine_rates_after_idle_and_parallel(server):
 
 def test_engine_rate_mid_step_snapshot(server):
     """A stats call between steps of a fresh stream: tokens over the time of the steps that made them."""
-    core, clock = server.core, server.fake_clock
+    core, clock = server.core, server.clock
     core.add("a", 3)
     server.step()
     clock.advance(1 / 52)  # the stats call comes in half-way to the next step's end
