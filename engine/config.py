@@ -133,6 +133,8 @@ class EngineConfig:
     comm_strategy: str = _opt("All-reduce strategy for tensor parallelism", default="auto",
                               choices=list(COMM_STRATEGIES))
     num_threads: int | None = _opt("CPU threads (default: physical cores)")
+    enforce_eager: bool = _opt("Run every step eagerly: no CUDA graphs for decode steps (a faster start, slower "
+                               "decode; GPU)", default=False)
     seed: int = _opt("Seed of the default random generator", default=0)
     deterministic: bool = _opt("Batch-invariant CPU kernels: a greedy (or seeded) request gives the same tokens "
                                "alone or beside any other requests, at some speed (CPU, tensor-parallel size 1)",

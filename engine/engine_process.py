@@ -24,7 +24,7 @@ import time
 
 import zmq
 
-from engine import ipc
+from engine import ipc, progress
 from engine.errors import InvalidRequestError, KestrelError, as_request_error
 from engine.metrics import TokenRate
 from engine.tokenizer.grammar import token_bytes
@@ -97,6 +97,8 @@ def model_info(core, load_time: float) -> ipc.ModelInfo:
     mc = getattr(core, "model_config", None)
     tok = getattr(core, "tokenizer", None)
     runner = getattr(core, "runner", None)
+    graphs = getattr(runner, "graphs", None)
+    graphs = graphs if getattr(graphs, "capturing", False) else None  # captured graphs only
     path = getattr(ckpt, "path", None)
     name = getattr(ckpt, "name", None) or (path.name if path is not None else "model")
     cfg = core.config
@@ -119,6 +121,8 @@ def model_info(core, load_time: float) -> ipc.ModelInfo:
         tensor_parallel_size=int(getattr(cfg, "tensor_parallel_size", 1) or 1),
         engine_pid=os.getpid(),
         load_time=load_time,
+        cuda_graph_sizes=list(getattr(graphs, "sizes", None) or []),
+        cuda_graph_seconds=float(getattr(graphs, "capture_seconds", 0.0) or 0.0),
     )
 
 
@@ -376,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
 
         config = EngineConfig(**boot["config"])
         t0 = time.monotonic()
+        progress.set_listener(lambda stage, detail: push.send(enc.encode(ipc.Progress(stage, detail))))
         core = _factory(boot.get("core_factory") or DEFAULT_CORE_FACTORY)(config)
+        progress.set_listener(None)
         info = model_info(core, time.monotonic() - t0)
     except BaseException as e:
         log.debug("load failed", exc_info=True)

@@ -63,6 +63,10 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         ("Attention of steps with a prefill chunk: auto (CUDA: the Triton varlen kernel when Triton is "
          "there; CPU: SDPA), triton (the Triton kernel everywhere; on the CPU through Triton's interpreter, "
          "for tests) or sdpa (torch SDPA per chunk) (engine/layers/attention.py).")),
+    "KESTREL_SKINNY_GEMM": (
+        "auto", _choice("auto", "off"),
+        ("Linear layers of one row inside the decode CUDA graphs: auto (the Triton GEMV kernel) or off (cuBLAS) "
+         "(engine/ops/skinny_gemm.py).")),
     # -- tensor parallelism: start-up and workers ------------------------------------------------------------
     "KESTREL_TP_STARTUP_TIMEOUT_S": (
         1800.0, float,

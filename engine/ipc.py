@@ -131,6 +131,8 @@ class ModelInfo(msgspec.Struct):
     tensor_parallel_size: int = 1
     engine_pid: int = 0
     load_time: float = 0.0
+    cuda_graph_sizes: list[int] = []  # decode batch sizes with a captured CUDA graph (none: eager decode)
+    cuda_graph_seconds: float = 0.0  # their capture time at start-up
 
 
 class ErrorInfo(msgspec.Struct):

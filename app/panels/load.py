@@ -40,7 +40,7 @@ LABELS = {
     "enable_prefix_caching": "Prefix caching", "tensor_parallel_size": "Tensor-parallel size",
     "comm_strategy": "Communication strategy", "block_size": "KV block size", "num_kv_blocks": "KV blocks",
     "max_num_seqs": "Max concurrent requests", "max_num_batched_tokens": "Token budget per step",
-    "num_threads": "CPU threads", "seed": "Seed",
+    "num_threads": "CPU threads", "seed": "Seed", "enforce_eager": "No CUDA graphs (eager decode)",
 }
 CHOICE_LABELS = {
     "comm_strategy": {"auto": "Auto (measured at start-up)", "nccl": "NCCL", "int8": "Int8-quantized all-reduce",
@@ -466,9 +466,12 @@ class LoadPanel(QWidget):
         quant = getattr(config, "quantization", None) if config is not None else None
         # int8: the engine requantized the linear layers; the dtype is then the activations' (as the status bar)
         weights = f"{quant} weights, {info.dtype} activations" if quant and quant != "none" else info.dtype
+        graphs = getattr(info, "cuda_graph_sizes", None)
+        graphs_text = (f" Decode CUDA graphs for {len(graphs)} batch sizes (1–{max(graphs)}) captured in "
+                       f"{info.cuda_graph_seconds:.1f} s." if graphs else "")
         self._show_message(
             f"Loaded {info.name}: {weights} on {info.device}, context {info.max_model_len:,} tokens, "
-            f"{info.num_kv_blocks:,} KV blocks of {info.block_size} tokens, in {took:.1f} s.", "okBox")
+            f"{info.num_kv_blocks:,} KV blocks of {info.block_size} tokens, in {took:.1f} s.{graphs_text}", "okBox")
 
     def _on_failed(self, message: str) -> None:
         self._show_message(f"The model could not be loaded.\n{message}", "errorBox")

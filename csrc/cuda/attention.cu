@@ -5,8 +5,9 @@
 // four independent loads and reductions in flight), with an online softmax in fp32 per warp. Warps merge
 // through shared memory. With one split the block writes the output; with several, each writes its
 // partial (max, sum, acc[hd]) to a workspace and a second kernel merges the partitions.
-// The number of splits depends only on host-known sizes (B, heads, block table capacity), so the
-// launch can be captured in a CUDA graph; partitions past a sequence's context exit at once.
+// The number of splits depends only on host-known sizes (B, heads, block table capacity, and the partition
+// size when the caller fixes it), so the launch can be captured in a CUDA graph; partitions past a sequence's
+// context exit at once without writing, and the merge reads only the partitions its context covers.
 #include "common.cuh"
 #include "ops.h"
 
@@ -16,7 +17,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kTokensPerWarpStep = 4;
 constexpr int kMaxHeadDim = 256;
-constexpr int kMinPartition = 128;  // tokens
+constexpr int kMinPartition = 64;  // tokens
 
 template <class T, int VPL>  // VPL: head_dim values per lane (head_dim <= 32 * VPL)
 __global__ void __launch_bounds__(kWarps * 32)
@@ -32,6 +33,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int ctx = ctx_lens[b];
   const int t_begin = part * part_tokens;
   const int t_end = min(ctx, t_begin + part_tokens);
+  if (splits > 1 && t_begin >= ctx) return;  // past the context: the merge does not read this partition
   const int32_t* bt = block_tables + b * bts;
   const int64_t tok_stride = int64_t(nkv) * hd;
 
@@ -137,18 +139,20 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Merge the partitions of one (head, sequence): one thread per output element.
+// Merge the partitions of one (head, sequence) that its context covers: one thread per output element.
 template <class T>
 __global__ void paged_decode_reduce_kernel(T* __restrict__ out, int64_t os0, int64_t os1,
-                                           const float* __restrict__ ws, int nh, int hd, int splits) {
+                                           const float* __restrict__ ws, const int32_t* __restrict__ ctx_lens,
+                                           int nh, int hd, int splits, int part_tokens) {
   const int h = blockIdx.x, b = blockIdx.y;
   const float* wp = ws + (int64_t(b) * nh + h) * splits * (2 + hd);
+  const int parts = min(splits, (ctx_lens[b] + part_tokens - 1) / part_tokens);
   float M = -INFINITY;
-  for (int p = 0; p < splits; ++p)
+  for (int p = 0; p < parts; ++p)
     if (wp[p * (2 + hd) + 1] > 0.f) M = fmaxf(M, wp[p * (2 + hd)]);
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float L = 0.f, o = 0.f;
-    for (int p = 0; p < splits; ++p) {
+    for (int p = 0; p < parts; ++p) {
       const float* w = wp + p * (2 + hd);
       if (w[1] > 0.f) {
         const float f = expf(w[0] - M);
@@ -176,9 +180,15 @@ struct Plan {
   int part_tokens;
 };
 
-// Enough blocks to fill the GPU about twice, partitions of >= kMinPartition tokens.
-Plan plan(int64_t B, int64_t nh, int64_t max_tokens, int device) {
+// Enough blocks to fill the GPU about twice, partitions of >= kMinPartition tokens; or partitions of the given
+// size (rounded up to a warp step, at most 4096 of them) over the whole capacity.
+Plan plan(int64_t B, int64_t nh, int64_t max_tokens, int64_t part_tokens, int device) {
   const int64_t step = kWarps * kTokensPerWarpStep;
+  if (part_tokens > 0) {
+    int64_t part = std::max<int64_t>({(part_tokens + step - 1) / step * step, (max_tokens + 4095) / 4096, step});
+    part = (part + step - 1) / step * step;
+    return Plan{int((max_tokens + part - 1) / part), int(part)};
+  }
   const int64_t base = B * nh;
   const int64_t target = 2 * int64_t(sm_count(device));
   int64_t splits = base >= target ? 1 : (target + base - 1) / base;
@@ -210,13 +220,16 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
   if (vpl <= 2) run(paged_decode_kernel<T, 2>);
   else if (vpl <= 4) run(paged_decode_kernel<T, 4>);
   else run(paged_decode_kernel<T, 8>);
-  if (p.splits > 1) paged_decode_reduce_kernel<T><<<rgrid, rthreads, 0, st>>>(o, os0, os1, ws, int(nh), int(hd), p.splits);
+  if (p.splits > 1)
+    paged_decode_reduce_kernel<T><<<rgrid, rthreads, 0, st>>>(o, os0, os1, ws, clp, int(nh), int(hd), p.splits,
+                                                               p.part_tokens);
 }
 
 }  // namespace
 
-int64_t paged_decode_attention_workspace(int64_t B, int64_t nh, int64_t hd, int64_t max_tokens, int device) {
-  const Plan p = plan(B, nh, max_tokens, device);
+int64_t paged_decode_attention_workspace(int64_t B, int64_t nh, int64_t hd, int64_t max_tokens, int64_t part_tokens,
+                                         int device) {
+  const Plan p = plan(B, nh, max_tokens, part_tokens, device);
   return p.splits > 1 ? B * nh * p.splits * (2 + hd) : 0;
 }
 
@@ -224,14 +237,14 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
                             uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables, int64_t bts,
                             int64_t max_blocks, uintptr_t context_lens, int64_t B, int64_t nh, int64_t nkv,
                             int64_t hd, int64_t bs, double scale, uintptr_t workspace, int64_t workspace_floats,
-                            int device, uintptr_t stream) {
+                            int64_t part_tokens, int device, uintptr_t stream) {
   if (B <= 0 || nh <= 0) return;
   if (hd > kMaxHeadDim) throw std::invalid_argument("paged_decode_attention (CUDA): head_size must be <= 256");
   if (nkv <= 0 || nh % nkv) throw std::invalid_argument("paged_decode_attention: num_heads % num_kv_heads != 0");
   if (B > 65535 || nh > 0x7fffffff) throw std::invalid_argument("paged_decode_attention (CUDA): too many sequences");
   const int64_t max_tokens = std::max<int64_t>(1, max_blocks * bs);
   if (max_tokens > 0x7fffffff) throw std::invalid_argument("paged_decode_attention (CUDA): context too long");
-  const Plan p = plan(B, nh, max_tokens, device);
+  const Plan p = plan(B, nh, max_tokens, part_tokens, device);
   if (p.splits > 1 && workspace_floats < B * nh * p.splits * (2 + hd))
     throw std::invalid_argument("paged_decode_attention (CUDA): workspace too small");
   use_device(device);

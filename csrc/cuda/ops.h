@@ -25,14 +25,17 @@ void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uin
                        int64_t v_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T,
                        int64_t num_kv_heads, int64_t head_size, int device, uintptr_t stream);
 // Floats of fp32 workspace paged_decode_attention needs for these sizes (0: none; it then writes `out`
-// directly). max_tokens = block table capacity (max_blocks_per_seq * block_size).
+// directly). max_tokens = block table capacity (max_blocks_per_seq * block_size); part_tokens as below.
 int64_t paged_decode_attention_workspace(int64_t B, int64_t num_heads, int64_t head_size, int64_t max_tokens,
-                                         int device);
+                                         int64_t part_tokens, int device);
+// part_tokens: 0 = partitions sized to fill the GPU at the table's capacity (eager steps, where the capacity is
+// the step's longest context); > 0 = partitions of that many tokens over the whole capacity (CUDA graphs, whose
+// table has the width of the longest possible context: the partitions past a sequence's context exit at once).
 void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t out_s1, uintptr_t q, int64_t q_s0,
                             int64_t q_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables,
                             int64_t bt_stride, int64_t max_blocks_per_seq, uintptr_t context_lens, int64_t B,
                             int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
-                            double scale, uintptr_t workspace, int64_t workspace_floats, int device,
-                            uintptr_t stream);
+                            double scale, uintptr_t workspace, int64_t workspace_floats, int64_t part_tokens,
+                            int device, uintptr_t stream);
 
 }  // namespace kestrel::cuda

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from engine.bench.decode import decode_breakdown, measure_skinny
 from engine.bench.timing import decode_step_times, random_ids, run_until_done, timed_prompts, ttft_runs
 
 SHAPE = "llama3-8b"
@@ -417,6 +418,12 @@ def run(args) -> dict:
     rng = random.Random(args.seed)
     ckpt = random_checkpoint(SHAPE, seed=args.seed, max_position=16384)
     cfg = ckpt.config
+    if "skinny" not in args.skip:
+        report["skinny_gemm_gb_s"] = measure_skinny(cfg)
+        save()
+        for name, r in report["skinny_gemm_gb_s"].items():
+            print(f"linear {name}: cuBLAS {r['cublas']:.0f}, GEMV {r.get('default', float('nan')):.0f} GB/s, best "
+                  f"{r['best']} {r[r['best']]:.0f}", flush=True)
     nums = model_numbers(cfg)
     vocab = cfg.vocab_size
     gemm, copy = lim["bf16_gemm_flop_per_s"], lim["copy_bytes_per_s"]
@@ -440,6 +447,13 @@ def run(args) -> dict:
         k["activation_peak_gib"] = (core.runner.activation_peak_bytes or 0) / 2**30
         print(f"Kestrel loaded in {k['load_s']:.1f} s, {k['num_kv_blocks']} KV blocks, activation peak "
               f"{k['activation_peak_gib']:.2f} GiB", flush=True)
+        if core.runner.graphs is not None:  # no local reference: it would keep the core's memory after shutdown
+            g = core.runner.graphs
+            k["cuda_graphs"] = {"sizes": g.sizes, "capture_s": g.capture_seconds, "pool_mib": g.pool_bytes / 2**20}
+            print(f"decode CUDA graphs: {len(g.sizes)} batch sizes up to {g.max_size}, captured in "
+                  f"{g.capture_seconds:.2f} s, pool {g.pool_bytes / 2**20:.0f} MiB", flush=True)
+            del g
+        save()
         try:
             import os
 
@@ -456,7 +470,8 @@ def run(args) -> dict:
             k["ttft_8192_with_4096_cached"] = prefill_row(s, [4096], [8192])
             s = kestrel_ttft(core, rng, vocab, [8192], args.repeats, chunk=2048)["8192"]
             k["ttft_8192_chunked_2048"] = prefill_row(s, [8192], [8192])
-            k["ttft_8192_chunked_2048"]["vs_cold"] = s * 1e3 / k["ttft_triton"]["8192"]["ms"]
+            if "8192" in k["ttft_triton"]:
+                k["ttft_8192_chunked_2048"]["vs_cold"] = s * 1e3 / k["ttft_triton"]["8192"]["ms"]
             s = kestrel_batch_prefill(core, rng, vocab, 64, 512, args.repeats)
             k["prefill_64x512"] = prefill_row(s, [512] * 64, [512] * 64)
             save()
@@ -468,6 +483,14 @@ def run(args) -> dict:
                 k["tpot"][str(b)] = decode_row(s, b, 512 + args.tpot_steps // 2)
                 save()
                 print(f"Kestrel TPOT batch {b}: {s * 1e3:.2f} ms", flush=True)
+            k["decode_breakdown"] = {}
+            for b in args.batch:
+                d = k["decode_breakdown"][str(b)] = decode_breakdown(core, rng, b)
+                d["eager"] = decode_row(d["eager_step_ms"] / 1e3, b, 512 + 8)
+                save()
+                print(f"decode batch {b}: step {d['step_ms']:.2f} ms, graph replay on the GPU "
+                      f"{d.get('replay_gpu_ms', float('nan')):.2f} ms, host {d.get('host_ms', float('nan')):.2f} ms; "
+                      f"eager step {d['eager_step_ms']:.2f} ms", flush=True)
             if "profile" not in args.skip:
                 k["profile"] = profile_cases(core, rng, vocab)
                 k["linear_rates_8192"] = linear_rates(cfg)
@@ -524,6 +547,8 @@ def print_table(report: dict) -> None:
     rows.append(("64 x 512 prefill", k.get("prefill_64x512"), None, hf.get("prefill_64x512")))
     for b in report["args"]["batch"]:
         rows.append((f"TPOT batch {b}", k.get("tpot", {}).get(str(b)), None, hf.get("tpot", {}).get(str(b))))
+    for b, d in k.get("decode_breakdown", {}).items():
+        rows.append((f"TPOT batch {b}, eager", d.get("eager"), None, None))
     print(f"{'':28s} {'Kestrel (Triton)':>20s} {'Kestrel (SDPA)':>20s} {'HF transformers':>20s}   (share of limit)")
     for name, a, b, c in rows:
         print(f"{name:28s} {cell(a):>20s} {cell(b):>20s} {cell(c):>20s}")
@@ -542,7 +567,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=32768)
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip", nargs="*", default=[], choices=["kernels", "kestrel", "hf", "profile"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["kernels", "skinny", "kestrel", "hf", "profile"])
 
 
 def main(args) -> int:

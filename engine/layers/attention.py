@@ -53,6 +53,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # [num_decode, M] view of block_tables
     decode_context_lens: torch.Tensor | None = None  # [num_decode] view of seq_lens
     all_fresh: bool = False  # no decode and no cached prefix: every sequence is a whole new prompt
+    decode_part_tokens: int = 0  # CUDA graphs: the decode kernel's fixed partition size (0: sized per step)
 
     @classmethod
     def build(cls, positions: list[int], slots: list[int], seqs: list[SeqSpan], device: torch.device
@@ -155,7 +156,8 @@ class Attention(torch.nn.Module):
             return out.view(T, self.num_heads * hd)
         if nd:
             ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
-                                       meta.decode_context_lens, self.scale, out=out[:nd])
+                                       meta.decode_context_lens, self.scale, out=out[:nd],
+                                       part_tokens=meta.decode_part_tokens)
         for i, seg in enumerate(meta.prefills, start=nd):
             s, n = seg.query_start, seg.query_len
             out[s:s + n] = self._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)

@@ -112,6 +112,7 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    part_tokens: int = 0,
 ) -> torch.Tensor:
     """Decode attention: q [B, nh, hd] (one token per sequence; strided views fine, last dim contiguous)
     over the first context_lens[b] tokens of the caches [num_blocks, block_size, nkv, hd] through
@@ -120,7 +121,12 @@ def paged_decode_attention(
     Returns `out`: a new [B, nh, hd] tensor unless given (then [B, nh, hd] of q's dtype, last dim
     contiguous). A sequence with context length 0 gets zeros. On CPU, context lengths and block ids are
     checked against the tables and the caches (ValueError); on CUDA they are not. Under set_batch_invariant
-    a CPU row's result depends on its own query, cache and context length only."""
+    a CPU row's result depends on its own query, cache and context length only.
+
+    part_tokens (CUDA): 0 sizes the split-K partitions to fill the GPU at the table's capacity (block_tables'
+    width x block size: an eager step's longest context); > 0 fixes them at that many tokens over the whole
+    capacity (CUDA graphs: their table is as wide as the longest possible context, and the partitions past each
+    sequence's context exit at once)."""
     if native_lib is None:
         y = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
         return y if out is None else out.copy_(y)
@@ -146,13 +152,15 @@ def paged_decode_attention(
     if q.is_cuda:
         check_cuda("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
         dev = q.get_device()
-        n_ws = native_lib.cuda_paged_decode_attention_workspace(B, nh, hd, btshape[1] * cshape[1], dev)
+        n_ws = native_lib.cuda_paged_decode_attention_workspace(B, nh, hd, btshape[1] * cshape[1], part_tokens,
+                                                                dev)
         ws = torch.empty(n_ws, dtype=torch.float32, device=q.device) if n_ws else None
         native_lib.cuda_paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
                                                k_cache.data_ptr(), v_cache.data_ptr(),
                                                block_tables.data_ptr(), block_tables.stride(0), btshape[1],
                                                context_lens.data_ptr(), B, nh, cshape[2], hd, cshape[1],
-                                               scale, ws.data_ptr() if n_ws else 0, n_ws, dev, raw_stream(q))
+                                               scale, ws.data_ptr() if n_ws else 0, n_ws, part_tokens, dev,
+                                               raw_stream(q))
     else:
         if not (q.is_cpu and k_cache.is_cpu and v_cache.is_cpu and block_tables.is_cpu and context_lens.is_cpu
                 and out.is_cpu):

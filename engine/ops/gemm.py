@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.ops import skinny_gemm
 from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
     check_contiguous,
@@ -35,6 +36,8 @@ _LINEAR_TORCH_MIN_M = {torch.float32: None, torch.bfloat16: None, torch.float16:
 
 
 def _torch_linear(x, weight, bias, out):
+    if skinny_gemm.wanted(x, weight, bias) and (out is None or out.is_contiguous()):  # CUDA, one row, in graphs
+        return skinny_gemm.skinny_linear(x, weight, bias, out)
     if out is None:
         return F.linear(x, weight, bias)
     if x.dim() != 2:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import ops
+from engine import ops, progress
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.layers.sampler import Sampler
@@ -19,6 +19,7 @@ from engine.models.registry import model_class
 from engine.ops.transfer import to_device
 from engine.outputs import TokenLogprobs
 from engine.parallel.context import SINGLE, TPContext
+from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes, reserve_bytes
 from engine.runner.device import default_block_size, physical_cores, resolve_device, resolve_dtype
 from engine.runner.step import ScheduledStep, SequenceState
 
@@ -71,9 +72,15 @@ class ModelRunner:
                                    "--quantization none")
             n, total = self.model.quantize_int8()
             log.info("int8 weights: %d of %d linear layers (the others have K not a multiple of 32)", n, total)
+        # decode CUDA graphs: one GPU, not --enforce-eager (tensor parallelism waits for capturable all-reduces)
+        self.graph_sizes = (capture_sizes(config.max_num_seqs)
+                            if self.device.type == "cuda" and tp.size == 1 and not config.enforce_eager else [])
+        self.graphs: DecodeGraphs | None = None
         if not defer_kv:  # TP: the executor decides the number of blocks for all ranks (allocate_kv)
             self.num_blocks = self.num_kv_blocks_that_fit()
             self._allocate_kv_cache()
+            if self.graph_sizes:
+                self.capture_decode_graphs()
         self.generators: dict[str, torch.Generator] = {}
         self.sampler = Sampler(torch.Generator(device=self.device).manual_seed(config.seed))
         self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
@@ -99,7 +106,7 @@ class ModelRunner:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        budget = total * self.config.gpu_memory_utilization - (total - free)
+        budget = total * self.config.gpu_memory_utilization - (total - free) - self.graph_reserve_bytes()
         if peak is None:
             return max(1, int(budget * 0.9) // per_block)
         self.activation_peak_bytes = peak
@@ -115,6 +122,27 @@ class ModelRunner:
                 f"{self.config.gpu_memory_utilization:.0%} of {total / 2**30:.1f} GiB; lower --max-num-batched-tokens "
                 "or raise --gpu-memory-utilization")
         return blocks
+
+    def graph_reserve_bytes(self) -> int:
+        """Memory the decode graphs' private pool will take (0 without graphs)."""
+        if not self.graph_sizes:
+            return 0
+        mc = self.model_config
+        return reserve_bytes(self.graph_sizes[-1], mc.vocab_size, mc.hidden_size, mc.intermediate_size,
+                             torch.tensor([], dtype=self.dtype).element_size())
+
+    # -- CUDA graphs ----------------------------------------------------------------------------
+    def capture_decode_graphs(self, capture: bool = True) -> None:
+        """Capture the decode graphs (engine/runner/cuda_graphs.py) over the allocated KV cache; start-up's last
+        step, timed and reported. ``capture=False`` sets up the same bucketed path to run eagerly (tests)."""
+        sizes = self.graph_sizes or capture_sizes(self.config.max_num_seqs)
+        width = -(-self.max_model_len // self.block_size)
+        heads = self.model.layers[0].self_attn.attn.num_heads
+        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, width, heads, capture=capture)
+        self.graphs.capture(lambda what: progress.report("capturing", what))
+
+    def _decode_forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, meta)).float()
 
     @torch.inference_mode()
     def profile_activation_peak(self) -> int:
@@ -210,6 +238,10 @@ class ModelRunner:
 
     def _run(self, inp: StepInputs) -> torch.Tensor | None:
         ops.set_batch_invariant(self.deterministic)  # process-wide: another engine here may differ
+        if self.graphs is not None and inp.logit_rows and len(inp.seqs) == len(inp.token_ids):
+            logits = self._run_graph(inp)
+            if logits is not None:
+                return logits
         input_ids, meta = self._tensors(inp)
         hidden = self.model(input_ids, meta)
         if inp.logit_rows is not None:
@@ -217,6 +249,18 @@ class ModelRunner:
                 return None
             hidden = hidden[inp.logit_rows]
         return self.model.compute_logits(hidden).float()
+
+    def _run_graph(self, inp: StepInputs) -> torch.Tensor | None:
+        """A decode step (one token per sequence) by graph replay; None for any other step, or a batch past the
+        largest bucket."""
+        seqs = inp.seqs
+        if any(s.query_len != 1 for s in seqs):
+            return None
+        logits = self.graphs.run(inp.token_ids, inp.positions, inp.slots, [s.context_len for s in seqs],
+                                 [s.block_ids for s in seqs])
+        if logits is None or len(inp.logit_rows) == len(seqs):
+            return logits
+        return logits[inp.logit_rows]  # a one-token prefill chunk short of its prompt's end samples nothing
 
     def execute(self, sched: ScheduledStep
                 ) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None]]:
