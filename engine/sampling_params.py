@@ -13,10 +13,12 @@ STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice")
 class StructuredOutput:
     """Constrained decoding (engine/tokenizer/grammar.py): ``kind`` "json" (any JSON object; ``spec`` unused),
     "json_schema" (``spec``: the schema as JSON text), "regex" (``spec``: the pattern) or "choice" (``spec``: a
-    JSON list of the allowed strings)."""
+    JSON list of the allowed strings). Tool calling enforced by a grammar (``tool_choice`` "required" or a named
+    function) is a "json_schema" whose ``param`` names the tools."""
 
     kind: str
     spec: str = ""
+    param: str = ""  # the request field the grammar came from, named by its errors (default: by kind)
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:

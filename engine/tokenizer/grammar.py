@@ -106,7 +106,7 @@ class GrammarCache:
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             why = why.split(": ", 1)[1] if why.startswith("[") and ": " in why else why  # drop "[time] file.cc:N"
             raise InvalidRequestError(f"Invalid {so.kind.replace('_', ' ')} for structured output: {why}",
-                                      param=_PARAM[so.kind]) from None
+                                      param=so.param or _PARAM[so.kind]) from None
 
     def matcher(self, so: StructuredOutput) -> RequestGrammar:
         return RequestGrammar(self._xgr.GrammarMatcher(self.compile(so)), self.vocab_size)

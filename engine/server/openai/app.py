@@ -42,7 +42,7 @@ from engine.server.args import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES
 from engine.server.guard import HostCheckMiddleware
 from engine.server.openai import errors, protocol
 from engine.server.openai import serving as S
-from engine.server.openai.serving_chat import convert_messages, create_chat_completion
+from engine.server.openai.serving_chat import convert_messages, create_chat_completion, fit_history
 from engine.server.openai.serving_completions import create_completion
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
             raise InvalidRequestError("Give either 'prompt' or 'messages'.", param="prompt")
         limit = S.MAX_TOKENIZE_CONTEXTS * ctx.info.max_model_len
         if req.messages is not None:
-            text = await client.apply_chat_template(convert_messages(req.messages),
+            text = await client.apply_chat_template(fit_history(ctx, convert_messages(req.messages)),
                                                     add_generation_prompt=req.add_generation_prompt is not False)
             special = False
         else:

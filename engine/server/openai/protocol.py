@@ -3,8 +3,9 @@
 Requests accept unknown fields at the parsing stage (``extra="allow"``) so that the server, not pydantic,
 answers them: a field the engine cannot honour gets a 400 that names it (``unsupported_fields``), while
 harmless OpenAI fields (``user``, ``stream_options``, ``store: false``, ``metadata``, ``service_tier``,
-``parallel_tool_calls`` without tools, ...) are accepted. Types are strict (pydantic's strict mode: no
-``"8"`` or ``true`` for an integer, no ``"yes"`` for a boolean; an integer is a valid number) and a wrong type
+...) are accepted, and chat's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` and
+``response_format`` are checked by their handlers (400 naming the field). Types are strict (pydantic's strict
+mode: no ``"8"`` or ``true`` for an integer, no ``"yes"`` for a boolean; an integer is a valid number) and a wrong type
 is 422; values out of OpenAI's ranges and lists over their bounds are 400 naming the field
 (engine.server.openai.serving). Non-finite floats (NaN, Infinity) are refused by the models.
 """
@@ -48,9 +49,11 @@ class ContentPart(_Request):
 
 
 class ChatMessage(_Request):
-    role: str = _f(..., "'developer' reads as 'system'", enum=["system", "user", "assistant", "developer"])
+    role: str = _f(..., "'developer' reads as 'system'; 'tool' carries a tool call's result",
+                   enum=["system", "user", "assistant", "developer", "tool"])
     content: str | list[ContentPart | str] | None = _f(None, "Text, or a list of text parts (joined by newlines)")
     name: str | None = None
+    # also accepted (checked by the chat handler): assistant ``tool_calls``, a tool message's ``tool_call_id``
 
 
 class _SamplingFields(_Request):
@@ -115,9 +118,9 @@ class DetokenizeRequest(_Request):
 
 # field -> (value(s) that are harmless, why anything else is refused)
 _HARMLESS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": ((None, []), "tool calling is not supported"),
-    "tool_choice": ((None, "none", "auto"), "tool calling is not supported"),
-    "parallel_tool_calls": ((None, True, False), ""),
+    "tools": ((), ""),  # tool calling (chat only): checked by engine.server.openai.tools
+    "tool_choice": ((), ""),
+    "parallel_tool_calls": ((), ""),
     "functions": ((None, []), "function calling is not supported"),
     "function_call": ((None, "none", "auto"), "function calling is not supported"),
     "response_format": ((), ""),  # structured output: checked by engine.server.openai.serving.structured_output
@@ -154,6 +157,10 @@ def check_fields(req: BaseModel, where: str = "") -> None:
         if msg is not None:
             raise InvalidRequestError(msg, param=where + name)
     if isinstance(req, CompletionRequest):
+        for name in ("tools", "tool_choice"):
+            if (req.model_extra or {}).get(name) not in (None, [], "none", "auto"):
+                raise InvalidRequestError(f"Unsupported parameter '{name}' on /v1/completions: tool calling is "
+                                          "for /v1/chat/completions.", param=name)
         if req.echo:
             raise InvalidRequestError("Unsupported value for 'echo': echoing the prompt is not supported.",
                                       param="echo")
@@ -209,9 +216,21 @@ class Usage(_Response):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class FunctionCall(_Response):
+    name: str
+    arguments: str = Field(..., description="The arguments as JSON text")
+
+
+class ToolCall(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(_Response):
