@@ -26,8 +26,8 @@ void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uin
                        int64_t num_kv_heads, int64_t head_size, int device, uintptr_t stream);
 // Floats of fp32 workspace paged_decode_attention needs for these sizes (0: none; it then writes `out`
 // directly). max_tokens = block table capacity (max_blocks_per_seq * block_size); part_tokens as below.
-int64_t paged_decode_attention_workspace(int64_t B, int64_t num_heads, int64_t head_size, int64_t max_tokens,
-                                         int64_t part_tokens, int device);
+int64_t paged_decode_attention_workspace(int64_t B, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                                         int64_t max_tokens, int64_t part_tokens, int device);
 // part_tokens: 0 = partitions sized to fill the GPU at the table's capacity (eager steps, where the capacity is
 // the step's longest context); > 0 = partitions of that many tokens over the whole capacity (CUDA graphs, whose
 // table has the width of the longest possible context: the partitions past a sequence's context exit at once).

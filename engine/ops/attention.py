@@ -152,8 +152,8 @@ def paged_decode_attention(
     if q.is_cuda:
         check_cuda("paged_decode_attention", q, k_cache, v_cache, block_tables, context_lens, out)
         dev = q.get_device()
-        n_ws = native_lib.cuda_paged_decode_attention_workspace(B, nh, hd, btshape[1] * cshape[1], part_tokens,
-                                                                dev)
+        n_ws = native_lib.cuda_paged_decode_attention_workspace(B, nh, cshape[2], hd, btshape[1] * cshape[1],
+                                                                part_tokens, dev)
         ws = torch.empty(n_ws, dtype=torch.float32, device=q.device) if n_ws else None
         native_lib.cuda_paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
                                                k_cache.data_ptr(), v_cache.data_ptr(),

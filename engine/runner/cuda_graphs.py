@@ -58,9 +58,9 @@ class DecodeGraphs:
     of every row); the runner passes it in, so this module knows the metadata layout but not the model."""
 
     def __init__(self, forward: Callable[[torch.Tensor, AttentionMetadata], torch.Tensor], device: torch.device,
-                 sizes: Sequence[int], max_blocks_per_seq: int, num_heads: int, capture: bool = True):
+                 sizes: Sequence[int], max_blocks_per_seq: int, num_kv_heads: int, capture: bool = True):
         self.forward = forward
-        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         self.sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.device = device
         self.sizes = sorted(set(sizes))
@@ -91,7 +91,7 @@ class DecodeGraphs:
         meta = AttentionMetadata(positions=positions, slot_mapping=slots, num_decode_tokens=b, seqs=[],
                                  block_tables=table, seq_lens=context_lens, query_start_loc=None,
                                  decode_block_tables=table, decode_context_lens=context_lens,
-                                 decode_part_tokens=partition_tokens(b, self.num_heads, self.sm_count))
+                                 decode_part_tokens=partition_tokens(b, self.num_kv_heads, self.sm_count))
         return ids, meta
 
     def bucket(self, n: int) -> int | None:
@@ -185,11 +185,11 @@ class DecodeGraphs:
         return self.logits[:n]
 
 
-def partition_tokens(batch: int, num_heads: int, sm_count: int) -> int:
-    """The decode kernel's partition size in a graph of ``batch`` sequences: 64 tokens while the (sequence, head)
-    pairs alone fill the GPU less than twice, growing with the batch so that the number of blocks working on a
-    typical context stays about twice the SM count."""
-    return 64 * max(1, -(-batch * num_heads // (2 * sm_count)))
+def partition_tokens(batch: int, num_kv_heads: int, sm_count: int) -> int:
+    """The decode kernel's partition size in a graph of ``batch`` sequences: 64 tokens while the (sequence, KV head)
+    pairs (the kernel's blocks per partition: each takes the query heads of one KV head) fill the GPU less than
+    twice, growing with the batch so that the blocks working on a typical context stay about twice the SM count."""
+    return 64 * max(1, -(-batch * num_kv_heads // (2 * sm_count)))
 
 
 def reserve_bytes(max_size: int, vocab_size: int, hidden_size: int, intermediate_size: int, dtype_bytes: int) -> int:

@@ -137,8 +137,8 @@ class ModelRunner:
         step, timed and reported. ``capture=False`` sets up the same bucketed path to run eagerly (tests)."""
         sizes = self.graph_sizes or capture_sizes(self.config.max_num_seqs)
         width = -(-self.max_model_len // self.block_size)
-        heads = self.model.layers[0].self_attn.attn.num_heads
-        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, width, heads, capture=capture)
+        kv_heads = self.model.layers[0].self_attn.attn.num_kv_heads
+        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, width, kv_heads, capture=capture)
         self.graphs.capture(lambda what: progress.report("capturing", what))
 
     def _decode_forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

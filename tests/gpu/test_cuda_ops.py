@@ -121,8 +121,13 @@ def test_paged_decode_attention(dtype):
         (2, 32, 8, 128, 16, [1000, 33]),
         (2, 16, 2, 256, 8, [65, 0]),
         (4, 5, 1, 80, 16, [31, 3000, 2, 257]),
+        # the GQA kernel (query heads of one KV head per block): groups of 2, 4 and 8 at head sizes 64..256
+        (3, 8, 4, 64, 16, [5, 700, 64]),
+        (2, 32, 4, 128, 64, [513, 1]),
+        (2, 16, 2, 64, 16, [129, 2000]),
+        (2, 8, 2, 256, 16, [300, 17]),
     ]
-    for B, nh, nkv, hd, bs, ctx in cases:
+    for (B, nh, nkv, hd, bs, ctx), part in ((c, p) for c in cases for p in (0, 64)):
         g = gen("attn", str(dtype), B, nh, nkv, hd, bs, tuple(ctx))
         max_blocks = max(1, max((c + bs - 1) // bs for c in ctx))
         nb = B * max_blocks + 2
@@ -131,8 +136,8 @@ def test_paged_decode_attention(dtype):
         cl = torch.tensor(ctx, dtype=torch.int32, device=DEV)
         q = randn(g, B, nh, hd, dtype=dtype)
         out = poisoned((B, nh, hd), dtype)
-        ops.paged_decode_attention(q, kc, vc, bt, cl, hd**-0.5, out=out)
-        close(out, ref.paged_decode_attention(q, kc, vc, bt, cl, hd**-0.5), dtype, f"{B, nh, nkv, hd, bs, ctx}")
+        ops.paged_decode_attention(q, kc, vc, bt, cl, hd**-0.5, out=out, part_tokens=part)
+        close(out, ref.paged_decode_attention(q, kc, vc, bt, cl, hd**-0.5), dtype, f"{B, nh, nkv, hd, bs, ctx, part}")
 
 
 def test_side_stream_and_cuda_graph_capture():
