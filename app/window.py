@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from app import resources, shortcuts
 from app import theme as themes
 from app.context import AppContext
+from app.panels.benchmark import BenchmarkPanel
 from app.panels.chat import ChatPanel
 from app.panels.hardware import HardwarePanel
 from app.panels.load import LoadPanel
@@ -31,7 +32,7 @@ from app.panels.server import ServerPanel
 from app.workers.engine_worker import DEAD, EMPTY, FAILED, LOADING, READY
 
 PANELS = [("chat", "Chat"), ("models", "Models"), ("load", "Load"), ("server", "Server"),
-          ("performance", "Performance"), ("hardware", "Hardware")]
+          ("performance", "Performance"), ("benchmark", "Benchmark"), ("hardware", "Hardware")]
 
 
 def weights_text(info, config) -> str:
@@ -77,7 +78,8 @@ class MainWindow(QMainWindow):
 
         self.panels = {
             "chat": ChatPanel(ctx), "models": ModelsPanel(ctx), "load": LoadPanel(ctx),
-            "server": ServerPanel(ctx), "performance": PerformancePanel(ctx), "hardware": HardwarePanel(ctx),
+            "server": ServerPanel(ctx), "performance": PerformancePanel(ctx), "benchmark": BenchmarkPanel(ctx),
+            "hardware": HardwarePanel(ctx),
         }
         for name, label in PANELS:
             item = QListWidgetItem(resources.icon(name), label)

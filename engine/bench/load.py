@@ -24,6 +24,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 # words of one token each in most BPE vocabularies: the prompts when no tokenizer is reachable
@@ -301,10 +302,13 @@ class Progress:
 async def run_load(url: str, bodies: list[dict], *, delays: list[float] | None = None,
                    max_concurrency: int | None = None, headers: dict | None = None, num_warmups: int = 0,
                    warmup_body: dict | None = None, disable_progress: bool = False, timeout: float = 6 * 3600,
-                   desc: str = "") -> tuple[list[RequestResult], float]:
+                   desc: str = "", on_result: Callable[[RequestResult], None] | None = None
+                   ) -> tuple[list[RequestResult], float]:
     """Send ``bodies`` to ``url``, request i + 1 ``delays[i]`` seconds after request i (on an absolute schedule,
     so sleeping late does not add up; at most ``max_concurrency`` in flight, the others wait their turn), after
-    ``num_warmups`` untimed requests. Returns the results in request order and the duration."""
+    ``num_warmups`` untimed requests. Returns the results in request order and the duration. ``on_result`` sees
+    each result as its request ends (the app's live plots). Cancelling the awaiting task cancels the requests in
+    flight."""
     import httpx
 
     n_conn = max(8, (max_concurrency or len(bodies)) + 8)
@@ -327,19 +331,28 @@ async def run_load(url: str, bodies: list[dict], *, delays: list[float] | None =
                 async with sem:
                     r = await send_request(http, url, body, i, t0, headers)
             bar.update()
+            if on_result is not None:
+                on_result(r)
             return r
 
         tasks = []
         t0 = time.perf_counter()
         due = 0.0  # request i is due delays[0] + ... + delays[i - 1] seconds after the start (the first at once)
-        for i, body in enumerate(bodies):
-            if i and delays:
-                due += delays[i - 1]
-                wait = t0 + due - time.perf_counter()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(one(i, body, t0)))
-        results = await asyncio.gather(*tasks)
+        try:
+            for i, body in enumerate(bodies):
+                if i and delays:
+                    due += delays[i - 1]
+                    wait = t0 + due - time.perf_counter()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                tasks.append(asyncio.create_task(one(i, body, t0)))
+            results = await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            bar.close()
+            raise
         duration = time.perf_counter() - t0
         bar.close()
     return list(results), duration

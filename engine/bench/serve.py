@@ -195,16 +195,24 @@ class Target:
 def run_point(target: Target, args, *, max_concurrency, request_rate: float, input_len: int, output_len: int,
               desc: str = "") -> dict:
     """One benchmark run: its dataset, arrivals, results and metrics (a dict of the report)."""
+    return asyncio.run(measure_point(target, args, max_concurrency=max_concurrency, request_rate=request_rate,
+                                     input_len=input_len, output_len=output_len, desc=desc))
+
+
+async def measure_point(target: Target, args, *, max_concurrency, request_rate: float, input_len: int,
+                        output_len: int, desc: str = "", on_result=None) -> dict:
+    """run_point in a running event loop: ``on_result`` sees each request's result as it ends, and cancelling the
+    awaiting task stops the point (the app's Benchmark panel, app/workers/bench_worker.py)."""
     samples, dataset = build_dataset(args, target.tok, input_len, output_len)
     bodies = [load.request_body(target.kind, target.model, s, ignore_eos=args.ignore_eos,
                                 temperature=args.temperature) for s in samples]
     delays = load.arrival_delays(len(bodies), request_rate, args.burstiness, args.seed)
     warm = load.request_body(target.kind, target.model, load.SampleRequest("Hello", 1, 4),
                              temperature=args.temperature)
-    results, duration = asyncio.run(load.run_load(
+    results, duration = await load.run_load(
         target.base + target.path, bodies, delays=delays, max_concurrency=max_concurrency, headers=target.headers,
         num_warmups=args.num_warmups, warmup_body=warm, disable_progress=args.disable_tqdm,
-        timeout=args.request_timeout, desc=desc))
+        timeout=args.request_timeout, desc=desc, on_result=on_result)
     for r, s in zip(results, samples):
         if r.success and not r.usage_reported:
             r.prompt_len = s.prompt_len
@@ -221,7 +229,8 @@ def run_point(target: Target, args, *, max_concurrency, request_rate: float, inp
             "requests": load.per_request(results, bodies, samples, with_text=args.save_detailed)}
 
 
-def _header(target: Target, args, benchmark: str) -> dict:
+def report_header(target: Target, args, benchmark: str) -> dict:
+    """The head of a report: what reproduces it (the command, arguments, hosts, server, sampling, seed)."""
     argv = ["kestrel", *(_argv_tail(args) or ["bench", benchmark])]
     return {"benchmark": benchmark, "label": args.label,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -259,18 +268,18 @@ def _write(report: dict, args, benchmark: str) -> str | None:
     path = os.path.join(args.result_dir, name) if args.result_dir else name
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        json.dump(_finite(report), f, indent=2, default=_json_default)
+        json.dump(json_safe(report), f, indent=2, default=_json_default)
     return path
 
 
-def _finite(o):
-    """inf (an unlimited request rate) as the string "inf": JSON has no infinity."""
+def json_safe(o):
+    """inf (an unlimited request rate) as the string "inf": JSON has no infinity (the app's saved runs too)."""
     if isinstance(o, float) and math.isinf(o):
         return "inf"
     if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_finite(v) for v in o]
+        return {k: json_safe(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_safe(v) for v in o]
     return o
 
 
@@ -331,7 +340,7 @@ def main_sweep(args) -> int:
 def _main(args) -> int:
     target = Target(args)
     try:
-        report = _header(target, args, "serve")
+        report = report_header(target, args, "serve")
         point = run_point(target, args, max_concurrency=args.max_concurrency, request_rate=args.request_rate,
                           input_len=args.random_input_len, output_len=args.random_output_len)
     finally:
@@ -372,7 +381,7 @@ def _main_sweep(args) -> int:
     target = Target(args)
     points = []
     try:
-        report = _header(target, args, "sweep")
+        report = report_header(target, args, "sweep")
         report["sweep"] = {k: getattr(args, k) for k in SWEPT}
         combos = sweep_points(args)
         for i, q in enumerate(combos):

@@ -1,0 +1,262 @@
+"""The Benchmark panel (app/panels/benchmark.py) against Kestrel's real server on the embedded SmolLM2
+(tests/server/conftest.py's make_server): a small sweep run from the form, drawn live and as results, saved in
+the library and reopened, re-run by the command line it shows (same report structure); two runs overlaid and
+compared; the exports written and read back; errors in words with the panel usable; the local server of the
+Server panel as the target."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+import socket
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QImage
+
+from app.bench_runs import read_report
+from tests.app.helpers import click_when_enabled
+from tests.server.conftest import MODEL, make_server
+
+RUN_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def bench_server():
+    srv = make_server()
+    yield srv
+    srv.stop()
+
+
+def configure(panel, url: str, *, model: str | None = MODEL, conc: str = "1,2", prompts: int = 4,
+              inp: int = 16, out: int = 8, label: str = "") -> None:
+    panel.custom_radio.setChecked(True)
+    panel.url.setText(url)
+    panel.model.setText(model or "")
+    panel.dataset.setCurrentIndex(panel.dataset.findData("random"))
+    panel.input_len.setValue(inp)
+    panel.output_len.setValue(out)
+    panel.num_prompts.setValue(prompts)
+    panel.concurrencies.setText(conc)
+    panel.label.setText(label)
+
+
+def run_sweep(panel, qtbot) -> dict:
+    before = panel.report
+    click_when_enabled(qtbot, panel.run_button)
+    qtbot.waitUntil(lambda: not panel.worker.running and panel.run_button.isEnabled(), timeout=RUN_TIMEOUT_MS)
+    assert panel.report is not before, panel.message.text()
+    return panel.report
+
+
+def curve_data(plot):
+    return [item.getData() for item in plot.listDataItems()]
+
+
+def test_a_sweep_runs_draws_saves_and_the_cli_reruns_it(make_window, qtbot, bench_server, tmp_path):
+    w = make_window(autoload=False)
+    panel = w.panels["benchmark"]
+    w.show_panel("benchmark")
+    configure(panel, bench_server.url, label="first")
+    report = run_sweep(panel, qtbot)
+
+    assert panel.progress.maximum() == 8 and panel.progress.value() == 8
+    assert [p["params"]["max_concurrency"] for p in report["points"]] == [1, 2]
+    for p in report["points"]:
+        m = p["metrics"]
+        assert m["completed"] == 4 and m["failed"] == 0 and m["total_output_tokens"] == 4 * 8
+        assert m["median_ttft_ms"] <= m["p99_ttft_ms"] and m["median_tpot_ms"] <= m["p99_tpot_ms"]
+        for r in p["requests"]:
+            assert 0 < r["ttft"] <= r["e2el"]
+    # live: every request in the scatter (8 output tokens each: all have a TPOT) and the throughput line
+    assert panel.live.scatter_count() == 8 and len(panel.live.tps_x) == 8 and max(panel.live.tps_y) > 0
+    # results: a point per concurrency on each chart, a CDF per point over its 4 requests
+    (x, y), = curve_data(panel.charts.p_tput)
+    assert list(x) == [1, 2] and all(v > 0 for v in y)
+    assert len(curve_data(panel.charts.p_ttft)) == 2 and len(curve_data(panel.charts.p_tpot)) == 2
+    cdfs = curve_data(panel.charts.p_cdf)
+    assert [len(cx) for cx, _ in cdfs] == [4, 4] and all(cy[-1] == 1.0 for _, cy in cdfs)
+
+    # saved in the library, and reopened equal to what ran
+    entries = panel.library.entries()
+    assert len(entries) == 1 and entries[0].label == "first" and panel.runs.count() == 1
+    saved = panel.library.load(entries[0].path)
+    assert json.loads(json.dumps(saved)) == json.loads(json.dumps(read_report(entries[0].path)))
+    assert [p["metrics"] for p in saved["points"]] == [p["metrics"] for p in report["points"]]
+    panel.show_report({"points": [], "command": ""})
+    panel._open_item(panel.runs.item(0))
+    assert panel.report["points"][0]["metrics"] == report["points"][0]["metrics"]
+    assert len(curve_data(panel.charts.p_tput)[0][0]) == 2
+
+    # the command it shows re-runs it: `kestrel bench sweep` writes a report of the same structure
+    command = panel.command.text()
+    assert command == report["command"] and command.startswith("kestrel bench sweep ")
+    panel.copy_command()
+    from PySide6.QtGui import QGuiApplication
+
+    assert QGuiApplication.clipboard().text() == command
+    from engine.cli import build_parser
+
+    out = tmp_path / "cli.json"
+    argv = [*shlex.split(command)[1:], "--result-filename", str(out), "--disable-tqdm"]
+    args = build_parser().parse_args(argv)
+    assert args.func(args) == 0
+    cli = json.loads(out.read_text())
+    assert set(cli) == set(saved)
+    assert set(cli["points"][0]) == set(saved["points"][0])
+    assert set(cli["points"][0]["metrics"]) == set(saved["points"][0]["metrics"])
+    assert set(cli["points"][0]["requests"][0]) == set(saved["points"][0]["requests"][0])
+    assert cli["args"] == {**saved["args"], "result_filename": str(out)}
+    digests = [[r["digest"] for r in rep["points"][0]["requests"]] for rep in (cli, saved)]
+    assert digests[0] == digests[1]  # the same requests
+
+
+def test_overlay_comparison_and_exports(make_window, qtbot, bench_server, tmp_path):
+    w = make_window(autoload=False)
+    panel = w.panels["benchmark"]
+    configure(panel, bench_server.url, label="short", out=4, prompts=2)
+    first = run_sweep(panel, qtbot)
+    configure(panel, bench_server.url, label="long", out=8, prompts=2)
+    second = run_sweep(panel, qtbot)
+    assert panel.runs.count() == 2
+
+    panel.set_ticked([panel.runs.item(i).data(Qt.UserRole) for i in range(2)])
+    panel.show_overlay()
+    tput = curve_data(panel.charts.p_tput)
+    assert len(tput) == 2 and all(list(x) == [1, 2] for x, _ in tput)
+    assert len(curve_data(panel.charts.p_ttft)) == 4  # p50 and p99 of each run
+    assert len(curve_data(panel.charts.p_cdf)) == 2  # each run at its highest concurrency
+    assert "short" in panel.results_title.text() and "long" in panel.results_title.text()
+    # side by side: a row per concurrency, deltas in %
+    t = panel.compare_table
+    assert t.rowCount() == 2 and t.item(0, 0).text() == "1"
+    headers = [t.horizontalHeaderItem(j).text() for j in range(t.columnCount())]
+    j = headers.index("TPOT p50 ms Δ")
+    assert all(t.item(i, j).text().endswith("%") for i in range(2))
+
+    png = tmp_path / "overlay.png"
+    panel.export_png(png)
+    img = QImage(str(png))
+    assert not img.isNull() and img.width() > 200
+
+    panel._open_item(panel.runs.item(0))  # newest first: "long"
+    assert panel.report["label"] == second["label"] == "long"
+    panel.export_csv(tmp_path / "run.csv")
+    with open(tmp_path / "run.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["max_concurrency"] for r in rows] == ["1", "2"]
+    want = second["points"][0]["metrics"]["output_throughput"]
+    assert float(rows[0]["output_throughput"]) == pytest.approx(want, rel=1e-3)
+    panel.export_json(tmp_path / "run.json")
+    back = read_report(tmp_path / "run.json")
+    assert set(back) == set(second) and back["points"][1]["metrics"] == json.loads(
+        json.dumps(second["points"][1]["metrics"]))
+    panel.export_markdown(tmp_path / "run.md")
+    md = (tmp_path / "run.md").read_text()
+    assert second["command"] in md and md.count("\n| ") == 3  # header and two points
+    assert first["command"] != second["command"]
+
+    panel.runs.setCurrentRow(1)
+    panel._delete_selected()
+    assert panel.runs.count() == 1 and len(panel.library.entries()) == 1
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_errors_are_plain_words_and_the_panel_stays_usable(make_window, qtbot, bench_server):
+    w = make_window(autoload=False)
+    panel = w.panels["benchmark"]
+    configure(panel, f"http://127.0.0.1:{_closed_port()}")
+    click_when_enabled(qtbot, panel.run_button)
+    qtbot.waitUntil(lambda: panel.run_button.isEnabled() and "Cannot reach" in panel.message.text(),
+                    timeout=30_000)
+    assert panel.message.objectName() == "messageError" and not panel.stop_button.isEnabled()
+
+    configure(panel, bench_server.url, model="no-such-model")
+    click_when_enabled(qtbot, panel.run_button)
+    qtbot.waitUntil(lambda: panel.run_button.isEnabled() and "no model named" in panel.message.text(),
+                    timeout=30_000)
+    assert MODEL in panel.message.text()  # what it does serve
+
+    configure(panel, bench_server.url, conc="1,x")
+    panel.run()
+    assert "whole numbers" in panel.message.text() and not panel.worker.running
+    assert panel.runs.count() == 0 and panel.report is None
+
+
+def test_the_local_server_is_a_target_and_stop_ends_a_run(make_window, qtbot):
+    w = make_window(fake=True)
+    server = w.panels["server"]
+    server.port.setValue(0)
+    click_when_enabled(qtbot, server.start_button)
+    panel = w.panels["benchmark"]
+    qtbot.waitUntil(lambda: panel.local_url is not None, timeout=30_000)
+    assert panel.local_radio.isChecked() and not panel.url.isEnabled()
+    spec = panel.spec()
+    assert spec.base_url == w.ctx.server.url and spec.model == w.ctx.engine.info.name
+
+    panel.num_prompts.setValue(3)
+    panel.output_len.setValue(4)
+    panel.input_len.setValue(8)
+    panel.concurrencies.setText("1,1,1,1,1,1,1,1,1,1")
+    click_when_enabled(qtbot, panel.run_button)
+    qtbot.waitUntil(lambda: len(panel.library.entries()) == 0 and panel.progress.value() >= 3, timeout=60_000)
+    qtbot.mouseClick(panel.stop_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not panel.worker.running and panel.run_button.isEnabled(), timeout=30_000)
+    assert panel.report is not None and panel.report["metadata"]["stopped"] is True
+    assert 1 <= len(panel.report["points"]) < 10 and panel.runs.count() == 1
+
+
+def test_a_wrong_api_key_is_said_so_and_the_right_one_runs(make_window, qtbot):
+    srv = make_server(core_factory="tests.server.fake_engine:FakeCore", api_key="sesame")
+    try:
+        w = make_window(autoload=False)
+        panel = w.panels["benchmark"]
+        configure(panel, srv.url, conc="2", prompts=2, inp=8, out=4)
+        panel.api_key.setText("wrong")
+        click_when_enabled(qtbot, panel.run_button)
+        qtbot.waitUntil(lambda: panel.run_button.isEnabled() and "API key" in panel.message.text(),
+                        timeout=30_000)
+        panel.api_key.setText("sesame")
+        report = run_sweep(panel, qtbot)
+        assert report["points"][0]["metrics"]["completed"] == 2
+        assert "sesame" not in json.dumps(report) and "sesame" not in panel.command.text()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("kind", ["random", "prefix_repetition", "sharegpt"])
+def test_each_dataset_of_the_form_is_the_commands_arguments(make_window, tmp_path, kind):
+    """What the form sets reaches `kestrel bench sweep`'s parser as the same flags (and the spec's own parse)."""
+    from engine.cli import build_parser
+
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps([{"conversations": [{"value": "hi"}, {"value": "hello"}]}]))
+    w = make_window(autoload=False)
+    panel = w.panels["benchmark"]
+    configure(panel, "http://127.0.0.1:9", conc="1, 3 5", prompts=7, inp=33, out=11)
+    panel.dataset.setCurrentIndex(panel.dataset.findData(kind))
+    panel.prefix_len.setValue(21)
+    panel.num_prefixes.setValue(2)
+    panel.dataset_path.setText(str(data))
+    spec = panel.spec()
+    args = build_parser().parse_args(shlex.split(spec.command())[1:])
+    assert args.dataset_name == kind and args.num_prompts == 7 and args.max_concurrency == [1, 3, 5]
+    assert args.ignore_eos and args.model == MODEL and args.base_url == "http://127.0.0.1:9"
+    if kind == "random":
+        assert args.random_input_len == [33] and args.random_output_len == [11]
+    elif kind == "prefix_repetition":
+        assert (args.prefix_repetition_prefix_len, args.prefix_repetition_num_prefixes,
+                args.prefix_repetition_output_len) == (21, 2, 11)
+    else:
+        assert args.dataset_path == str(data)
+    ours, skip = vars(spec.args()), {"func", "api_key", "disable_tqdm"}  # the app's own: no key, no tqdm
+    assert {k: ours[k] for k in vars(args) if k not in skip} == {k: v for k, v in vars(args).items()
+                                                                  if k not in skip}
