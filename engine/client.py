@@ -72,6 +72,7 @@ import zmq.asyncio
 from engine import ipc
 from engine.client_tokenizer import LocalTokenizer, check_prompt_length
 from engine.config import EngineConfig
+from engine.core.embedding import check_embedding_input
 from engine.engine_supervisor import EngineSupervisor, Restarter, RestartPolicy, describe_exit
 from engine.errors import (
     EngineDeadError,
@@ -82,6 +83,7 @@ from engine.errors import (
 )
 from engine.ipc import Delta, EngineStats, ModelInfo
 from engine.metrics import RequestRecord
+from engine.outputs import EmbeddingOutput
 from engine.request_stream import RequestStream
 from engine.sampling_params import SamplingParams
 
@@ -307,11 +309,17 @@ class EngineClient:
         elif prompt_token_ids is not None:
             check_prompt_length(len(prompt_token_ids), params, self.info.max_model_len)
         msg = ipc.AddRequest(child_ids, children, prompt, prompt_token_ids, messages)
+        del prompt_token_ids
+        return self._send_request(rid, msg, arrival)
+
+    def _send_request(self, rid: str, msg: ipc.AddRequest, arrival: float) -> RequestStream:
+        """Encode and send one AddRequest; its stream, registered before the engine can answer."""
+        child_ids = msg.child_ids
         try:
             data = self._enc.encode(msg)
         except (UnicodeEncodeError, OverflowError, TypeError) as e:
             raise InvalidRequestError(f"The request cannot be sent to the engine: {e}.") from None
-        del msg, prompt_token_ids
+        del msg
         stream = RequestStream(self, rid, child_ids, arrival)
         for i, cid in enumerate(child_ids):
             self._streams[cid] = (stream, i)
@@ -321,6 +329,50 @@ class EngineClient:
             self._forget(stream)
             raise
         return stream
+
+    async def embed(self, inputs: list[str | list[int]], *, request_id: str | None = None
+                    ) -> list[EmbeddingOutput]:
+        """The embedding of each input (a text, tokenized here with the tokenizer's special tokens, or token
+        ids), in order. Each input is one prefill-only engine request, batched by the engine's scheduler with
+        everything else; an input that is empty, out of the vocabulary or longer than the context raises
+        InvalidRequestError naming it (``input[i]`` when there are several), before anything is sent."""
+        self._check()
+        rid = request_id or f"emb-{next(_ids)}"
+        ids_of: list[list[int] | None] = []
+        for i, x in enumerate(inputs):
+            where = "input" if len(inputs) == 1 else f"input[{i}]"
+            ids = list(x) if not isinstance(x, str) else (
+                await self._tokenizer.encode(x) if self._tokenizer is not None else None)
+            if ids is not None:
+                check_embedding_input(ids, self.info.vocab_size, self.info.max_model_len, where)
+            elif not x:
+                raise InvalidRequestError(f"'{where}' is empty: an embedding needs at least one token.", param="input")
+            ids_of.append(ids)
+        self._check()
+        arrival = time.monotonic()
+        params = [SamplingParams(max_tokens=1)]
+        streams: list[RequestStream] = []
+        try:
+            for i, (x, ids) in enumerate(zip(inputs, ids_of)):
+                cid = f"{rid}#{i}"
+                self._check_free(cid, [cid])
+                msg = ipc.AddRequest([cid], params, x if ids is None else None, ids, embed=True)
+                streams.append(self._send_request(cid, msg, arrival))
+            out = []
+            for s in streams:
+                await s.accepted()
+            for s in streams:
+                last = None
+                while batch := await s.next_batch():
+                    last = batch[-1]
+                if last is None or last.embedding is None:
+                    raise KestrelError(f"The engine ended embedding request {s.request_id} without a vector "
+                                       f"({last.finish_reason if last else 'no output'}).")
+                out.append(EmbeddingOutput(last.embedding, last.num_prompt_tokens))
+            return out
+        finally:
+            for s in streams:
+                s.abort()
 
     async def generate(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
                        messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None,

@@ -136,6 +136,9 @@ class EngineConfig:
     enforce_eager: bool = _opt("Run every step eagerly: no CUDA graphs for decode steps (a faster start, slower "
                                "decode; GPU)", default=False)
     seed: int = _opt("Seed of the default random generator", default=0)
+    pooling: str = _opt("How /v1/embeddings pools the final hidden states of a model without a "
+                        "sentence-transformers pooling configuration: the last token or the mean of all tokens "
+                        "(then L2-normalised)", default="last", choices=["last", "mean"])
     deterministic: bool = _opt("Batch-invariant CPU kernels: a greedy (or seeded) request gives the same tokens "
                                "alone or beside any other requests, at some speed (CPU, tensor-parallel size 1)",
                                default=False)

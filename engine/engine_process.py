@@ -244,7 +244,10 @@ class EngineServer:
                 ids = core.tokenize_prompt(msg.prompt, msg.messages)
             n_prompt = len(ids)
             for cid, params in zip(msg.child_ids, msg.params):
-                core.add_request(cid, msg.prompt, params, prompt_token_ids=ids)
+                if msg.embed:
+                    core.add_request(cid, msg.prompt, params, prompt_token_ids=ids, embed=True)
+                else:
+                    core.add_request(cid, msg.prompt, params, prompt_token_ids=ids)
                 added.append(cid)
         except Exception as e:  # noqa: BLE001 - every refusal goes back to the client, typed
             info = ipc.error_to_info(as_request_error(e))

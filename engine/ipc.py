@@ -64,6 +64,7 @@ class Delta(msgspec.Struct):
     metrics: RequestMetrics | None = None
     index: int = 0
     time: float = 0.0
+    embedding: bytes | None = None  # an embedding request's final delta: little-endian float32
 
 
 class StepStats(msgspec.Struct):
@@ -151,13 +152,15 @@ class ErrorInfo(msgspec.Struct):
 class AddRequest(msgspec.Struct, tag="add", array_like=True):
     """One request with n samples: child i runs as ``child_ids[i]`` with ``params[i]``. EngineClient sends
     ``prompt_token_ids`` (it tokenizes and applies the chat template itself, off the engine's loop); ``prompt``
-    / ``messages`` are tokenized by the engine only for a client that has no tokenizer of its own."""
+    / ``messages`` are tokenized by the engine only for a client that has no tokenizer of its own. ``embed``:
+    prefill only; the final delta carries the pooled embedding instead of a sampled token."""
 
     child_ids: list[str]
     params: list[SamplingParams]
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
+    embed: bool = False
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True):

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 from engine.config import EngineConfig
 from engine.core.core import EngineCore
-from engine.outputs import CompletionOutput, RequestDelta, RequestOutput
+from engine.outputs import CompletionOutput, EmbeddingOutput, RequestDelta, RequestOutput
 from engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -90,6 +90,25 @@ class LLM:
             conversations = [conversations]
         params = sampling_params or SamplingParams()
         return self._run([self._submit(None, params, messages=m) for m in conversations])
+
+    def embed(self, inputs: str | Sequence[str] | Sequence[list[int]]) -> list[list[float]]:
+        """The embedding of each input (a text or token ids), batched through the engine like prompts: pooled
+        and normalised as the model's sentence-transformers configuration (or ``pooling=``) says."""
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        rids = [f"emb-{next(_ids)}" for _ in inputs]
+        found: dict[str, EmbeddingOutput] = {}
+        try:
+            for rid, x in zip(rids, inputs):
+                ids = self.core.tokenize_prompt(x)
+                self.core.add_request(rid, None, SamplingParams(max_tokens=1), prompt_token_ids=ids, embed=True)
+            while len(found) < len(rids):
+                for d in self.core.step():
+                    if d.embedding is not None:
+                        found[d.request_id] = EmbeddingOutput(d.embedding, d.num_prompt_tokens)
+        finally:
+            self.core.abort([r for r in rids if r in self.core.requests])
+        return [found[r].floats() for r in rids]
 
     def stream(self, prompt=None, sampling_params: SamplingParams | None = None, *, messages=None
                ) -> Iterator[RequestDelta]:

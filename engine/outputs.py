@@ -39,6 +39,25 @@ class RequestDelta:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     metrics: RequestMetrics | None = None  # set on the final delta
+    embedding: bytes | None = None  # an embedding request's pooled vector: little-endian float32
+
+
+@dataclass
+class EmbeddingOutput:
+    """One input's embedding: the pooled vector as little-endian float32 bytes (what OpenAI's base64 format
+    carries; 4 bytes a dimension on the wire instead of msgpack's 9) and the tokens it was computed from."""
+
+    embedding: bytes
+    num_prompt_tokens: int
+
+    def floats(self) -> list[float]:
+        import array
+        import sys
+
+        vec = array.array("f", self.embedding)
+        if sys.byteorder == "big":
+            vec.byteswap()
+        return vec.tolist()
 
 
 @dataclass

@@ -38,12 +38,14 @@ from PySide6.QtWidgets import (
 
 from app.chat_context import DEFAULT_POLICY, Fit, fit_messages
 from app.context import AppContext
-from app.sampling import SamplingSettings
+from app.sampling import OutputFormat, SamplingSettings
 from app.store import NEW_TITLE, Conversation
 from app.widgets.context_meter import ContextMeter
 from app.widgets.messages import Composer, MessageList, MessageWidget
 from app.widgets.model_picker import ModelPicker
+from app.widgets.output_format import OutputFormatEditor
 from app.widgets.sampling_form import SamplingForm
+from app.widgets.tool_calls import readable_tool_calls
 from app.workers.engine_worker import LOADING, READY, ReplyStats
 
 RENDER_INTERVAL_MS = 50  # streaming re-render at most 20 times a second
@@ -59,6 +61,12 @@ class _Pending:
     dirty: bool = False
     history: list[dict] = field(default_factory=list)
     settings: SamplingSettings | None = None
+    output: OutputFormat | None = None  # the conversation's output format when the turn was sent
+
+
+def _output_format_key(conversation_id: int) -> str:
+    """The prefs key of a conversation's output format (conversation ids are never reused: AUTOINCREMENT)."""
+    return f"chat.output_format.{conversation_id}"
 
 
 class _Bridge(QObject):
@@ -244,6 +252,12 @@ class ChatPanel(QWidget):
         self.system_prompt.setFixedHeight(110)
         self.system_prompt.textChanged.connect(self._system_prompt_changed)
         rl.addWidget(self.system_prompt)
+        fmt_label = QLabel("Output format")
+        fmt_label.setObjectName("messageRole")
+        rl.addWidget(fmt_label)
+        self.output_format = OutputFormatEditor()
+        self.output_format.changed.connect(self._output_format_changed)
+        rl.addWidget(self.output_format)
         samp_label = QLabel("Sampling")
         samp_label.setObjectName("messageRole")
         rl.addWidget(samp_label)
@@ -301,6 +315,7 @@ class ChatPanel(QWidget):
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(self.conversation.system_prompt)
         self.system_prompt.blockSignals(False)
+        self.output_format.set_value(OutputFormat.from_dict(self.store.pref(_output_format_key(conversation_id))))
         self.meter.set_policy(self.conversation.overflow_policy)
         self.messages.clear()
         for m in self.store.messages(conversation_id):  # each reply under the model that wrote it
@@ -363,6 +378,10 @@ class ChatPanel(QWidget):
             self.store.set_system_prompt(self.conversation.id, self.system_prompt.toPlainText())
         self.schedule_meter()
 
+    def _output_format_changed(self) -> None:
+        if self.conversation is not None:
+            self.store.set_pref(_output_format_key(self.conversation.id), self.output_format.value().to_dict())
+
     def overflow_policy(self) -> str:
         return self.meter.policy()
 
@@ -387,6 +406,7 @@ class ChatPanel(QWidget):
             self.conversation = self.store.create_conversation()
             self.store.set_overflow_policy(self.conversation.id, self.overflow_policy())
             self.store.set_system_prompt(self.conversation.id, self.system_prompt.toPlainText())  # typed before
+            self._output_format_changed()  # chosen before too
             self.conversation = self.store.conversation(self.conversation.id)
         conv_id = self.conversation.id
         if self.editing_id is not None:
@@ -449,12 +469,13 @@ class ChatPanel(QWidget):
         rid = f"chat-{uuid.uuid4().hex[:12]}"
         widget = self.messages.add(self._message_widget("assistant", "", None, self._assistant_name()))
         settings = self.sampling.settings()
-        self.pending = _Pending(rid, conv.id, widget, history=history, settings=settings)
+        output = self.output_format.value()
+        self.pending = _Pending(rid, conv.id, widget, history=history, settings=settings, output=output)
         try:
-            settings.to_params()
-        except ValueError as e:  # InvalidRequestError names the setting
+            settings.to_params(output)
+        except ValueError as e:  # InvalidRequestError names the setting; a schema's problem says what it is
             self.pending = None
-            widget.set_error(str(e))
+            widget.set_error(f"Output format: {e}" if output.problem() else str(e))
             self._update_controls()
             return
         # the overflow policy first (counted on the engine's loop), then the request: _on_fit_done
@@ -499,7 +520,7 @@ class ChatPanel(QWidget):
             messages = result.messages
             settings = dataclasses.replace(settings, max_tokens=result.max_tokens)
             self._show_note(result.summary())
-        self.engine.generate(p.request_id, messages, settings.to_params())
+        self.engine.generate(p.request_id, messages, settings.to_params(p.output))
 
     # ------------------------------------------------------------------------------------------------
     # the context meter
@@ -559,7 +580,7 @@ class ChatPanel(QWidget):
     def _render_pending(self) -> None:
         p = self.pending
         if p is not None and p.dirty and p.widget is not None:
-            p.widget.set_text(p.text)
+            p.widget.set_text(_shown("assistant", p.text))
             p.dirty = False
 
     def _on_finished(self, rid: str, stats: ReplyStats) -> None:
@@ -574,7 +595,7 @@ class ChatPanel(QWidget):
                                      finish_reason=stats.finish_reason,
                                      model=self._assistant_name() if info else None)
         if p.widget is not None:
-            p.widget.set_text(p.text)
+            p.widget.set_text(_shown("assistant", p.text))
             p.widget.message_id = msg.id
             p.widget.set_stats(format_stats(stats))
         self._update_controls()
@@ -587,7 +608,7 @@ class ChatPanel(QWidget):
         self.pending = None
         self._render_timer.stop()
         if p.widget is not None:
-            p.widget.set_text(p.text)
+            p.widget.set_text(_shown("assistant", p.text))
             p.widget.set_error(f"The reply failed: {message}  Use Regenerate to try again.")
         self._update_controls()
 
@@ -626,7 +647,7 @@ class ChatPanel(QWidget):
     # ------------------------------------------------------------------------------------------------
 
     def _message_widget(self, role: str, text: str, message_id: int | None, title: str = "") -> MessageWidget:
-        w = MessageWidget(role, text, title, message_id)
+        w = MessageWidget(role, _shown(role, text), title, message_id)
         w.editRequested.connect(self.edit_message)
         w.regenerateRequested.connect(lambda _w: self.regenerate())
         return w
@@ -687,3 +708,8 @@ class _TitleLabel(QLabel):
 def _title_from(text: str) -> str:
     first = text.strip().splitlines()[0]
     return first if len(first) <= 48 else first[:47].rstrip() + "…"
+
+
+def _shown(role: str, text: str) -> str:
+    """A message's text as the message view shows it: an assistant's tool calls as readable blocks."""
+    return readable_tool_calls(text) if role == "assistant" else text

@@ -12,6 +12,7 @@ from PySide6.QtGui import QFont, QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
+    QComboBox,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
@@ -30,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from app.context import AppContext
 from app.server_log import LogEntry
-from app.snippets import curl_snippet, python_snippet
+from app.snippets import SNIPPET_KINDS, curl_snippet, python_snippet
 from app.widgets.layouts import widget_of
 from app.workers.engine_worker import READY
 from app.workers.server_worker import ServerOptions
@@ -120,6 +121,15 @@ class ServerPanel(QWidget):
         self.copy_key.clicked.connect(lambda: self._copy(self.api_key.text()))
         url_row.addWidget(self.copy_key)
         ul.addLayout(url_row)
+        kind_row = QHBoxLayout()
+        kind_row.addWidget(QLabel("Example:"))
+        self.snippet_kind = QComboBox()  # which request the snippets show: chat, tool call, JSON schema, embeddings
+        for key, label in SNIPPET_KINDS:
+            self.snippet_kind.addItem(label, key)
+        self.snippet_kind.currentIndexChanged.connect(self._on_snippet_kind)
+        kind_row.addWidget(self.snippet_kind)
+        kind_row.addStretch(1)
+        ul.addLayout(kind_row)
         self.snippets = QTabWidget()
         mono = QFont("monospace")
         mono.setStyleHint(QFont.Monospace)
@@ -265,8 +275,12 @@ class ServerPanel(QWidget):
         base = self.url or f"http://127.0.0.1:{self.port.value() or 8000}"
         model = self.model_name or (self.ctx.engine.info.name if self.ctx.engine.info else "MODEL")
         key = self.api_key.text().strip() or None
-        self.curl.setPlainText(curl_snippet(base, model, key))
-        self.python.setPlainText(python_snippet(base, model, key))
+        kind = self.snippet_kind.currentData() or "chat"
+        self.curl.setPlainText(curl_snippet(base, model, key, kind))
+        self.python.setPlainText(python_snippet(base, model, key, kind))
+
+    def _on_snippet_kind(self, _index: int) -> None:
+        self._update_snippets()
 
     def _copy(self, text: str) -> None:
         QGuiApplication.clipboard().setText(text)

@@ -1,7 +1,11 @@
 """The engine core: requests in, one scheduler step at a time, deltas out.
 
 add_request (template, tokenize, validate) -> step() [schedule -> runner.execute -> update:
-append tokens, detokenize, stop checks, free blocks] -> RequestDelta list."""
+append tokens, detokenize, stop checks, free blocks] -> RequestDelta list.
+
+Embedding requests (``add_request(..., embed=True)``) take the same path as prompts: scheduled in prefill
+chunks beside generation, their final hidden states pooled by the runner (engine.loader.pooling says how), then
+finished at once with the vector on their only delta; their blocks are freed like any finished request's."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from engine.core.kv_cache import BlockManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.errors import InvalidRequestError, KVCacheFullError, PromptTooLongError
+from engine.core.embedding import check_embedding_input
 from engine.outputs import RequestDelta, RequestMetrics
 from engine.sampling_params import SamplingParams
 
@@ -81,6 +86,7 @@ class EngineStats:
 class EngineCore:
     def __init__(self, config: EngineConfig, checkpoint=None, tp=None):
         from engine.loader import load_checkpoint
+        from engine.loader.pooling import pooling_for
         from engine.parallel.context import SINGLE
         from engine.runner.model_runner import ModelRunner
         from engine.tokenizer import IncrementalDetokenizer
@@ -123,6 +129,9 @@ class EngineCore:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self.requests: dict[str, _Tracked] = {}
         self._grammars = None  # GrammarCache, built on the first structured request
+        ckpt_path = getattr(self.checkpoint, "path", None)
+        self.pooling = pooling_for(ckpt_path if ckpt_path is not None and ckpt_path.is_dir() else None,
+                                   config.pooling)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.recent_steps: deque[StepStats] = deque(maxlen=256)
@@ -140,17 +149,31 @@ class EngineCore:
                                   param="prompt")
 
     def add_request(self, request_id: str, prompt=None, params: SamplingParams | None = None, *,
-                    messages=None, prompt_token_ids: list[int] | None = None) -> Request:
+                    messages=None, prompt_token_ids: list[int] | None = None, embed: bool = False) -> Request:
+        """Queue a generation request, or with ``embed`` an embedding request (``params`` unused)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequestError(f"A request with id {request_id!r} is already running.", param="request_id")
         ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize_prompt(prompt, messages)
+        if embed:
+            return self._add_embedding(request_id, list(ids), params)
         self.validate_prompt(ids, params)
         grammar = self._grammar(params) if params.structured is not None else None
         req = Request(request_id, list(ids), params, eos_token_ids=self.eos_token_ids,
                       prompt=prompt if isinstance(prompt, str) else None, grammar=grammar)
         detok = self._detok_cls(self.tokenizer, req.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
         self.requests[request_id] = _Tracked(req, detok, stop_max=max((len(s) for s in params.stop), default=0))
+        self.runner.add_request(req)
+        self.scheduler.add(req)
+        return req
+
+    def _add_embedding(self, request_id: str, ids: list[int], params: SamplingParams) -> Request:
+        if self.pooling.unsupported:
+            raise InvalidRequestError(f"This model cannot serve embeddings: {self.pooling.unsupported}.",
+                                      param="input")
+        check_embedding_input(ids, self.model_config.vocab_size, self.max_model_len, "input")
+        req = Request(request_id, ids, params, pooling=self.pooling)
+        self.requests[request_id] = _Tracked(req, None)
         self.runner.add_request(req)
         self.scheduler.add(req)
         return req
@@ -195,7 +218,7 @@ class EngineCore:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
-        reqs, tokens, lps = self.runner.execute(sched)
+        reqs, tokens, lps, pooled = self.runner.execute(sched)
         n_prefill = n_decode = 0
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
@@ -209,6 +232,10 @@ class EngineCore:
         deltas = []
         for req, tok, lp in zip(reqs, tokens, lps):
             deltas.append(self._append(self.requests[req.request_id], tok, lp, now))
+        for req, vec in pooled:
+            delta = self._finish(self.requests[req.request_id], "stop", None, [])
+            delta.embedding = vec.numpy().astype("<f4").tobytes()
+            deltas.append(delta)
         self.recent_steps.append(StepStats(now, now - t0, len(self.scheduler.running), len(self.scheduler.waiting),
                                            n_prefill, n_decode, self.blocks.usage))
         if self.executor is not None:
@@ -327,3 +354,4 @@ class EngineCore:
             st.comm_by_strategy, st.comm_table = c["by_strategy"], c["table"]
             st.recent_comm_steps = list(self.recent_comm_steps)[-recent:]
         return st
+

@@ -51,6 +51,7 @@ class Request:
     stop_reason: int | str | None = None
     timings: RequestTimings = field(default_factory=RequestTimings)
     grammar: Any = None  # params.structured's matcher (engine/tokenizer/grammar.py), advanced by each token
+    pooling: Any = None  # an embedding request: its engine.loader.pooling.Pooling (prefill only, no sampling)
 
     @property
     def num_prompt_tokens(self) -> int:

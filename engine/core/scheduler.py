@@ -72,7 +72,7 @@ class Scheduler:
         # admit waiting requests while there is budget, room and memory (no preemption for them)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             req = self.waiting[0]
-            hits = self.blocks.match_prefix(req) if req.num_computed_tokens == 0 else []
+            hits = self.blocks.match_prefix(req) if req.num_computed_tokens == 0 and _may_share(req) else []
             cached = len(hits) * self.blocks.block_size
             n = min(req.num_tokens - req.num_computed_tokens - cached, budget)
             if not self.blocks.allocate(req, n, hits):
@@ -110,3 +110,9 @@ class Scheduler:
                 pass
         self.blocks.free_request(req)
         req.status = RequestStatus.FINISHED
+
+
+def _may_share(req: Request) -> bool:
+    """Whether a prefix-cache hit may skip the computation of the request's first tokens: not for an embedding
+    pooled over every token (mean) or on the first (CLS), whose runner needs their hidden states."""
+    return req.pooling is None or req.pooling.mode == "last"

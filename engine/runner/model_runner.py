@@ -36,6 +36,17 @@ class StepInputs:
     seqs: list[SeqSpan] = field(default_factory=list)  # decodes first, then prefill chunks
     logit_rows: list[int] | None = field(default_factory=list)  # None: logits at every position
 
+
+@dataclass
+class PoolSpan:
+    """An embedding request's rows in one step: ``rows`` hidden states from row ``row``, its tokens from
+    ``start`` (rank 0 pools them; the workers never see this)."""
+
+    request: SequenceState
+    row: int
+    rows: int
+    start: int
+
 CPU_DEFAULT_KV_GIB = 2.0
 ACTIVATION_MARGIN_BYTES = 256 << 20  # allocator fragmentation, cuBLAS workspaces
 
@@ -84,6 +95,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.sampler = Sampler(torch.Generator(device=self.device).manual_seed(config.seed))
         self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
+        self.pooling_state: dict[str, torch.Tensor] = {}  # an embedding's pool over its chunks so far
 
     # -- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -189,11 +201,13 @@ class ModelRunner:
 
     def remove_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        self.pooling_state.pop(request_id, None)
 
     # -- one step -------------------------------------------------------------------------
     def prepare(self, sched: ScheduledStep, all_logits: bool = False
-                ) -> tuple[StepInputs, list[SequenceState]]:
-        """Plain-Python description of the step (what TP workers receive) and the requests that sample.
+                ) -> tuple[StepInputs, list[SequenceState], list[PoolSpan]]:
+        """Plain-Python description of the step (what TP workers receive), the requests that sample and the
+        rows of the embedding requests (which never sample).
 
         Deterministic: every token of a prefill chunk becomes a span of its own (query length 1, its own
         context), so attention computes each query row with the paged decode kernel, as a decode would: the
@@ -202,6 +216,7 @@ class ModelRunner:
         bs = self.block_size
         inp = StepInputs()
         sample_reqs: list[SequenceState] = []
+        pools: list[PoolSpan] = []
         per_token = self.deterministic
         for s in sched.scheduled:
             req, n = s.request, s.num_new_tokens
@@ -217,33 +232,39 @@ class ModelRunner:
                 inp.seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
             else:
                 inp.seqs.append(SeqSpan(q0, n, ctx, blocks))
-            if s.samples:
+            if getattr(req, "pooling", None) is not None:
+                pools.append(PoolSpan(req, q0, n, start))
+            elif s.samples:
                 inp.logit_rows.append(q0 + n - 1)
                 sample_reqs.append(req)
         if all_logits:
             inp.logit_rows = None
-        return inp, sample_reqs
+        return inp, sample_reqs, pools
 
     def _tensors(self, inp: StepInputs) -> tuple[torch.Tensor, AttentionMetadata]:
         meta = AttentionMetadata.build(inp.positions, inp.slots, inp.seqs, self.device)
         return to_device(inp.token_ids, torch.long, self.device), meta
 
     @torch.inference_mode()
-    def run(self, inp: StepInputs) -> torch.Tensor | None:
+    def run(self, inp: StepInputs, on_hidden: Callable[[torch.Tensor], None] | None = None
+            ) -> torch.Tensor | None:
         """Forward pass of one step on this rank; float32 logits at inp.logit_rows (all rows if None).
-        Every TP rank runs this with the same inputs."""
+        Every TP rank runs this with the same inputs. ``on_hidden`` (rank 0) gets the final hidden states of
+        every row (after the final norm), for pooling; such a step never replays a decode graph."""
         if self.tp.size > 1:
-            return self.tp.guard(self._run, inp)
-        return self._run(inp)
+            return self.tp.guard(self._run, inp, on_hidden)
+        return self._run(inp, on_hidden)
 
-    def _run(self, inp: StepInputs) -> torch.Tensor | None:
+    def _run(self, inp: StepInputs, on_hidden: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor | None:
         ops.set_batch_invariant(self.deterministic)  # process-wide: another engine here may differ
-        if self.graphs is not None and inp.logit_rows and len(inp.seqs) == len(inp.token_ids):
+        if self.graphs is not None and inp.logit_rows and on_hidden is None and len(inp.seqs) == len(inp.token_ids):
             logits = self._run_graph(inp)
             if logits is not None:
                 return logits
         input_ids, meta = self._tensors(inp)
         hidden = self.model(input_ids, meta)
+        if on_hidden is not None:
+            on_hidden(hidden)
         if inp.logit_rows is not None:
             if not inp.logit_rows:
                 return None
@@ -263,22 +284,52 @@ class ModelRunner:
         return logits[inp.logit_rows]  # a one-token prefill chunk short of its prompt's end samples nothing
 
     def execute(self, sched: ScheduledStep
-                ) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None]]:
+                ) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],
+                           list[tuple[SequenceState, torch.Tensor]]]:
         """Run one step; the requests that sampled (sched's own objects, in step order), their tokens and
-        logprobs."""
-        inp, reqs = self.prepare(sched)
+        logprobs, and the embedding requests whose prompt this step finished, with their pooled vectors
+        (float32, on the CPU)."""
+        inp, reqs, pools = self.prepare(sched)
         if self.on_step is not None:
             self.on_step(inp)
-        logits = self.run(inp)
+        pooled: list[tuple[SequenceState, torch.Tensor]] = []
+        logits = self.run(inp, (lambda hidden: pooled.extend(self._pool(hidden, pools))) if pools else None)
         if not reqs:
-            return [], [], []
+            return [], [], [], pooled
         gens = [self.generators.get(r.request_id) for r in reqs]
         tokens, lps = self.sampler(logits, sampling_metadata(reqs, gens))
-        return reqs, tokens, lps
+        return reqs, tokens, lps, pooled
+
+    def _pool(self, hidden: torch.Tensor, pools: list[PoolSpan]) -> list[tuple[SequenceState, torch.Tensor]]:
+        """Pool each embedding request's rows of this step into its running state (float32: a mean summed
+        over chunks keeps its precision); the requests whose last prompt chunk this was get their vector,
+        mean-divided and L2-normalised as their Pooling says. A chunk from token 0 starts afresh (a request
+        preempted and recomputed pools again)."""
+        done = []
+        for p in pools:
+            req, mode = p.request, p.request.pooling.mode
+            rows = hidden[p.row:p.row + p.rows].float()
+            acc = self.pooling_state.pop(req.request_id, None) if p.start else None
+            if mode == "mean":
+                acc = rows.sum(0) if acc is None else acc + rows.sum(0)
+            elif mode == "cls":
+                acc = rows[0].clone() if acc is None else acc  # a copy: the step's hidden states are freed
+            else:  # last: the final chunk's last row
+                acc = rows[-1]
+            if p.start + p.rows < req.num_tokens:
+                if mode != "last":
+                    self.pooling_state[req.request_id] = acc
+                continue
+            if mode == "mean":
+                acc = acc / req.num_tokens
+            if req.pooling.normalize:
+                acc = torch.nn.functional.normalize(acc, dim=0)
+            done.append((req, acc.cpu()))
+        return done
 
     def all_logits(self, sched: ScheduledStep) -> torch.Tensor:
         """Float32 logits at every position the step computes (scoring, perplexity, tests)."""
-        inp, _ = self.prepare(sched, all_logits=True)
+        inp, _, _ = self.prepare(sched, all_logits=True)
         if self.on_step is not None:
             self.on_step(inp)
         return self.run(inp)

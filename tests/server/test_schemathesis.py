@@ -23,10 +23,10 @@ from tests.server.conftest import MODEL, make_server  # noqa: E402
 
 OPERATIONS = ["GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions", "POST /v1/completions",
               "POST /tokenize", "POST /detokenize", "GET /health", "GET /version", "GET /metrics",
-              "GET /v1/server_info"]
+              "GET /v1/server_info", "POST /v1/embeddings"]
 GENERATE = ("POST /v1/chat/completions", "POST /v1/completions")
 CASES = ([(op, "positive") for op in OPERATIONS] + [(op, "negative") for op in OPERATIONS if op.startswith("POST")]
-         + [(op, "nudged") for op in (*GENERATE, "POST /tokenize", "POST /detokenize")])
+         + [(op, "nudged") for op in (*GENERATE, "POST /tokenize", "POST /detokenize", "POST /v1/embeddings")])
 VOCAB = 49152
 
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "kestrel-hypothesis")  # not .hypothesis/ in the work tree
@@ -58,6 +58,12 @@ def nudge(body: dict) -> None:
             if p and not isinstance(p[0], int) else [abs(t) % VOCAB for t in p] or "hi"
     elif p == "":
         body["prompt"] = "hi"
+    x = body.get("input")
+    if isinstance(x, list) and x:
+        body["input"] = [abs(t) % VOCAB for t in x] if isinstance(x[0], int) else \
+            [[abs(t) % VOCAB for t in i] or [1] if isinstance(i, list) else (i or "hi") for i in x]
+    if isinstance(body.get("dimensions"), int):
+        body["dimensions"] = min(body["dimensions"], 576)
     if isinstance(body.get("tokens"), list):
         body["tokens"] = [abs(t) % VOCAB for t in body["tokens"]]
     for k in ("max_tokens", "max_completion_tokens"):

@@ -3,8 +3,8 @@ client can be passed in: one loaded model serves both).
 
 Routes: GET /v1/models, /v1/models/{id}, /v1/server_info (model, dtype, quantization, TP, comm strategy, engine
 options, the host's CPU / GPUs / driver / PCIe topology: for benchmark reports); POST /v1/chat/completions,
-/v1/completions (streaming or not); POST /tokenize, /detokenize; GET /health, /version, /metrics (Prometheus);
-the schema at /openapi.json.
+/v1/completions (streaming or not), /v1/embeddings; POST /tokenize, /detokenize; GET /health, /version, /metrics
+(Prometheus); the schema at /openapi.json.
 Safety: with an API key every /v1 route (and /tokenize, /detokenize) needs ``Authorization: Bearer KEY``,
 compared in constant time, and /metrics without it shows only whether the engine is up (no model name, no
 traffic); CORS only for the origins given; request bodies over ``max_request_bytes`` get 413, bodies that
@@ -44,6 +44,7 @@ from engine.server.openai import errors, protocol
 from engine.server.openai import serving as S
 from engine.server.openai.serving_chat import convert_messages, create_chat_completion, fit_history
 from engine.server.openai.serving_completions import create_completion
+from engine.server.openai.serving_embeddings import create_embedding
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,10 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
                                "content": {"text/event-stream": {}}}, **common})
     async def completions(req: protocol.CompletionRequest, raw: Request) -> Response:
         return await create_completion(ctx, req, raw)
+
+    @app.post("/v1/embeddings", response_model=protocol.EmbeddingResponse, responses=common)
+    async def embeddings(req: protocol.EmbeddingRequest, raw: Request) -> Response:
+        return await create_embedding(ctx, req, raw)
 
     @app.post("/tokenize", response_model=protocol.TokenizeResponse, responses=common)
     async def tokenize(req: protocol.TokenizeRequest) -> dict:

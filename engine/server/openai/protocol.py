@@ -108,6 +108,17 @@ class TokenizeRequest(_Request):
     add_generation_prompt: bool | None = True
 
 
+class EmbeddingRequest(_Request):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="A string, a list of strings (at most 2048), token ids, or a list of token-id lists; "
+                         "each at most the context length")
+    encoding_format: str | None = _f("float", "float: a list of numbers; base64: little-endian float32 bytes",
+                                     enum=["float", "base64"])
+    dimensions: int | None = _f(None, "Keep the first N dimensions, then renormalise", minimum=1)
+    user: str | None = None
+
+
 class DetokenizeRequest(_Request):
     model: str | None = None
     tokens: list[int]
@@ -285,6 +296,24 @@ class TokenizeResponse(_Response):
     tokens: list[int]
     count: int
     max_model_len: int
+
+
+class Embedding(_Response):
+    object: str = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(_Response):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(_Response):
+    object: str = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
 
 
 class DetokenizeResponse(_Response):
