@@ -103,10 +103,10 @@ class Estimate:
 def weights_in_memory(num_params: int | None, dtype: str, file_bytes: int | None,
                       keeps_quantized: bool, quantization: str = "none") -> int | None:
     """Bytes the engine holds for the weights: int8 bytes when it quantizes them while loading, the file's size
-    where it keeps them quantized, else the parameter count times the dtype's width."""
+    where it keeps them quantized (--quantization gguf), else the parameter count times the dtype's width."""
     if quantization == "int8" and num_params:
         return int(num_params * INT8_BYTES_PER_PARAM)
-    if keeps_quantized and file_bytes:
+    if (keeps_quantized or quantization == "gguf") and file_bytes:
         return file_bytes
     if num_params:
         return num_params * DTYPE_BYTES.get(dtype, 2)

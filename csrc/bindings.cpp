@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cpu/gguf_ops.h"
 #include "cpu/ops.h"
 #ifdef KESTREL_WITH_CUDA
 #include "cuda/ops.h"
@@ -72,6 +73,18 @@ PYBIND11_MODULE(_C, m) {
         py::arg("max_blocks_per_seq"), py::arg("context_lens"), py::arg("B"), py::arg("num_heads"),
         py::arg("num_kv_heads"), py::arg("head_size"), py::arg("block_size"), py::arg("num_blocks"),
         py::arg("scale"));
+
+  // GGUF quantized weights on the CPU (csrc/cpu/gguf.h; engine/ops/gguf_quant.py)
+  m.def("gguf_linear", &kestrel::cpu::gguf_linear, release(), py::arg("dtype"), py::arg("out"), py::arg("out_stride"),
+        py::arg("x"), py::arg("x_stride"), py::arg("weight"), py::arg("row_bytes"), py::arg("qtype"), py::arg("bias"),
+        py::arg("M"), py::arg("N"), py::arg("K"),
+        "out = x @ W^T + bias with W in GGUF blocks (Q4_0, Q4_1, Q8_0: ggml type ids 2, 3, 8), N rows of row_bytes");
+  m.def("gguf_has_kernel", &kestrel::cpu::gguf_has_kernel, py::arg("qtype"), "Whether a ggml type id has a kernel");
+  m.def("gguf_isa", &kestrel::cpu::gguf_isa, "Level the GGUF kernels use now: scalar, avx2, avxvnni or avx512vnni");
+  m.def("gguf_isas", &kestrel::cpu::gguf_isas, "GGUF kernel levels this build and CPU have");
+  m.def("gguf_force_isa", &kestrel::cpu::gguf_force_isa, py::arg("name"),
+        "Force the GGUF kernel level (one of gguf_isas()) or go back to 'auto' (the best one at or below the linear "
+        "kernels' level); KESTREL_GGUF_ISA sets it at import");
 
 #ifdef KESTREL_WITH_COMM
   m.attr("has_comm") = true;

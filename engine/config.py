@@ -116,8 +116,11 @@ class EngineConfig:
                       choices=["auto", "float32", "bfloat16", "float16"])
     device: str = _opt("Device", default="auto", choices=["auto", "cpu", "cuda"])
     quantization: str = _opt("Weights quantized while loading: none (the checkpoint's float weights, or its "
-                             "GGUF blocks dequantized to the dtype) or int8 (weight-only, one scale per 32 "
-                             "weights; CPU)", default="none", choices=["none", "int8"])
+                             "GGUF blocks dequantized to the dtype), int8 (weight-only, one scale per 32 "
+                             "weights; CPU) or gguf (a .gguf file's Q4_0 / Q4_1 / Q8_0 linear weights kept as "
+                             "their blocks for the CPU kernels: about the file's size in memory, faster decode; "
+                             "greedy outputs may then change with batching)", default="none",
+                             choices=["none", "int8", "gguf"])
     max_model_len: int | None = _opt("Context length (default: the model's, capped at 8192)")
     block_size: int | None = _opt("KV-cache block size in tokens (default: 64 on a GPU, where the prefill "
                                   "attention kernel copies a key tile out of one block with TMA; 16 on the CPU)")

@@ -58,6 +58,11 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         ("Force the CPU kernel level: auto, scalar, avx2, avx512, avx512bf16; a level this build or CPU "
          "lacks falls back to the best one with a warning. Read by the native module (csrc/cpu/dispatch.cpp) "
          "when it is imported.")),
+    "KESTREL_GGUF_ISA": (
+        "auto", _str,
+        ("Force the level of the GGUF quantized-weight kernels: auto (the best one at or below the CPU linear "
+         "level), scalar, avx2, avxvnni, avx512vnni; an unavailable one means auto. Read by the native module "
+         "(csrc/cpu/gguf_dispatch.cpp) at its first GGUF call.")),
     "KESTREL_PREFILL_ATTENTION": (
         "auto", _choice("auto", "triton", "sdpa"),
         ("Attention of steps with a prefill chunk: auto (CUDA: the Triton varlen kernel when Triton is "

@@ -46,7 +46,8 @@ CHOICE_LABELS = {
     "comm_strategy": {"auto": "Auto (measured at start-up)", "nccl": "NCCL", "int8": "Int8-quantized all-reduce",
                       "host": "Host (shared memory + SIMD)", "overlap": "Dual-stream overlap"},
     "quantization": {"none": "None (float weights in the chosen dtype)",
-                     "int8": "Int8 weights, a scale per 32 (CPU)"},
+                     "int8": "Int8 weights, a scale per 32 (CPU)",
+                     "gguf": "GGUF blocks kept: Q4_0 / Q4_1 / Q8_0 (CPU)"},
     "dtype": {"auto": "Auto"}, "device": {"auto": "Auto", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"},
 }
 RANGES = {"max_model_len": (0, 1 << 20), "gpu_memory_utilization": (0.05, 0.99), "kv_cache_memory_gib": (0, 4096),
@@ -287,7 +288,8 @@ class LoadPanel(QWidget):
                 if c != "auto":
                     f.set_choice_enabled("comm_strategy", c, c in caps.comm_strategies, "not in this engine yet")
         f.set_choice_enabled("quantization", "int8", not on_gpu, "the int8 kernels run on the CPU")
-        if on_gpu and f.values().get("quantization") == "int8":
+        f.set_choice_enabled("quantization", "gguf", not on_gpu, "the GGUF block kernels run on the CPU")
+        if on_gpu and f.values().get("quantization") in ("int8", "gguf"):
             f.set_value("quantization", "none")
         f.set_field_enabled("gpu_memory_utilization", on_gpu, "applies when the model runs on a GPU")
         f.set_field_enabled("kv_cache_memory_gib", not on_gpu, "applies when the model runs on the CPU")
@@ -362,11 +364,16 @@ class LoadPanel(QWidget):
             return
         tp = values.get("tensor_parallel_size") or 1
         snap = self.ctx.hardware_snapshot
+        gguf_blocks = values.get("quantization") == "gguf"
         if int8:
             quant_note = " Weights are quantized to int8 while loading (about half of bfloat16's bytes per token)."
+        elif gguf_blocks:
+            quant_note = (" The file's Q4_0 / Q4_1 / Q8_0 linear weights stay as their blocks (about the file's "
+                          "size); other types are dequantized.")
         elif facts.quantization and not self.ctx.capabilities.keeps_quantized_weights:
             quant_note = (f" The {facts.quantization} weights are dequantized to {dtype} when loaded; int8 "
-                          "quantization keeps about half of that.")
+                          "quantization keeps about half of that, and a .gguf file's blocks can stay as they are "
+                          "(quantization: GGUF blocks kept).")
         else:
             quant_note = ""
         if device == "cuda" and snap is not None and snap.gpus:

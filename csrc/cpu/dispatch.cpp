@@ -244,6 +244,8 @@ void force_isa(const std::string& name) {
 
 std::string linear_isa() { return KL().name; }
 
+const LinearTable& active_linear_table() { return KL(); }
+
 std::vector<std::string> linear_isas() {
   std::vector<std::string> v = available_isas();
   if (cpu_has_avx512bf16()) v.push_back("avx512bf16");

@@ -59,4 +59,7 @@ const LinearTable* linear_table_avx2();
 const LinearTable* linear_table_avx512();
 const LinearTable* linear_table_avx512bf16();  // AVX-512 + AVX512_BF16 (vdpbf16ps for bfloat16 weights)
 
+// The table linear() uses now (dispatch.cpp): the GGUF kernels run their prefill panels through it (gguf.h).
+const LinearTable& active_linear_table();
+
 }  // namespace kestrel::cpu

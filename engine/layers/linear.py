@@ -19,13 +19,20 @@ class LinearBase(torch.nn.Module):
         self.bias = _param((out_features,), dtype) if bias else None
 
     int8: ops.Int8Weight | None = None  # set by quantize_int8(); then the float weight is dropped
+    # GGUF blocks kept as the file stores them (CPU, a type with a kernel: engine/ops/gguf_quant.py); then the
+    # float weight is dropped
+    gguf: ops.GGUFWeight | None = None
 
     @property
-    def matmul_weight(self) -> torch.Tensor | ops.Int8Weight:
+    def matmul_weight(self) -> torch.Tensor | ops.Int8Weight | ops.GGUFWeight:
+        if self.gguf is not None:
+            return self.gguf
         return self.weight if self.int8 is None else self.int8
 
     def quantize_int8(self) -> bool:
-        """Replace the weight by int8 groups of 32 (where K allows); True when done."""
+        """Replace the weight by int8 groups of 32 (where K allows); True when done. GGUF blocks stay as they are."""
+        if self.gguf is not None:
+            return False
         if self.int8 is not None or not ops.Int8Weight.supports(self.weight):
             return self.int8 is not None
         self.int8 = ops.Int8Weight.quantize(self.weight.data)
@@ -36,6 +43,36 @@ class LinearBase(torch.nn.Module):
         # engine.ops.linear: native GEMV / GEMM on CPU (torch's F.linear is pathological there at decode
         # sizes), F.linear on CUDA.
         return ops.linear(x, self.matmul_weight, self.bias)
+
+    def _load_quantized(self, weights, slices: list[tuple[str, int, int, int]]) -> bool:
+        """Keep the weight as GGUF blocks when it lives on the CPU and the source has every slice
+        (name, dim, start, stop) in one type with a kernel (``GGUFWeights.quantized_slice``); row slices are
+        stacked in order. False: the caller loads float weights as usual."""
+        get = getattr(weights, "quantized_slice", None)
+        if get is None or self.weight.device.type != "cpu":
+            return False
+        parts = []
+        for name, dim, start, stop in slices:
+            got = get(name, dim, start, stop, ops.GGUFWeight.KERNEL_TYPES)
+            if got is None:
+                return False
+            q = ops.GGUFWeight.from_blocks(*got)
+            if parts and (q.qtype != parts[0].qtype or q.k != parts[0].k):
+                return False
+            parts.append(q)
+        w = ops.GGUFWeight.cat_rows(parts)
+        if tuple(w.shape) != tuple(self.weight.shape):
+            raise ValueError(f"{slices[0][0]}: GGUF blocks of shape {tuple(w.shape)} do not fit "
+                             f"{tuple(self.weight.shape)}")
+        self.gguf = w
+        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+        return True
+
+    def _copy_bias_rows(self, parts: list[tuple[str, torch.Tensor]]) -> None:
+        row = 0
+        for name, b in parts:
+            self.bias.data[row:row + b.shape[0]].copy_(b)
+            row += b.shape[0]
 
     def _copy_rows(self, parts: list[tuple[str, torch.Tensor, torch.Tensor | None]]) -> None:
         """Fill the weight (and bias) from row blocks stacked in order."""
@@ -76,8 +113,14 @@ class QKVParallelLinear(LinearBase):
         super().__init__(hidden, out, bias, dtype)
 
     def load(self, weights, prefix: str) -> None:
+        spans = (("q_proj", self.q_rows), ("k_proj", self.kv_rows), ("v_proj", self.kv_rows))
+        if self._load_quantized(weights, [(f"{prefix}.{n}.weight", 0, r0, r1) for n, (r0, r1) in spans]):
+            if self.bias is not None:
+                self._copy_bias_rows([(n, weights.get_slice(f"{prefix}.{n}.bias", 0, r0, r1))
+                                      for n, (r0, r1) in spans])
+            return
         parts = []
-        for name, (r0, r1) in (("q_proj", self.q_rows), ("k_proj", self.kv_rows), ("v_proj", self.kv_rows)):
+        for name, (r0, r1) in spans:
             w = weights.get_slice(f"{prefix}.{name}.weight", 0, r0, r1)
             b = weights.get_slice(f"{prefix}.{name}.bias", 0, r0, r1) if self.bias is not None else None
             parts.append((f"{prefix}.{name}", w, b))
@@ -94,6 +137,8 @@ class MergedColumnParallelLinear(LinearBase):
         super().__init__(in_features, (self.rows[1] - self.rows[0]) * len(names), False, dtype)
 
     def load(self, weights, prefix: str) -> None:
+        if self._load_quantized(weights, [(f"{prefix}.{n}.weight", 0, *self.rows) for n in self.names]):
+            return
         self._copy_rows([(f"{prefix}.{n}", weights.get_slice(f"{prefix}.{n}.weight", 0, *self.rows), None)
                          for n in self.names])
 
@@ -107,6 +152,8 @@ class RowParallelLinear(LinearBase):
         super().__init__(self.cols[1] - self.cols[0], out_features, False, dtype)
 
     def load(self, weights, name: str) -> None:
+        if self._load_quantized(weights, [(f"{name}.weight", 1, *self.cols)]):
+            return
         w = weights.get_slice(f"{name}.weight", 1, *self.cols)
         if tuple(w.shape) != tuple(self.weight.shape):
             raise ValueError(f"{name}.weight: shape {tuple(w.shape)} does not fit {tuple(self.weight.shape)}")

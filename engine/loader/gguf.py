@@ -1,11 +1,19 @@
 """GGUF checkpoints (llama.cpp): Hugging Face names and shapes, a config.json equivalent built from the
 metadata, and tensors dequantized to float32 with ``gguf.quants.dequantize`` -- bit-identical to what
-transformers' GGUF loader produces (its q/k un-permutation included)."""
+transformers' GGUF loader produces (its q/k un-permutation included).
+
+Linear weights of a type with a native CPU kernel (Q4_0, Q4_1, Q8_0: engine/ops/gguf_quant.py) can instead be
+read as their blocks (``quantized_slice``), which the CPU linear layers keep as they are: the model then takes
+about the file's size in memory. Opt-in (``--quantization gguf``: the model runner sets ``keep_quantized``), because
+the kernels quantize activations per block, llama.cpp's way, so a request's greedy output may change with what it
+is batched with; types without a kernel are dequantized, with a log line per type."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -16,6 +24,8 @@ from gguf import quants as gguf_quants
 from engine.errors import CheckpointError
 from engine.loader.gguf_file import GGUFFile, GGUFTensorInfo
 from engine.loader.weights import WeightSource
+
+log = logging.getLogger(__name__)
 
 # general.architecture -> Hugging Face architecture
 GGUF_ARCHITECTURES = {
@@ -220,6 +230,7 @@ class GGUFWeights(WeightSource):
     def __init__(self, gf: GGUFFile, num_heads: int, num_kv_heads: int):
         self.path = gf.path
         self.file = gf
+        self.keep_quantized = False  # --quantization gguf: quantized_slice hands out the blocks
         arch = gf.metadata.get("general.architecture")
         self._permute = arch == "llama"  # llama.cpp permutes q/k for llama-arch files only
         self._heads = {"self_attn.q_proj": num_heads, "self_attn.k_proj": num_kv_heads}
@@ -228,6 +239,7 @@ class GGUFWeights(WeightSource):
             hf = hf_name(name)
             if hf is not None:
                 self._map[hf] = info
+        self._no_kernel_logged: set[str] = set()
         for hf, info in self._map.items():
             if info.qtype not in SUPPORTED_QTYPES:
                 raise CheckpointError(
@@ -277,9 +289,16 @@ class GGUFWeights(WeightSource):
         order = self._row_order(name, info)
         if order is not None:
             raw = raw[order]
-        return self._dequantize(info, raw).reshape(info.shape)
+        out = self._dequantize(info, raw).reshape(info.shape)
+        self.file.release(info.name)
+        return out
 
     def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        out = self._get_slice(name, dim, start, stop)
+        self.file.release(self._info(name).name)
+        return out
+
+    def _get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
         shape = self._check_slice(name, dim, start, stop)
         dim %= len(shape)
         info = self._info(name)
@@ -300,6 +319,42 @@ class GGUFWeights(WeightSource):
             sub = raw[..., start // block * type_size: -(-stop // block) * type_size]
             return self._dequantize(info, sub).reshape(*shape[:-1], stop - start)
         return self._dequantize(info, raw).reshape(shape).narrow(dim, start, stop - start).contiguous()
+
+    def quantized_slice(self, name: str, dim: int, start: int, stop: int,
+                        kernel_types: Collection[int]) -> tuple[np.ndarray, int, int] | None:
+        """``get_slice`` of a 2-D tensor as its GGUF blocks: ``(blocks, qtype, k)`` with blocks the rows' bytes
+        (uint8 [rows, k / block * type_size], a copy), when the tensor's ggml type is one of
+        ``kernel_types`` (the caller's kernels: engine.ops.GGUFWeight.KERNEL_TYPES); else None and the caller takes
+        the dequantized ``get_slice``: another quantized type (logged once per type), a float type, a column
+        slice not on block boundaries, or ``keep_quantized`` off (the default: blocks dequantized at load)."""
+        if not self.keep_quantized:
+            return None
+        shape = self._check_slice(name, dim, start, stop)
+        info = self._info(name)
+        if len(shape) != 2 or info.qtype in _FLOAT_TYPES:
+            return None
+        if info.qtype not in kernel_types:
+            if info.type_name not in self._no_kernel_logged:
+                self._no_kernel_logged.add(info.type_name)
+                log.info("%s: GGUF %s tensors have no CPU kernel yet; dequantized at load (more memory, as "
+                         "before)", self.path.name, info.type_name)
+            return None
+        dim %= 2
+        raw = self.file.raw(info.name)
+        order = self._row_order(name, info)
+        if dim == 0:
+            rows = order[start:stop] if order is not None else slice(start, stop)
+            blocks, k = raw[rows], shape[1]
+        else:
+            block, type_size = _block(info)
+            if start % block or stop % block or stop == start:
+                return None
+            if order is not None:
+                raw = raw[order]
+            blocks, k = raw[:, start // block * type_size: stop // block * type_size], stop - start
+        blocks = np.array(blocks, copy=True)  # off the map, whose pages are then dropped
+        self.file.release(info.name)
+        return blocks, info.qtype, k
 
     def close(self) -> None:
         self.file.close()

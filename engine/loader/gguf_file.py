@@ -207,6 +207,20 @@ class GGUFFile:
         arr = np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset)
         return arr.reshape(*info.shape[:-1], row_bytes)
 
+    def release(self, name: str) -> None:
+        """Drop a tensor's pages from this process's resident set once its data was copied out (MADV_DONTNEED on
+        the read-only map: the bytes stay in the page cache, and a later ``raw`` reads them back). Without it a
+        loaded model's resident memory also counts the whole file, read through the map, beside its weights."""
+        advise = getattr(self._map, "madvise", None)
+        if advise is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        info = self.tensors[name]
+        start = info.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            advise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+        except (OSError, ValueError):
+            pass  # only a memory hint
+
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.ops import skinny_gemm
+from engine.ops.gguf_quant import GGUFWeight, gguf_linear
 from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
     check_contiguous,
@@ -66,11 +67,12 @@ def _validate_linear(op, x, weight, bias, out) -> None:
         check_last_contiguous(op, "out", out)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
+def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight | GGUFWeight, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias, like F.linear: x [..., K] (rows may be strided, last dim contiguous),
     weight [N, K] contiguous, bias [N] or None, all of one dtype; fp32 accumulation, one rounding.
-    weight may be an Int8Weight (engine/ops/int8.py): int8 with a scale per group of 32, x's dtype out.
+    weight may be an Int8Weight (engine/ops/int8.py): int8 with a scale per group of 32, x's dtype out; or a
+    GGUFWeight (engine/ops/gguf_quant.py): GGUF blocks, computed on by gguf_linear.
 
     Returns `out`: a new [..., N] tensor unless given (then [M, N] for a 2-D x, rows may be strided;
     for x with more dims, a tensor that views as [M, N]). CPU calls run the native GEMV (decode, M <= 16)
@@ -79,6 +81,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tenso
     _LINEAR_TORCH_MIN_M) go to torch's F.linear."""
     if isinstance(weight, Int8Weight):
         return _linear_int8(x, weight, bias, out)
+    if isinstance(weight, GGUFWeight):
+        return gguf_linear(x, weight, bias, out)
     shape = x.shape
     if len(shape) != 2:
         if len(shape) < 1:

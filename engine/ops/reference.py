@@ -123,3 +123,67 @@ def paged_decode_attention(
         probs = scores.softmax(dim=-1)
         out[b] = torch.einsum("hn,nhd->hd", probs, v).to(q.dtype)
     return out
+
+
+# -- GGUF quantized weights (engine/ops/gguf_quant.py, csrc/cpu/gguf.h) --------------------------------------------
+# ggml type id -> (bytes per block of 32, offset of the quants in a block)
+_GGUF_BLOCKS = {2: (18, 2), 3: (20, 4), 8: (34, 2)}
+
+
+def gguf_dequantize(data: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """GGUF rows (uint8 [N, row_bytes]) of Q4_0 / Q4_1 / Q8_0 -> float32 [N, k], as ``gguf.quants.dequantize``:
+    Q4_0 d * (q - 8), Q4_1 d * q + m, Q8_0 d * q (d, m float16 at the block's start)."""
+    size, qs = _GGUF_BLOCKS[int(qtype)]
+    n = data.shape[0]
+    blocks = data.reshape(n, k // 32, size)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [n, nb, 1]
+    if qtype == 8:
+        q = blocks[..., qs:].contiguous().view(torch.int8).float()
+        return (d * q).reshape(n, k)
+    nib = blocks[..., qs:].long()
+    q = torch.cat([nib & 0x0F, nib >> 4], dim=-1).float()  # byte j: weight j (low), weight j + 16 (high)
+    if qtype == 2:
+        return (d * (q - 8)).reshape(n, k)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    return (d * q + m).reshape(n, k)
+
+
+def gguf_quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q, d, s): per block of 32, d = absmax / 127, q = round_half_even(x / d) in [-127, 127] (as
+    float32, [M, K / 32, 32]), s = sum(q) ([M, K / 32, 1]): llama.cpp's Q8_0 / Q8_1 activations, as the kernels
+    quantize them (x * (1 / d), each an IEEE fp32 operation)."""
+    m, k = x.shape
+    g = x.float().reshape(m, k // 32, 32)
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    d = amax / torch.full_like(amax, 127.0)
+    inv = torch.where(d != 0, torch.ones_like(d) / d, torch.zeros_like(d))
+    q = torch.round(g * inv).clamp_(-127, 127)
+    return q, d, q.sum(dim=-1, keepdim=True)
+
+
+def gguf_linear(x: torch.Tensor, data: torch.Tensor, qtype: int, k: int, bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """x [M, K] @ W^T + bias with W the GGUF rows ``data`` (the file's block layout), the CPU kernels' arithmetic:
+    x is quantized per block (gguf_quantize_activations) and each (weight block, x block) pair contributes
+    d_w d_x sum(q_w q_x) (Q4_0: q_w = nibble - 8; Q4_1 adds m_w d_x s_x). fp32 accumulation, one rounding to x's
+    dtype. (The kernels' prefill regime gets the same products through a float GEMM on the dequantized weights and
+    the quantized x, rounded to x's dtype: float32 matches this up to summation order.)"""
+    n = data.shape[0]
+    size, qs = _GGUF_BLOCKS[int(qtype)]
+    blocks = data.reshape(n, k // 32, size)
+    dw = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)  # [n, nb]
+    if qtype == 8:
+        qw = blocks[..., qs:].contiguous().view(torch.int8).double()
+    else:
+        nib = blocks[..., qs:].long()
+        qw = torch.cat([nib & 0x0F, nib >> 4], dim=-1).double() - (8 if qtype == 2 else 0)
+    qx, dx, sx = gguf_quantize_activations(x)
+    # integer dots are exact in float64; then the scales in fp32
+    dots = torch.einsum("mbj,nbj->mnb", qx.double(), qw).float()  # [m, n, nb]
+    y = (dots * (dw.unsqueeze(0) * dx.squeeze(-1).unsqueeze(1))).sum(-1)
+    if qtype == 3:
+        mw = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)  # [n, nb]
+        y = y + (mw.unsqueeze(0) * (dx * sx).squeeze(-1).unsqueeze(1)).sum(-1)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)

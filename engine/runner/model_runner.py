@@ -74,6 +74,9 @@ class ModelRunner:
         cls = model_class(model_config)
         with torch.device(self.device):
             self.model = cls(model_config, self.dtype, tp, max_model_len)
+        if config.quantization == "gguf":
+            check_gguf_blocks(self.device, weights)
+            weights.keep_quantized = True
         self.model.load_weights(weights)
         self.model.eval()
         if config.quantization == "int8":
@@ -333,6 +336,20 @@ class ModelRunner:
         if self.on_step is not None:
             self.on_step(inp)
         return self.run(inp)
+
+
+def check_gguf_blocks(device: torch.device, weights) -> None:
+    """--quantization gguf keeps a GGUF file's blocks for the native CPU kernels (engine/ops/gguf_quant.py)."""
+    from engine.errors import KestrelError
+
+    if device.type != "cpu":
+        raise KestrelError("--quantization gguf keeps GGUF blocks for the CPU kernels; on a GPU load with "
+                           "--quantization none (the blocks are dequantized)")
+    if not hasattr(weights, "keep_quantized"):
+        raise KestrelError("--quantization gguf needs a .gguf checkpoint; this one has float weights")
+    if not ops.native_available():
+        raise KestrelError("--quantization gguf needs Kestrel's native CPU kernels (engine._C); build them with "
+                           "`pip install -e .`")
 
 
 def check_deterministic(device: torch.device, tp: TPContext) -> None:

@@ -1,0 +1,156 @@
+"""GGUF quantized weights kept as the file's blocks (Q4_0, Q4_1, Q8_0), and the linear op on them.
+
+``GGUFWeight`` holds a linear weight [N, K] as N rows of GGUF blocks (the file's bytes, uint8 [N, row_bytes],
+each row rearranged at load into the kernels' planar order: quants, then scales; same size); ``ops.linear`` takes it
+where it takes a weight tensor. On the CPU the native kernels (csrc/cpu/gguf.h) quantize x per block of 32 to int8
+(llama.cpp's Q8_0 / Q8_1 activations, ``reference.gguf_quantize_activations``) and, for a few rows (decode), meet the
+weight blocks in integer dot products; for more rows (prefill) they multiply that quantized x by panels of
+dequantized weight rows in the float GEMM kernels (the same products: a row's result does not depend on the
+regime beyond float rounding). Elsewhere (CUDA, no engine._C) the weight is dequantized for the call and x is not
+quantized. A decode step thus streams 0.56-1.06 bytes per weight (Q4_0 ... Q8_0) instead of 2 (bfloat16), and the
+model takes the file's size in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.ops import reference
+from engine.ops.native import (
+    check_contiguous,
+    check_dtype,
+    check_last_contiguous,
+    check_shape,
+    dtype_code,
+    fail,
+    mode,
+    native_lib,
+)
+
+BLOCK = 32
+# ggml type id -> (name, bytes per block of 32, offset of the quants in a block): the types with a kernel
+TYPES = {2: ("Q4_0", 18, 2), 3: ("Q4_1", 20, 4), 8: ("Q8_0", 34, 2)}
+
+
+def to_planar(blocks: np.ndarray, qtype: int) -> np.ndarray:
+    """GGUF rows [N, nb * type_size] -> the kernels' planar rows of the same size: every block's quants, then the
+    blocks' float16 scales d, then (Q4_1) their mins m (csrc/cpu/gguf.h says why)."""
+    _, size, qs = TYPES[qtype]
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, size)
+    parts = [b[..., qs:].reshape(n, -1), b[..., 0:2].reshape(n, -1)]
+    if qtype == 3:
+        parts.append(b[..., 2:4].reshape(n, -1))
+    return np.concatenate(parts, axis=1)
+
+
+def from_planar(data: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """The inverse of to_planar: GGUF's block layout (uint8 [N, nb * type_size])."""
+    _, size, qs = TYPES[qtype]
+    n, nb = data.shape[0], k // BLOCK
+    qbytes = size - qs
+    quants = data[:, : nb * qbytes].reshape(n, nb, qbytes)
+    d = data[:, nb * qbytes: nb * (qbytes + 2)].reshape(n, nb, 2)
+    parts = [d] + ([data[:, nb * (qbytes + 2):].reshape(n, nb, 2)] if qtype == 3 else []) + [quants]
+    return torch.cat(parts, dim=-1).reshape(n, nb * size)
+
+
+@dataclass(frozen=True)
+class GGUFWeight:
+    data: torch.Tensor  # uint8 [N, K / 32 * type_size], contiguous: the file's blocks of a row, planar (to_planar)
+    qtype: int          # ggml type id (gguf.GGMLQuantizationType)
+    k: int
+
+    KERNEL_TYPES = frozenset(TYPES)  # ggml type ids the CPU kernels compute on (not a field)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.data.shape[0], self.k))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    @property
+    def type_name(self) -> str:
+        return TYPES[self.qtype][0]
+
+    def file_blocks(self) -> torch.Tensor:
+        """The rows in GGUF's own block layout (what the file stores)."""
+        return from_planar(self.data, self.qtype, self.k)
+
+    @classmethod
+    def from_blocks(cls, blocks: np.ndarray | torch.Tensor, qtype: int, k: int) -> GGUFWeight:
+        """From the raw GGUF bytes of N rows ([N, row_bytes] uint8, e.g. ``GGUFFile.raw``'s rows), rearranged into
+        planar rows (a copy, so the weight owns its memory, not the file's map)."""
+        qtype = int(qtype)
+        if qtype not in TYPES:
+            raise ValueError(f"no GGUF kernel for ggml type {qtype}; kernels: "
+                             f"{', '.join(t[0] for t in TYPES.values())}")
+        if k <= 0 or k % BLOCK:
+            raise ValueError(f"GGUF weights need K a positive multiple of {BLOCK}, got {k}")
+        arr = np.asarray(blocks.numpy() if isinstance(blocks, torch.Tensor) else blocks, dtype=np.uint8)
+        row_bytes = k // BLOCK * TYPES[qtype][1]
+        if arr.ndim != 2 or arr.shape[1] != row_bytes:
+            raise ValueError(f"{TYPES[qtype][0]} rows of K={k} take {row_bytes} bytes, got blocks of shape "
+                             f"{tuple(arr.shape)}")
+        return cls(torch.from_numpy(np.ascontiguousarray(to_planar(arr, qtype))), qtype, k)
+
+    @classmethod
+    def cat_rows(cls, parts: list[GGUFWeight]) -> GGUFWeight:
+        """Row blocks stacked in order (fused q/k/v, gate/up): blocks never span rows, so this is a byte concat."""
+        if not parts or any(p.qtype != parts[0].qtype or p.k != parts[0].k for p in parts):
+            raise ValueError("cat_rows needs GGUF weights of one type and one K")
+        if len(parts) == 1:
+            return parts[0]
+        return cls(torch.cat([p.data for p in parts]).contiguous(), parts[0].qtype, parts[0].k)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return reference.gguf_dequantize(self.file_blocks(), self.qtype, self.k).to(dtype)
+
+
+def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W^T + bias with W a GGUFWeight; x [..., K] (rows may be strided, last dim contiguous), bias [N] of
+    x's dtype, out as ``ops.linear``'s. fp32 accumulation, one rounding to x's dtype. On the CPU x is quantized per
+    block of 32 to int8 first (``reference.gguf_linear`` states the arithmetic); M <= 8 rows (every M under
+    set_batch_invariant) run the integer GEMV, more rows the float GEMM on dequantized panels."""
+    N, K = weight.data.shape[0], weight.k
+    if x.shape[-1] != K:
+        fail("linear", f"x's last dim {x.shape[-1]} does not match the GGUF weight's K {K}")
+    if x.dim() != 2:
+        y = gguf_linear(x.reshape(-1, K), weight, bias, None if out is None else out.view(-1, N))
+        return y.view(*x.shape[:-1], N) if out is None else out
+    dt = dtype_code(x.dtype)
+    if native_lib is None or not x.is_cpu or dt is None:
+        y = torch.nn.functional.linear(x, weight.dequantize(x.dtype).to(x.device), bias)
+        return y if out is None else out.copy_(y)
+    if x.stride(1) != 1 and K > 1:
+        check_last_contiguous("linear", "x", x)
+    if bias is not None and (bias.dtype != x.dtype or bias.shape != (N,) or not bias.is_contiguous()):
+        check_dtype("linear", "bias", bias, x.dtype)
+        check_shape("linear", "bias", bias, (N,))
+        check_contiguous("linear", "bias", bias)
+    M = x.shape[0]
+    if out is None:
+        out = torch.empty(M, N, dtype=x.dtype)
+    elif out.dtype != x.dtype or out.shape != (M, N) or (out.stride(1) != 1 and N > 1):
+        check_dtype("linear", "out", out, x.dtype)
+        check_shape("linear", "out", out, (M, N))
+        check_last_contiguous("linear", "out", out)
+    native_lib.gguf_linear(dt | mode.flags, out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0),
+                           weight.data.data_ptr(), weight.data.shape[1], weight.qtype,
+                           0 if bias is None else bias.data_ptr(), M, N, K)
+    return out
+
+
+def gguf_isa() -> str:
+    """Level of the GGUF kernels in use: scalar, avx2, avxvnni or avx512vnni ('' without engine._C)."""
+    return native_lib.gguf_isa() if native_lib is not None else ""
+
+
+def gguf_isas() -> list[str]:
+    return list(native_lib.gguf_isas()) if native_lib is not None else []
