@@ -8,23 +8,7 @@ import statistics
 
 import torch
 
-from engine.bench.timing import decode_step_times
-
-
-def _cuda_time(fn, repeats: int = 20) -> float:
-    """Median seconds of fn() on the GPU (events around each call, after two warm-ups)."""
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+from engine.bench.timing import cuda_time, decode_step_times
 
 
 def _graph_time(fns, calls: int = 24) -> float:
@@ -38,7 +22,7 @@ def _graph_time(fns, calls: int = 24) -> float:
     with torch.cuda.graph(graph):
         for i in range(calls):
             fns[i % len(fns)]()
-    t = _cuda_time(graph.replay, 10) / calls
+    t = cuda_time(graph.replay, 10, warmups=2) / calls
     del graph
     return t
 
@@ -105,7 +89,7 @@ def decode_breakdown(core, rng, batch: int, prompt: int = 512, steps: int = 16) 
     graphs = runner.graphs
     bucket = graphs.bucket(batch) if graphs is not None else None
     if bucket is not None and bucket in graphs.graphs:
-        gpu = _cuda_time(graphs.graphs[bucket].replay)
+        gpu = cuda_time(graphs.graphs[bucket].replay, 20, warmups=2)
         out.update(bucket=bucket, replay_gpu_ms=gpu * 1e3, host_ms=(step - gpu) * 1e3)
     runner.graphs = None
     try:

@@ -29,8 +29,15 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.decode import decode_breakdown, measure_skinny
-from engine.bench.timing import decode_step_times, random_ids, run_until_done, timed_prompts, ttft_runs
+from engine.bench.decode import decode_breakdown, linear_shapes, measure_skinny
+from engine.bench.timing import (
+    cuda_time,
+    decode_step_times,
+    random_ids,
+    run_until_done,
+    timed_prompts,
+    ttft_runs,
+)
 
 SHAPE = "llama3-8b"
 DEVICE = "cuda"
@@ -48,32 +55,17 @@ def _candidates():
 # limits
 
 
-def _cuda_time(fn, repeats: int) -> float:
-    """Median seconds of fn() on the GPU (events around each call, after a warm-up)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
-
-
 def measure_limits() -> dict:
     n = 1 << 30  # 2 GiB of bf16 each way
     src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE)
     dst = torch.empty_like(src)
-    t = _cuda_time(lambda d=dst, s=src: d.copy_(s), 10)
+    t = cuda_time(lambda d=dst, s=src: d.copy_(s), 10)
     copy_bw = 2 * src.numel() * 2 / t  # bytes read + written per second
     del src, dst
     m = 8192
     a = torch.randn(m, m, dtype=torch.bfloat16, device=DEVICE)
     b = torch.randn(m, m, dtype=torch.bfloat16, device=DEVICE)
-    t = _cuda_time(lambda a=a, b=b: a @ b, 10)
+    t = cuda_time(lambda a=a, b=b: a @ b, 10)
     gemm = 2 * m ** 3 / t
     del a, b
     torch.cuda.empty_cache()
@@ -159,7 +151,7 @@ def measure_kernels(repeats: int = 5) -> dict:
             k_, v_, bt_ = caches[block]
             plan = va.VarlenPlan.build(qlens, ctxs, cfg.block_m, q.device)
             try:
-                t = _cuda_time(lambda args=(q, k_, v_, bt_, sl, qsl, plan), o=o, cfg=cfg: va.varlen_paged_attention(
+                t = cuda_time(lambda args=(q, k_, v_, bt_, sl, qsl, plan), o=o, cfg=cfg: va.varlen_paged_attention(
                     *args, hd ** -0.5, out=o, config=cfg), repeats)
             except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU is a line in the report
                 res[label] = {"error": str(e)[:200]}
@@ -171,7 +163,7 @@ def measure_kernels(repeats: int = 5) -> dict:
             qd = q.view(len(qlens), n, nh, hd).transpose(1, 2)
             kd = torch.randn(len(qlens), nkv, n, hd, generator=g, device="cuda", dtype=torch.bfloat16)
             vd = torch.randn_like(kd)
-            t = _cuda_time(lambda qd=qd, kd=kd, vd=vd: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True,
+            t = cuda_time(lambda qd=qd, kd=kd, vd=vd: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True,
                                                                                       enable_gqa=True), repeats)
             res["sdpa"] = {"ms": t * 1e3, "tflops": fl / t / 1e12}
         out[name] = res
@@ -292,15 +284,13 @@ def profile_cases(core, rng, vocab: int, top: int = 12) -> dict:
 def linear_rates(cfg, tokens: int = 8192, repeats: int = 5) -> dict:
     """TFLOP/s of torch's GEMM on the model's linear shapes at ``tokens`` rows: the achievable rate of the
     prefill's linear layers on this GPU."""
-    h, inter = cfg.hidden_size, cfg.intermediate_size
-    q = cfg.num_attention_heads * cfg.head_dim
-    kv = cfg.num_key_value_heads * cfg.head_dim
-    shapes = {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * inter), "down": (inter, h)}
     out = {}
-    for name, (k, n) in shapes.items():
+    for name, (n, k) in linear_shapes(cfg).items():
+        if name == "lm_head":  # one row per prompt in prefill, not ``tokens``
+            continue
         x = torch.randn(tokens, k, dtype=torch.bfloat16, device=DEVICE)
         w = torch.randn(n, k, dtype=torch.bfloat16, device=DEVICE)
-        t = _cuda_time(lambda x=x, w=w: torch.nn.functional.linear(x, w), repeats)
+        t = cuda_time(lambda x=x, w=w: torch.nn.functional.linear(x, w), repeats)
         out[name] = {"ms": t * 1e3, "tflops": 2 * tokens * k * n / t / 1e12}
         del x, w
     return out

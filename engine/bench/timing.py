@@ -6,12 +6,29 @@ its max_tokens; the prefix cache is reset before each measurement so prompts are
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.sampling_params import SamplingParams
+
+
+def cuda_time(fn, repeats: int, warmups: int = 1) -> float:
+    """Median seconds of fn() on the GPU: events around each call, after ``warmups`` calls."""
+    for _ in range(warmups):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
 
 
 def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
