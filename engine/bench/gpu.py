@@ -223,10 +223,48 @@ def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) 
             "steps": steps, "preemptions": core.scheduler.num_preemptions}
 
 
-def profile_cases(core, rng, vocab: int, top: int = 12) -> dict:
+def gpu_idle(prof, wall_start_us: float | None = None) -> dict:
+    """From a torch.profiler run: the time the GPU ran kernels (their intervals merged) and the longest gaps
+    between them, each with the host operations that began inside it (what the GPU waited for)."""
+    from torch.autograd import DeviceType
+
+    events = prof.events()
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
+                     if getattr(e, "device_type", None) == DeviceType.CUDA)
+    if not kernels:
+        return {}
+    busy, gaps = 0.0, []
+    cur_s, cur_e = kernels[0]
+    for s0, e0 in kernels[1:]:
+        if s0 > cur_e:
+            busy += cur_e - cur_s
+            gaps.append((s0 - cur_e, cur_e, s0))
+            cur_s = s0
+        cur_e = max(cur_e, e0)
+    busy += cur_e - cur_s
+    host = [(e.time_range.start, e.name) for e in events if getattr(e, "device_type", None) == DeviceType.CPU]
+    out = {"kernels_busy_ms": busy / 1e3, "first_kernel_ms": None,
+           "span_ms": (cur_e - kernels[0][0]) / 1e3}
+    if wall_start_us is not None:
+        out["first_kernel_ms"] = (kernels[0][0] - wall_start_us) / 1e3
+    top = []
+    for length, a, b in sorted(gaps, reverse=True)[:8]:
+        names = []
+        for t, name in host:
+            if a <= t < b and name not in names:
+                names.append(name)
+        top.append({"gap_ms": round(length / 1e3, 3), "at_ms": round((a - kernels[0][0]) / 1e3, 3),
+                    "host_ops": names[:6]})
+    out["gaps_over_50us_ms"] = sum(g[0] for g in gaps if g[0] > 50) / 1e3
+    out["longest_gaps"] = top
+    return out
+
+
+def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = None) -> dict:
     """Where the GPU time of one step goes (torch.profiler, CUDA kernels summed by name) for a cold 8,192-token
     prompt, the 8,192 prompt with 4,096 cached, 64 x 512 prompts, and one batch-1 decode step; with the step's
-    wall time, so host time shows as the difference."""
+    wall time, the GPU's busy time and its longest idle gaps (with the host work inside them). trace_dir: a
+    Chrome trace of each case is written there too."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.sampling_params import SamplingParams
@@ -261,11 +299,16 @@ def profile_cases(core, rng, vocab: int, top: int = 12) -> dict:
         run_case = setup()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            with torch.profiler.record_function("bench_case_start"):
+                pass
             t0 = time.perf_counter()
             run_case()
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
         run_until_done(core)
+        if trace_dir:
+            prof.export_chrome_trace(str(Path(trace_dir) / f"trace_{name}.json"))
+        start = [e.time_range.start for e in prof.events() if e.name == "bench_case_start"]
         rows = []
         for e in prof.key_averages():
             dev = getattr(e, "self_device_time_total", None)
@@ -275,8 +318,12 @@ def profile_cases(core, rng, vocab: int, top: int = 12) -> dict:
                 rows.append((e.key[:90], e.count, dev / 1e3))
         rows.sort(key=lambda r: -r[2])
         out[name] = {"wall_ms": wall * 1e3, "gpu_ms": sum(r[2] for r in rows),
-                     "top": [{"kernel": k, "calls": c, "ms": round(ms, 3)} for k, c, ms in rows[:top]]}
-        print(f"profile {name}: wall {wall * 1e3:.1f} ms, GPU {out[name]['gpu_ms']:.1f} ms; "
+                     "top": [{"kernel": k, "calls": c, "ms": round(ms, 3)} for k, c, ms in rows[:top]],
+                     "gpu_idle": gpu_idle(prof, start[0] if start else None)}
+        idle = out[name]["gpu_idle"]
+        print(f"profile {name}: wall {wall * 1e3:.1f} ms, kernels busy {idle.get('kernels_busy_ms', 0):.1f} ms, "
+              f"first kernel at {idle.get('first_kernel_ms') or 0:.1f} ms, gaps > 50 us "
+              f"{idle.get('gaps_over_50us_ms', 0):.1f} ms; "
               + "; ".join(f"{r[0][:40]} {r[2]:.1f}" for r in rows[:5]), flush=True)
     return out
 
@@ -482,7 +529,7 @@ def run(args) -> dict:
                       f"{d.get('replay_gpu_ms', float('nan')):.2f} ms, host {d.get('host_ms', float('nan')):.2f} ms; "
                       f"eager step {d['eager_step_ms']:.2f} ms", flush=True)
             if "profile" not in args.skip:
-                k["profile"] = profile_cases(core, rng, vocab)
+                k["profile"] = profile_cases(core, rng, vocab, trace_dir=args.trace_dir)
                 k["linear_rates_8192"] = linear_rates(cfg)
                 save()
                 print("linear layers at 8192 rows: " + ", ".join(
@@ -558,6 +605,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", nargs="*", default=[], choices=["kernels", "skinny", "kestrel", "hf", "profile"])
+    p.add_argument("--trace-dir", default=None, help="write a Chrome trace of each profiled case there")
 
 
 def main(args) -> int:

@@ -14,10 +14,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _online_softmax(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
-    """One tile's scores s (log2 units) into the running max m_i, sum l_i and output acc."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
+def _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
+    """One tile's raw scores s = q.k into the running max m_i (log2 units), sum l_i and output acc; the scale
+    (softmax scale * log2 e) is folded into the exponent's one multiply-add."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
@@ -71,8 +72,8 @@ def varlen_paged_attention_kernel(
             if DOT_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, PRECISION)
+            s = tl.dot(q, k, input_precision=PRECISION)
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION)
         mid = tl.maximum(full_end, tl.minimum(end, ctx // BLOCK_N * BLOCK_N))
         for start in range(full_end, mid, BLOCK_N):  # diagonal tiles inside the context: the causal mask only
             row = tl.load(table + start // CACHE_BLOCK) * CACHE_BLOCK + start % CACHE_BLOCK
@@ -82,9 +83,9 @@ def varlen_paged_attention_kernel(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             cols = start + tl.arange(0, BLOCK_N)
-            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+            s = tl.dot(q, k, input_precision=PRECISION)
             s = tl.where(cols[None, :] <= q_pos[:, None], s, float("-inf"))
-            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, PRECISION)
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION)
     else:
         for start in range(0, full_end, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
@@ -99,8 +100,8 @@ def varlen_paged_attention_kernel(
             if DOT_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, PRECISION)
+            s = tl.dot(q, k, input_precision=PRECISION)
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION)
 
     for start in range(mid, end, BLOCK_N):  # the causal mask and the end of the context
         cols = start + tl.arange(0, BLOCK_N)
@@ -116,9 +117,9 @@ def varlen_paged_attention_kernel(
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        s = tl.dot(q, k, input_precision=PRECISION)
         s = tl.where((cols[None, :] <= q_pos[:, None]) & col_ok[None, :], s, float("-inf"))
-        m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, PRECISION)
+        m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION)
 
     acc = acc / l_i[:, None]
     tl.store(O + (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],

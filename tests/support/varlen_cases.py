@@ -33,8 +33,8 @@ def make_case(rng: random.Random, nh: int, nkv: int, hd: int, seqs: list[tuple[i
     vc = torch.randn(num_blocks, block_size, nkv, hd, generator=g).to(dtype).to(device)
     used = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     for t, c in zip(tables, ctxs):
-        for j in range(c):
-            used[t[j // block_size] * block_size + j % block_size] = True
+        pos = torch.arange(c)
+        used[torch.tensor(t, dtype=torch.long)[pos // block_size] * block_size + pos % block_size] = True
     for c in (kc, vc):
         c.view(num_blocks * block_size, nkv, hd)[~used.to(device)] = float("nan")
     T = sum(qlens)
