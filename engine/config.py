@@ -54,7 +54,7 @@ class ModelConfig:
     torch_dtype: str | None = None
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         from engine.errors import UnsupportedArchitectureError
 
         archs = cfg.get("architectures") or []
@@ -117,7 +117,7 @@ class EngineConfig:
     device: str = _opt("Device", default="auto", choices=["auto", "cpu", "cuda"])
     quantization: str = _opt("Weights quantized while loading: none (the checkpoint's float weights, or its "
                              "GGUF blocks dequantized to the dtype), int8 (weight-only, one scale per 32 "
-                             "weights; CPU) or gguf (a .gguf file's Q4_0 / Q4_1 / Q8_0 linear weights kept as "
+                             "weights; CPU) or gguf (a .gguf file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K linear weights kept as "
                              "their blocks for the CPU kernels: about the file's size in memory, faster decode; "
                              "greedy outputs may then change with batching)", default="none",
                              choices=["none", "int8", "gguf"])
@@ -164,6 +164,6 @@ class EngineConfig:
             parser.add_argument(*names, **kw)
 
     @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(args).items() if k in names})

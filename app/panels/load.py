@@ -28,7 +28,6 @@ from app.context import AppContext
 from app.hardware import cpu_has_native_bf16
 from app.library import EMBEDDED_KEY, LibraryEntry
 from app.model_inspect import inspect_model
-from app.widgets.layouts import widget_of
 from app.workers.engine_worker import DEAD, EMPTY, LOADING, READY
 from engine.config import EngineConfig
 
@@ -47,7 +46,7 @@ CHOICE_LABELS = {
                       "host": "Host (shared memory + SIMD)", "overlap": "Dual-stream overlap"},
     "quantization": {"none": "None (float weights in the chosen dtype)",
                      "int8": "Int8 weights, a scale per 32 (CPU)",
-                     "gguf": "GGUF blocks kept: Q4_0 / Q4_1 / Q8_0 (CPU)"},
+                     "gguf": "GGUF blocks kept: Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K (CPU)"},
     "dtype": {"auto": "Auto"}, "device": {"auto": "Auto", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"},
 }
 RANGES = {"max_model_len": (0, 1 << 20), "gpu_memory_utilization": (0.05, 0.99), "kv_cache_memory_gib": (0, 4096),
@@ -368,7 +367,7 @@ class LoadPanel(QWidget):
         if int8:
             quant_note = " Weights are quantized to int8 while loading (about half of bfloat16's bytes per token)."
         elif gguf_blocks:
-            quant_note = (" The file's Q4_0 / Q4_1 / Q8_0 linear weights stay as their blocks (about the file's "
+            quant_note = (" The file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K linear weights stay as their blocks (about the file's "
                           "size); other types are dequantized.")
         elif facts.quantization and not self.ctx.capabilities.keeps_quantized_weights:
             quant_note = (f" The {facts.quantization} weights are dequantized to {dtype} when loaded; int8 "

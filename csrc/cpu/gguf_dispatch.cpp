@@ -260,9 +260,13 @@ void gguf_linear(int dt_flags, uintptr_t out, int64_t os, uintptr_t x, int64_t x
   check((dt_flags & ~(kDTypeMask | kBatchInvariant)) == 0, "gguf_linear: unknown option bits in the dtype code");
   const int dt = dt_flags & kDTypeMask;
   check(dt == kFloat32 || dt == kBFloat16 || dt == kFloat16, "gguf_linear: dtype code must be 0, 1 or 2");
-  check(gguf_type_size(qtype) != 0, "gguf_linear: no kernel for this GGUF type (Q4_0, Q4_1, Q8_0 have one)");
+  check(gguf_type_size(qtype) != 0,
+        "gguf_linear: no kernel for this GGUF type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K have one)");
   check(M >= 0 && N >= 0 && K > 0 && K % kGGUFBlock == 0, "gguf_linear: K must be a positive multiple of 32");
-  check(row_bytes == K / kGGUFBlock * gguf_type_size(qtype), "gguf_linear: row_bytes does not match K and the type");
+  check(K % gguf_block_elems(qtype) == 0,
+        "gguf_linear: K must be a multiple of 256 for the K-quant types (Q4_K, Q5_K, Q6_K: super-blocks of 256)");
+  check(row_bytes == K / gguf_block_elems(qtype) * gguf_type_size(qtype),
+        "gguf_linear: row_bytes does not match K and the type");
   check(M <= 1 || os >= N, "gguf_linear: out's row stride must be >= N (rows must not overlap)");
   if (M == 0 || N == 0) return;
   GGUFParams p{dt, qtype, ptr<const uint8_t>(w), row_bytes, ptr<const void>(bias), ptr<void>(out), os, M, N, K,

@@ -8,7 +8,11 @@
 //   3 avx512vnni   vpdpbusd on ymm with the EVEX encoding (CPUs with AVX512-VNNI but no AVX-VNNI: Cascade Lake,
 //                  Ice Lake). A zmm version doing two blocks per instruction measured slower here (the two scales
 //                  need a cross-lane insert per block pair), so the blocks stay 256 bits wide at every level.
-// Q8_0 weights are signed: |w| goes in the unsigned operand and x takes w's sign (vpsignb).
+// Q8_0 weights are signed: |w| goes in the unsigned operand and x takes w's sign (vpsignb); Q6_K's too (q - 32).
+// K-quants (row_tile_k): per super-block of 256, the 8 sub-blocks' scales d sc[t] (and mins dmin mn[t]) as one
+// vector, times the 8 x blocks' d_x, as the planar types' groups of 8 blocks; Q6_K's int8 scales per 16 weights
+// go into the integer sum through vpmaddwd (by the scales instead of by ones) at every SIMD level: vpdpbusd would
+// need a vpmulld by the scales after it, more uops than vpmaddubsw + vpmaddwd (no saturation: |32 * 127 * 2| < 2^15).
 // Per block and x row: the integer dot is converted to fp32 and accumulated with the scale d_w * d_x; Q4_0's and
 // Q4_1's offsets come from the x blocks' sums of quants, as vector FMAs over 8 blocks (gguf.h).
 #pragma once
@@ -76,7 +80,7 @@ static void quantize_x_k(int dtype, const void* x, int64_t x_stride, int64_t K, 
 // Planar row layout (gguf.h): the quants of every block, then the blocks' f16 scales, then (Q4_1) their mins.
 template <int QT>
 struct Fmt {
-  static constexpr int qbytes = QT == kGGUF_Q8_0 ? 32 : 16;  // quant bytes per block
+  static constexpr int qbytes = QT == kGGUF_Q8_0 ? 32 : QT == kGGUF_Q5_0 ? 20 : 16;  // quant bytes per block
 };
 
 #if KESTREL_GGUF_LEVEL > 0
@@ -87,6 +91,15 @@ static inline __m256i block_u8(const uint8_t* q, __m256i& w_signed) {
   if constexpr (QT == kGGUF_Q8_0) {
     w_signed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
     return _mm256_sign_epi8(w_signed, w_signed);
+  } else if constexpr (QT == kGGUF_Q5_0) {  // q: 4 bytes qh, then the 16 nibble bytes
+    uint32_t h;
+    std::memcpy(&h, q, 4);
+    // byte k of the vector gets qh's byte k / 8, then its bit k % 8 -> 0x10
+    const __m256i sel = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
+    const __m256i hv = _mm256_shuffle_epi8(_mm256_set1_epi32(int(h)), sel);
+    const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(block_u8<kGGUF_Q4_0>(q + 4, w_signed), hi);
   } else {
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
     return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F));
@@ -135,6 +148,14 @@ static inline void row_tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0
     int8_t w[kGGUFBlock];
     if constexpr (QT == kGGUF_Q8_0) {
       std::memcpy(w, qs + b * QB, kGGUFBlock);
+    } else if constexpr (QT == kGGUF_Q5_0) {
+      uint32_t h;
+      std::memcpy(&h, qs + b * QB, 4);
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t byte = qs[b * QB + 4 + j];
+        w[j] = int8_t((byte & 0x0F) | ((h >> j) & 1) << 4);
+        w[j + 16] = int8_t((byte >> 4) | ((h >> (j + 16)) & 1) << 4);
+      }
     } else {
       for (int j = 0; j < 16; ++j) {
         const uint8_t byte = qs[b * QB + j];
@@ -149,6 +170,7 @@ static inline void row_tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0
       const float dd = dw * xd[i][b];
       float r = float(dot) * dd;
       if constexpr (QT == kGGUF_Q4_0) r -= 8.f * dd * xs[i][b];
+      if constexpr (QT == kGGUF_Q5_0) r -= 16.f * dd * xs[i][b];
       if constexpr (QT == kGGUF_Q4_1) r += f16_at(ms + 2 * b) * (xd[i][b] * xs[i][b]);
       res[i] += r;
     }
@@ -177,7 +199,8 @@ static inline void row_tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0
         const __m256 dx = _mm256_loadu_ps(xd[i] + g);
         const __m256 d = _mm256_mul_ps(dw, dx);
         _mm256_store_ps(dd[i], d);
-        if constexpr (QT == kGGUF_Q4_0) corr[i] = _mm256_fmadd_ps(d, _mm256_loadu_ps(xs[i] + g), corr[i]);
+        if constexpr (QT == kGGUF_Q4_0 || QT == kGGUF_Q5_0)
+          corr[i] = _mm256_fmadd_ps(d, _mm256_loadu_ps(xs[i] + g), corr[i]);
         if constexpr (QT == kGGUF_Q4_1)
           corr[i] = _mm256_fmadd_ps(mw, _mm256_mul_ps(dx, _mm256_loadu_ps(xs[i] + g)), corr[i]);
       }
@@ -186,7 +209,7 @@ static inline void row_tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0
         const float dw = f16_at(ds + 2 * (g + j));
         for (int i = 0; i < MT; ++i) {
           dd[i][j] = dw * xd[i][g + j];
-          if constexpr (QT == kGGUF_Q4_0) corr_tail[i] += dd[i][j] * xs[i][g + j];
+          if constexpr (QT == kGGUF_Q4_0 || QT == kGGUF_Q5_0) corr_tail[i] += dd[i][j] * xs[i][g + j];
           if constexpr (QT == kGGUF_Q4_1) corr_tail[i] += f16_at(ms + 2 * (g + j)) * (xd[i][g + j] * xs[i][g + j]);
         }
       }
@@ -213,7 +236,223 @@ static inline void row_tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0
     for (int c = 1; c < NC; ++c) t = _mm256_add_ps(t, acc[c][i]);
     float r = hsum256(t);
     if constexpr (QT == kGGUF_Q4_0) r -= 8.f * (hsum256(corr[i]) + corr_tail[i]);
+    if constexpr (QT == kGGUF_Q5_0) r -= 16.f * (hsum256(corr[i]) + corr_tail[i]);
     if constexpr (QT == kGGUF_Q4_1) r += hsum256(corr[i]) + corr_tail[i];
+    res[i] = r;
+  }
+#endif
+}
+
+// ---- K-quants: super-blocks of 256 weights in the file's layout (gguf.h) ----
+
+// Q4_K / Q5_K: the 12 bytes of packed 6-bit scales -> sc[8], mn[8]. Bytes 0-3 hold sc[0-3] in their low 6 bits,
+// bytes 4-7 mn[0-3]; sc[4-7] / mn[4-7] take their low 4 bits from the low / high nibble of bytes 8-11 and their top
+// 2 bits from the top 2 bits of bytes 0-3 / 4-7.
+static inline void kscales(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = uint8_t((s[j + 8] & 0x0F) | (s[j] >> 6) << 4);
+    mn[j + 4] = uint8_t((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
+  }
+}
+
+template <int QT>
+struct KFmt;
+template <>
+struct KFmt<kGGUF_Q4_K> {
+  static constexpr int size = 144, qs = 16;
+};
+template <>
+struct KFmt<kGGUF_Q5_K> {
+  static constexpr int size = 176, qh = 16, qs = 48;
+};
+template <>
+struct KFmt<kGGUF_Q6_K> {
+  static constexpr int size = 210, ql = 0, qh = 128, sc = 192, d = 208;
+};
+
+// The 256 quants of a super-block as integers in x's order (Q4_K / Q5_K: 0..15 / 0..31; Q6_K: -32..31), and its
+// scales: Q4_K / Q5_K w = a[t] q - b[t] per sub-block t of 32, Q6_K w = a[g] q per group g of 16.
+template <int QT>
+static inline void kdecode(const uint8_t* blk, int8_t* q, float* a, float* b) {
+  if constexpr (QT == kGGUF_Q6_K) {
+    const float d = f16_at(blk + KFmt<QT>::d);
+    for (int g = 0; g < 16; ++g) a[g] = d * float(int8_t(blk[KFmt<QT>::sc + g]));
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t l0 = blk[KFmt<QT>::ql + 64 * h + l], l1 = blk[KFmt<QT>::ql + 64 * h + 32 + l];
+        const uint8_t hb = blk[KFmt<QT>::qh + 32 * h + l];
+        int8_t* o = q + 128 * h + l;
+        o[0] = int8_t(((l0 & 0x0F) | (hb & 3) << 4) - 32);
+        o[32] = int8_t(((l1 & 0x0F) | ((hb >> 2) & 3) << 4) - 32);
+        o[64] = int8_t(((l0 >> 4) | ((hb >> 4) & 3) << 4) - 32);
+        o[96] = int8_t(((l1 >> 4) | ((hb >> 6) & 3) << 4) - 32);
+      }
+  } else {
+    const float d = f16_at(blk), dmin = f16_at(blk + 2);
+    uint8_t sc[8], mn[8];
+    kscales(blk + 4, sc, mn);
+    for (int t = 0; t < 8; ++t) {
+      a[t] = d * float(sc[t]);
+      b[t] = dmin * float(mn[t]);
+    }
+    const uint8_t* qs = blk + KFmt<QT>::qs;
+    for (int t = 0; t < 8; ++t)
+      for (int l = 0; l < 32; ++l) {
+        int v = t % 2 == 0 ? qs[32 * (t / 2) + l] & 0x0F : qs[32 * (t / 2) + l] >> 4;
+        if constexpr (QT == kGGUF_Q5_K) v |= ((blk[KFmt<QT>::qh + l] >> t) & 1) << 4;
+        q[32 * t + l] = int8_t(v);
+      }
+  }
+}
+
+#if KESTREL_GGUF_LEVEL > 0
+// The 8 sub-blocks of 32 quants of a super-block as byte vectors in x's order: wu unsigned (Q4_K 0..15, Q5_K 0..31;
+// Q6_K |q - 32|), ws (Q6_K only) the signed q - 32.
+template <int QT>
+static inline void kquants(const uint8_t* blk, __m256i* wu, __m256i* ws) {
+  const __m256i m0f = _mm256_set1_epi8(0x0F);
+  if constexpr (QT == kGGUF_Q6_K) {
+    const __m256i m30 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + KFmt<QT>::ql + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + KFmt<QT>::ql + 64 * h + 32));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + KFmt<QT>::qh + 32 * h));
+      // bits 2s, 2s + 1 of qh -> bits 4, 5 (16-bit shifts: the mask drops what crosses a byte)
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+          _mm256_or_si256(_mm256_and_si256(l1, m0f), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f), _mm256_and_si256(hb, m30)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f),
+                          _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
+      for (int s = 0; s < 4; ++s) {
+        ws[4 * h + s] = _mm256_sub_epi8(q[s], off);
+        wu[4 * h + s] = _mm256_sign_epi8(ws[4 * h + s], ws[4 * h + s]);
+      }
+    }
+  } else {
+    const uint8_t* qs = blk + KFmt<QT>::qs;
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      wu[2 * c] = _mm256_and_si256(v, m0f);
+      wu[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+    }
+    if constexpr (QT == kGGUF_Q5_K) {
+      __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + KFmt<QT>::qh));
+      const __m256i m10 = _mm256_set1_epi8(0x10);
+      for (int t = 0; t < 8; ++t) {  // bit t of each byte -> 0x10 (16-bit shifts: the mask drops what crosses)
+        wu[t] = _mm256_or_si256(wu[t], _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
+        hb = _mm256_srli_epi16(hb, 1);
+      }
+    }
+  }
+}
+
+// Integer dot of 32 u8 x 32 s8 with Q6_K's two scale groups: int32 lanes 0-3 carry bytes 0-15 times sc16's low
+// half, lanes 4-7 bytes 16-31 times its high half (int16 scales).
+static inline __m256i dot_u8s8_scaled(__m256i u, __m256i s, __m256i sc16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc16);
+}
+#endif
+
+// res[i] = sum_k W[row, k] * x[m0 + i, k] for MT rows of x, W a row of K-quant super-blocks.
+template <int QT, int MT>
+static inline void row_tile_k(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
+  constexpr int SZ = KFmt<QT>::size;
+  const int64_t nsb = p.K / kGGUFSuper, nb = p.K / kGGUFBlock;
+  const int8_t* xq[MT];
+  const float* xd[MT];
+  const float* xs[MT];
+  for (int i = 0; i < MT; ++i) {
+    xq[i] = p.xq + (m0 + i) * p.K;
+    xd[i] = p.xd + (m0 + i) * nb;
+    xs[i] = p.xs + (m0 + i) * nb;
+  }
+#if KESTREL_GGUF_LEVEL == 0
+  for (int i = 0; i < MT; ++i) res[i] = 0.f;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    int8_t w[kGGUFSuper];
+    float a[16], b[8];
+    kdecode<QT>(wrow + sb * SZ, w, a, b);
+    for (int i = 0; i < MT; ++i) {
+      float r = 0.f;
+      for (int t = 0; t < 8; ++t) {
+        const int8_t* q = xq[i] + sb * kGGUFSuper + 32 * t;
+        const float dx = xd[i][sb * 8 + t];
+        if constexpr (QT == kGGUF_Q6_K) {
+          int32_t d0 = 0, d1 = 0;
+          for (int l = 0; l < 16; ++l) d0 += int32_t(w[32 * t + l]) * int32_t(q[l]);
+          for (int l = 16; l < 32; ++l) d1 += int32_t(w[32 * t + l]) * int32_t(q[l]);
+          const uint8_t* sc = wrow + sb * SZ + KFmt<QT>::sc + 2 * t;
+          const int32_t s0 = int8_t(sc[0]), s1 = int8_t(sc[1]);
+          r += float(s0 * d0 + s1 * d1) * (f16_at(wrow + sb * SZ + KFmt<QT>::d) * dx);
+        } else {
+          int32_t dot = 0;
+          for (int l = 0; l < 32; ++l) dot += int32_t(w[32 * t + l]) * int32_t(q[l]);
+          r += float(dot) * (a[t] * dx) - b[t] * (dx * xs[i][sb * 8 + t]);
+        }
+      }
+      res[i] += r;
+    }
+  }
+#else
+  // Per super-block: the 8 sub-blocks' scale products (d sc[t] d_x, Q6_K: d d_x) in one vector op, parked in a
+  // stack buffer and broadcast per sub-block; the mins as a vector FMA. Per sub-block and x row: dot, convert, fmadd
+  // (two accumulator chains, even / odd sub-blocks; the same for every MT: batch invariance, as row_tile).
+  constexpr int NC = 2;
+  __m256 acc[NC][MT], corr[MT];
+  for (int i = 0; i < MT; ++i) {
+    corr[i] = _mm256_setzero_ps();
+    for (int c = 0; c < NC; ++c) acc[c][i] = _mm256_setzero_ps();
+  }
+  alignas(32) float dd[MT][8];
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = wrow + sb * SZ;
+    const int64_t xb = sb * 8;  // first x block of the super-block
+    __m256i wu[8];  // the 8 sub-blocks' quants, unsigned operand
+    __m256i ws[8];  // Q6_K: the signed quants (x takes their sign)
+    kquants<QT>(blk, wu, ws);
+    if constexpr (QT == kGGUF_Q6_K) {
+      const __m256 d = _mm256_set1_ps(f16_at(blk + KFmt<QT>::d));
+      for (int i = 0; i < MT; ++i) _mm256_store_ps(dd[i], _mm256_mul_ps(d, _mm256_loadu_ps(xd[i] + xb)));
+    } else {
+      uint8_t sc[8], mn[8];
+      kscales(blk + 4, sc, mn);
+      const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)),
+                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                           reinterpret_cast<const __m128i*>(sc)))));
+      const __m256 dmn = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk + 2)),
+                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                           reinterpret_cast<const __m128i*>(mn)))));
+      for (int i = 0; i < MT; ++i) {
+        const __m256 dx = _mm256_loadu_ps(xd[i] + xb);
+        _mm256_store_ps(dd[i], _mm256_mul_ps(dsc, dx));
+        corr[i] = _mm256_fmadd_ps(dmn, _mm256_mul_ps(dx, _mm256_loadu_ps(xs[i] + xb)), corr[i]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) {
+      __m256i sc16 = _mm256_setzero_si256();
+      if constexpr (QT == kGGUF_Q6_K)
+        sc16 = _mm256_set_m128i(_mm_set1_epi16(int8_t(blk[KFmt<QT>::sc + 2 * t + 1])),
+                                _mm_set1_epi16(int8_t(blk[KFmt<QT>::sc + 2 * t])));
+      for (int i = 0; i < MT; ++i) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + (xb + t) * kGGUFBlock));
+        __m256i dot;
+        if constexpr (QT == kGGUF_Q6_K)
+          dot = dot_u8s8_scaled(wu[t], _mm256_sign_epi8(xv, ws[t]), sc16);
+        else
+          dot = dot_u8s8(wu[t], xv);
+        acc[t % NC][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(&dd[i][t]), acc[t % NC][i]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    __m256 t = acc[0][i];
+    for (int c = 1; c < NC; ++c) t = _mm256_add_ps(t, acc[c][i]);
+    float r = hsum256(t);
+    if constexpr (QT != kGGUF_Q6_K) r -= hsum256(corr[i]);
     res[i] = r;
   }
 #endif
@@ -230,6 +469,14 @@ static inline void store_out(const GGUFParams& p, int64_t m, int64_t n, float v)
 // one core: 6 GB/s without, the bfloat16 kernel's ~12 GB/s with).
 constexpr int64_t kPrefetchBytes = 4096;
 
+template <int QT, int MT>
+static inline void tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
+  if constexpr (gguf_is_kquant(QT))
+    row_tile_k<QT, MT>(p, wrow, m0, res);
+  else
+    row_tile<QT, MT>(p, wrow, m0, res);
+}
+
 template <int QT, class T>
 static void gemv_typed(const GGUFParams& p, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
@@ -242,13 +489,13 @@ static void gemv_typed(const GGUFParams& p, int64_t n0, int64_t n1) {
     int64_t m = 0;
     float res[4];
     for (; m + 4 <= p.M; m += 4) {
-      row_tile<QT, 4>(p, wrow, m, res);
+      tile<QT, 4>(p, wrow, m, res);
       for (int i = 0; i < 4; ++i) store_out<T>(p, m + i, n, res[i]);
     }
     switch (p.M - m) {
-      case 3: row_tile<QT, 3>(p, wrow, m, res); break;
-      case 2: row_tile<QT, 2>(p, wrow, m, res); break;
-      case 1: row_tile<QT, 1>(p, wrow, m, res); break;
+      case 3: tile<QT, 3>(p, wrow, m, res); break;
+      case 2: tile<QT, 2>(p, wrow, m, res); break;
+      case 1: tile<QT, 1>(p, wrow, m, res); break;
       default: break;
     }
     for (int64_t i = 0; m + i < p.M; ++i) store_out<T>(p, m + i, n, res[i]);
@@ -268,6 +515,10 @@ static void gemv_k(const GGUFParams& p, int64_t n0, int64_t n1) {
   switch (p.qtype) {
     case kGGUF_Q4_0: gemv_q<kGGUF_Q4_0>(p, n0, n1); break;
     case kGGUF_Q4_1: gemv_q<kGGUF_Q4_1>(p, n0, n1); break;
+    case kGGUF_Q5_0: gemv_q<kGGUF_Q5_0>(p, n0, n1); break;
+    case kGGUF_Q4_K: gemv_q<kGGUF_Q4_K>(p, n0, n1); break;
+    case kGGUF_Q5_K: gemv_q<kGGUF_Q5_K>(p, n0, n1); break;
+    case kGGUF_Q6_K: gemv_q<kGGUF_Q6_K>(p, n0, n1); break;
     default: gemv_q<kGGUF_Q8_0>(p, n0, n1); break;
   }
 }
@@ -287,6 +538,14 @@ static void dequant_typed(const uint8_t* w, int64_t row_bytes, int64_t K, int64_
       if constexpr (QT == kGGUF_Q8_0) {
         const int8_t* q = reinterpret_cast<const int8_t*>(qs + b * QB);
         for (int j = 0; j < kGGUFBlock; ++j) ob[j] = from_f32<T>(d * float(q[j]));
+      } else if constexpr (QT == kGGUF_Q5_0) {
+        uint32_t h;
+        std::memcpy(&h, qs + b * QB, 4);
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t byte = qs[b * QB + 4 + j];
+          ob[j] = from_f32<T>(d * float((byte & 0x0F) | ((h >> j) & 1) << 4) - 16.f * d);
+          ob[j + 16] = from_f32<T>(d * float((byte >> 4) | ((h >> (j + 16)) & 1) << 4) - 16.f * d);
+        }
       } else {
         const float m = QT == kGGUF_Q4_1 ? f16_at(ds + nb * 2 + 2 * b) : -8.f * d;
         for (int j = 0; j < 16; ++j) {
@@ -333,7 +592,8 @@ static void dequant_simd(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t
       const float df = f16_at(ds + 2 * b);
       const __m256 d = _mm256_set1_ps(df);
       const __m256 m = QT == kGGUF_Q4_1 ? _mm256_set1_ps(f16_at(ds + nb * 2 + 2 * b))
-                       : QT == kGGUF_Q4_0 ? _mm256_set1_ps(-8.f * df) : _mm256_setzero_ps();
+                       : QT == kGGUF_Q4_0 ? _mm256_set1_ps(-8.f * df)
+                       : QT == kGGUF_Q5_0 ? _mm256_set1_ps(-16.f * df) : _mm256_setzero_ps();
       __m256i ws;
       const __m256i q = QT == kGGUF_Q8_0 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * QB))
                                          : block_u8<QT>(qs + b * QB, ws);
@@ -351,17 +611,93 @@ static void dequant_simd(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t
 }
 #endif
 
+// K-quant rows: w = a q - b per sub-block (Q6_K: a q per group of 16), rounded once to T (the scalar level; the SIMD
+// levels unpack with kquants: dequant_kq_simd).
+template <int QT, class T>
+static void dequant_kq(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n0, int64_t n1, T* out) {
+  const int64_t nsb = K / kGGUFSuper;
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      int8_t q[kGGUFSuper];
+      float a[16], b[8];
+      kdecode<QT>(w + n * row_bytes + sb * KFmt<QT>::size, q, a, b);
+      T* o = out + (n - n0) * K + sb * kGGUFSuper;
+      if constexpr (QT == kGGUF_Q6_K) {
+        for (int j = 0; j < kGGUFSuper; ++j) o[j] = from_f32<T>(a[j / 16] * float(q[j]));
+      } else {
+        for (int j = 0; j < kGGUFSuper; ++j) o[j] = from_f32<T>(a[j / 32] * float(q[j]) - b[j / 32]);
+      }
+    }
+  }
+}
+
+#if KESTREL_GGUF_LEVEL > 0
+template <int QT, class T>
+static void dequant_kq_simd(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n0, int64_t n1, T* out) {
+  const int64_t nsb = K / kGGUFSuper;
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = w + n * row_bytes + sb * KFmt<QT>::size;
+      __m256i wu[8], ws[8];
+      kquants<QT>(blk, wu, ws);
+      float a[16], b[8];
+      if constexpr (QT == kGGUF_Q6_K) {
+        const float d = f16_at(blk + KFmt<QT>::d);
+        for (int g = 0; g < 16; ++g) a[g] = d * float(int8_t(blk[KFmt<QT>::sc + g]));
+      } else {
+        uint8_t sc[8], mn[8];
+        kscales(blk + 4, sc, mn);
+        const float d = f16_at(blk), dmin = f16_at(blk + 2);
+        for (int t = 0; t < 8; ++t) {
+          a[t] = d * float(sc[t]);
+          b[t] = dmin * float(mn[t]);
+        }
+      }
+      T* o = out + (n - n0) * K + sb * kGGUFSuper;
+      for (int t = 0; t < 8; ++t) {
+        const __m256i q = QT == kGGUF_Q6_K ? ws[t] : wu[t];
+        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        __m256 f[4];
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (QT == kGGUF_Q6_K) {  // groups of 16: a[2t] for the first two parts, a[2t + 1] after
+            f[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])),
+                                 _mm256_set1_ps(a[2 * t + j / 2]));
+          } else {
+            f[j] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j])), _mm256_set1_ps(a[t]),
+                                   _mm256_set1_ps(b[t]));
+          }
+        }
+        store16(o + 32 * t, f[0], f[1]);
+        store16(o + 32 * t + 16, f[2], f[3]);
+      }
+    }
+  }
+}
+#endif
+
 template <class T>
 static void dequant_t(int qtype, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n0, int64_t n1, T* out) {
 #if KESTREL_GGUF_LEVEL > 0
   switch (qtype) {
+    case kGGUF_Q4_K: return dequant_kq_simd<kGGUF_Q4_K, T>(w, row_bytes, K, n0, n1, out);
+    case kGGUF_Q5_K: return dequant_kq_simd<kGGUF_Q5_K, T>(w, row_bytes, K, n0, n1, out);
+    case kGGUF_Q6_K: return dequant_kq_simd<kGGUF_Q6_K, T>(w, row_bytes, K, n0, n1, out);
+    default: break;
+  }
+  switch (qtype) {
     case kGGUF_Q4_0: dequant_simd<kGGUF_Q4_0, T>(w, row_bytes, K, n0, n1, out); break;
+    case kGGUF_Q5_0: dequant_simd<kGGUF_Q5_0, T>(w, row_bytes, K, n0, n1, out); break;
     case kGGUF_Q4_1: dequant_simd<kGGUF_Q4_1, T>(w, row_bytes, K, n0, n1, out); break;
     default: dequant_simd<kGGUF_Q8_0, T>(w, row_bytes, K, n0, n1, out); break;
   }
 #else
   switch (qtype) {
+    case kGGUF_Q4_K: return dequant_kq<kGGUF_Q4_K, T>(w, row_bytes, K, n0, n1, out);
+    case kGGUF_Q5_K: return dequant_kq<kGGUF_Q5_K, T>(w, row_bytes, K, n0, n1, out);
+    case kGGUF_Q6_K: return dequant_kq<kGGUF_Q6_K, T>(w, row_bytes, K, n0, n1, out);
     case kGGUF_Q4_0: dequant_typed<kGGUF_Q4_0, T>(w, row_bytes, K, n0, n1, out); break;
+    case kGGUF_Q5_0: dequant_typed<kGGUF_Q5_0, T>(w, row_bytes, K, n0, n1, out); break;
     case kGGUF_Q4_1: dequant_typed<kGGUF_Q4_1, T>(w, row_bytes, K, n0, n1, out); break;
     default: dequant_typed<kGGUF_Q8_0, T>(w, row_bytes, K, n0, n1, out); break;
   }

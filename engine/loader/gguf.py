@@ -2,7 +2,8 @@
 metadata, and tensors dequantized to float32 with ``gguf.quants.dequantize`` -- bit-identical to what
 transformers' GGUF loader produces (its q/k un-permutation included).
 
-Linear weights of a type with a native CPU kernel (Q4_0, Q4_1, Q8_0: engine/ops/gguf_quant.py) can instead be
+Linear weights of a type with a native CPU kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K:
+engine/ops/gguf_quant.py) can instead be
 read as their blocks (``quantized_slice``), which the CPU linear layers keep as they are: the model then takes
 about the file's size in memory. Opt-in (``--quantization gguf``: the model runner sets ``keep_quantized``), because
 the kernels quantize activations per block, llama.cpp's way, so a request's greedy output may change with what it
@@ -326,7 +327,8 @@ class GGUFWeights(WeightSource):
         (uint8 [rows, k / block * type_size], a copy), when the tensor's ggml type is one of
         ``kernel_types`` (the caller's kernels: engine.ops.GGUFWeight.KERNEL_TYPES); else None and the caller takes
         the dequantized ``get_slice``: another quantized type (logged once per type), a float type, a column
-        slice not on block boundaries, or ``keep_quantized`` off (the default: blocks dequantized at load)."""
+        slice not on block boundaries (256 for the K-quants), or ``keep_quantized`` off (the default: blocks
+        dequantized at load)."""
         if not self.keep_quantized:
             return None
         shape = self._check_slice(name, dim, start, stop)

@@ -1,14 +1,17 @@
-"""GGUF quantized weights kept as the file's blocks (Q4_0, Q4_1, Q8_0), and the linear op on them.
+"""GGUF quantized weights kept as the file's blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), and the linear op
+on them.
 
-``GGUFWeight`` holds a linear weight [N, K] as N rows of GGUF blocks (the file's bytes, uint8 [N, row_bytes],
-each row rearranged at load into the kernels' planar order: quants, then scales; same size); ``ops.linear`` takes it
+``GGUFWeight`` holds a linear weight [N, K] as N rows of GGUF blocks (the file's bytes, uint8 [N, row_bytes]; rows
+of the types with blocks of 32 rearranged at load into the kernels' planar order: quants, then scales; same size;
+K-quant rows, super-blocks of 256, as the file has them); ``ops.linear`` takes it
 where it takes a weight tensor. On the CPU the native kernels (csrc/cpu/gguf.h) quantize x per block of 32 to int8
-(llama.cpp's Q8_0 / Q8_1 activations, ``reference.gguf_quantize_activations``) and, for a few rows (decode), meet the
+(llama.cpp's Q8_0 / Q8_1 activations, ``reference.gguf_quantize_activations``; for the K-quants too: a sub-block
+of 32 meets one x block, so its integer sum is exact) and, for a few rows (decode), meet the
 weight blocks in integer dot products; for more rows (prefill) they multiply that quantized x by panels of
 dequantized weight rows in the float GEMM kernels (the same products: a row's result does not depend on the
 regime beyond float rounding). Elsewhere (CUDA, no engine._C) the weight is dequantized for the call and x is not
-quantized. A decode step thus streams 0.56-1.06 bytes per weight (Q4_0 ... Q8_0) instead of 2 (bfloat16), and the
-model takes the file's size in memory.
+quantized. A decode step thus streams 0.56-1.06 bytes per weight (Q4_0 / Q4_K ... Q8_0) instead of 2 (bfloat16),
+and the model takes the file's size in memory.
 """
 
 from __future__ import annotations
@@ -31,14 +34,21 @@ from engine.ops.native import (
 )
 
 BLOCK = 32
-# ggml type id -> (name, bytes per block of 32, offset of the quants in a block): the types with a kernel
-TYPES = {2: ("Q4_0", 18, 2), 3: ("Q4_1", 20, 4), 8: ("Q8_0", 34, 2)}
+# ggml type id -> (name, bytes per block, offset of the quants in a block (None: rows kept in the file's layout),
+# weights per block): the types with a kernel (csrc/cpu/gguf.h has the layouts)
+TYPES = {
+    2: ("Q4_0", 18, 2, 32), 3: ("Q4_1", 20, 4, 32), 6: ("Q5_0", 22, 2, 32), 8: ("Q8_0", 34, 2, 32),
+    12: ("Q4_K", 144, None, 256), 13: ("Q5_K", 176, None, 256), 14: ("Q6_K", 210, None, 256),
+}
 
 
 def to_planar(blocks: np.ndarray, qtype: int) -> np.ndarray:
-    """GGUF rows [N, nb * type_size] -> the kernels' planar rows of the same size: every block's quants, then the
-    blocks' float16 scales d, then (Q4_1) their mins m (csrc/cpu/gguf.h says why)."""
-    _, size, qs = TYPES[qtype]
+    """GGUF rows [N, nb * type_size] -> the kernels' planar rows of the same size: every block's quants (Q5_0: its
+    qh bytes, then its nibbles), then the blocks' float16 scales d, then (Q4_1) their mins m (csrc/cpu/gguf.h says
+    why). K-quant rows stay as they are (their super-block headers already serve 8 sub-blocks)."""
+    _, size, qs, _ = TYPES[qtype]
+    if qs is None:
+        return np.array(blocks, copy=True)  # a copy, as the concatenation below makes
     n = blocks.shape[0]
     b = blocks.reshape(n, -1, size)
     parts = [b[..., qs:].reshape(n, -1), b[..., 0:2].reshape(n, -1)]
@@ -49,7 +59,9 @@ def to_planar(blocks: np.ndarray, qtype: int) -> np.ndarray:
 
 def from_planar(data: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     """The inverse of to_planar: GGUF's block layout (uint8 [N, nb * type_size])."""
-    _, size, qs = TYPES[qtype]
+    _, size, qs, _ = TYPES[qtype]
+    if qs is None:
+        return data
     n, nb = data.shape[0], k // BLOCK
     qbytes = size - qs
     quants = data[:, : nb * qbytes].reshape(n, nb, qbytes)
@@ -60,7 +72,7 @@ def from_planar(data: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class GGUFWeight:
-    data: torch.Tensor  # uint8 [N, K / 32 * type_size], contiguous: the file's blocks of a row, planar (to_planar)
+    data: torch.Tensor  # uint8 [N, K / block * type_size], contiguous: the file's blocks of a row (to_planar)
     qtype: int          # ggml type id (gguf.GGMLQuantizationType)
     k: int
 
@@ -90,10 +102,11 @@ class GGUFWeight:
         if qtype not in TYPES:
             raise ValueError(f"no GGUF kernel for ggml type {qtype}; kernels: "
                              f"{', '.join(t[0] for t in TYPES.values())}")
-        if k <= 0 or k % BLOCK:
-            raise ValueError(f"GGUF weights need K a positive multiple of {BLOCK}, got {k}")
+        name, size, _, block = TYPES[qtype]
+        if k <= 0 or k % block:
+            raise ValueError(f"GGUF {name} weights need K a positive multiple of {block}, got {k}")
         arr = np.asarray(blocks.numpy() if isinstance(blocks, torch.Tensor) else blocks, dtype=np.uint8)
-        row_bytes = k // BLOCK * TYPES[qtype][1]
+        row_bytes = k // block * size
         if arr.ndim != 2 or arr.shape[1] != row_bytes:
             raise ValueError(f"{TYPES[qtype][0]} rows of K={k} take {row_bytes} bytes, got blocks of shape "
                              f"{tuple(arr.shape)}")
@@ -109,7 +122,13 @@ class GGUFWeight:
         return cls(torch.cat([p.data for p in parts]).contiguous(), parts[0].qtype, parts[0].k)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return reference.gguf_dequantize(self.file_blocks(), self.qtype, self.k).to(dtype)
+        if self.qtype in (2, 3, 8):
+            return reference.gguf_dequantize(self.file_blocks(), self.qtype, self.k).to(dtype)
+        from gguf import GGMLQuantizationType
+        from gguf import quants as gguf_quants
+
+        values = gguf_quants.dequantize(self.file_blocks().numpy(), GGMLQuantizationType(self.qtype))
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape).to(dtype)
 
 
 def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None = None,

@@ -56,8 +56,63 @@ def _random_blocks(qtype, n_blocks: int, rng):
     return blocks
 
 
-def encode_tensor(array, qtype, rng):
-    """``(data, raw_dtype)`` for GGUFWriter.add_tensor: float32 values stored as ``qtype``."""
+def quantize_kquant(array, qtype):
+    """float32 values [..., K] (K % 256 == 0) as Q4_K / Q5_K / Q6_K blocks ([..., K / 256 * type_size] uint8),
+    close to the values (a plain min / max quantizer, not llama.cpp's search): what gguf-py cannot write. The
+    layouts are ggml's (gguf.quants' dequantization reads them back)."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as Q
+
+    _, size = GGML_QUANT_SIZES[qtype]
+    x = np.asarray(array, dtype=np.float32)
+    lead = x.shape[:-1]
+    x = x.reshape(-1, 256)
+    n = x.shape[0]
+    f16 = lambda v: v.astype(np.float16)
+    if qtype == Q.Q6_K:
+        g = x.reshape(n, 16, 16)
+        scale = np.abs(g).max(-1) / 31  # per group of 16
+        d = f16(scale.max(-1) / 127)
+        df = d.astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where(df[:, None] > 0, np.rint(scale / df[:, None]), 0).clip(-128, 127).astype(np.int8)
+            step = df[:, None, None] * sc[..., None].astype(np.float32)
+            q = np.where(step > 0, np.rint(g / step), 0).clip(-32, 31).astype(np.int16)
+        u = (q.reshape(n, 2, 4, 32) + 32).astype(np.uint8)  # [half, sub-block s, l]
+        ql = np.concatenate([u[:, :, 0] & 15 | (u[:, :, 2] & 15) << 4, u[:, :, 1] & 15 | (u[:, :, 3] & 15) << 4],
+                            axis=-1)  # [n, 2, 64]
+        qh = u[:, :, 0] >> 4 | (u[:, :, 1] >> 4) << 2 | (u[:, :, 2] >> 4) << 4 | (u[:, :, 3] >> 4) << 6
+        out = np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), d.view(np.uint8)[:, None]
+                              .reshape(n, 2)], axis=-1)
+    else:
+        levels = 15 if qtype == Q.Q4_K else 31
+        g = x.reshape(n, 8, 32)
+        mn = np.maximum(0, -g.min(-1))             # w = a q - b with b >= 0
+        scale = (g.max(-1) + mn) / levels
+        d, dmin = f16(scale.max(-1) / 63), f16(mn.max(-1) / 63)
+        df, dmf = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where(df > 0, np.rint(scale / df), 0).clip(0, 63).astype(np.uint8)
+            m6 = np.where(dmf > 0, np.rint(mn / dmf), 0).clip(0, 63).astype(np.uint8)
+            a = (df * sc)[..., None]
+            b = (dmf * m6)[..., None]
+            q = np.where(a > 0, np.rint((g + b) / a), 0).clip(0, levels).astype(np.uint8)  # [n, 8, 32]
+        packed = np.concatenate([sc[:, :4] | (sc[:, 4:] >> 4) << 6, m6[:, :4] | (m6[:, 4:] >> 4) << 6,
+                                 (sc[:, 4:] & 15) | (m6[:, 4:] & 15) << 4], axis=-1)
+        qs = ((q[:, 0::2] & 15) | (q[:, 1::2] & 15) << 4).reshape(n, 128)
+        parts = [d.view(np.uint8).reshape(n, 2), dmin.view(np.uint8).reshape(n, 2), packed]
+        if qtype == Q.Q5_K:
+            bits = (q >> 4).astype(np.uint8)  # [n, 8 (t), 32 (l)]
+            parts.append(np.bitwise_or.reduce(bits << np.arange(8, dtype=np.uint8)[None, :, None], axis=1))
+        out = np.concatenate(parts + [qs], axis=-1)
+    assert out.shape[-1] == size
+    return np.ascontiguousarray(out.reshape(*lead, -1))
+
+
+def encode_tensor(array, qtype, rng, kquant_values: bool = False):
+    """``(data, raw_dtype)`` for GGUFWriter.add_tensor: float32 values stored as ``qtype``. K-quants: random valid
+    blocks, or with ``kquant_values`` (Q4_K / Q5_K / Q6_K, K % 256 == 0) the values quantized (quantize_kquant)."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES, quants
     from gguf import GGMLQuantizationType as Q
@@ -67,6 +122,8 @@ def encode_tensor(array, qtype, rng):
     if qtype == Q.F16:
         return array.astype(np.float16), None
     block, size = GGML_QUANT_SIZES[qtype]
+    if kquant_values and qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        return quantize_kquant(array, qtype), qtype
     if qtype in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K):
         blocks = _random_blocks(qtype, array.size // block, rng)
         return blocks.reshape(*array.shape[:-1], -1), qtype
@@ -78,13 +135,14 @@ def encode_tensor(array, qtype, rng):
 
 
 def write_gguf(model, out: Path, arch: str, types=None, tokenizer_source: Path | None = None,
-               name: str = "tiny", seed: int = 0, skip: set[str] = frozenset()) -> Path:
+               name: str = "tiny", seed: int = 0, skip: set[str] = frozenset(), kquant_values: bool = False) -> Path:
     """Write a transformers Llama/Qwen2/Qwen3 model as a GGUF file like llama.cpp's converter:
     tensor names, q/k permutation (llama arch), metadata, tokenizer metadata copied from
     ``tokenizer_source`` (a GGUF; None: a synthetic byte-level one of the model's vocab size).
     ``types``: None (all F32), a GGMLQuantizationType for every 2-D tensor, or a callable(hf_name, shape)
     -> type. 1-D tensors stay F32, as llama.cpp writes them. ``skip``: HF
-    names of tensors to leave out (to make broken files)."""
+    names of tensors to leave out (to make broken files). ``kquant_values``: Q4_K / Q5_K / Q6_K tensors hold
+    the model's values (quantize_kquant) instead of random blocks."""
     import gguf
     import numpy as np
     from gguf import GGMLQuantizationType as Q
@@ -168,7 +226,7 @@ def write_gguf(model, out: Path, arch: str, types=None, tokenizer_source: Path |
         qtype = Q.F32
         if arr.ndim == 2 and types is not None:
             qtype = types(hf, arr.shape) if callable(types) else types
-        data, raw = encode_tensor(np.ascontiguousarray(arr), qtype, rng)
+        data, raw = encode_tensor(np.ascontiguousarray(arr), qtype, rng, kquant_values)
         w.add_tensor(gguf_tensor_name(hf), data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -1,6 +1,6 @@
 """GGUF quantized-weight kernels (csrc/cpu/gguf*.cpp, engine/ops/gguf_quant.py) against the `gguf` package's own
-dequantization (gguf.quants.dequantize, the ground truth), for Q4_0, Q4_1 and Q8_0 on every ISA level this machine
-has (forced through engine._C.gguf_force_isa).
+dequantization (gguf.quants.dequantize, the ground truth), for Q4_0, Q4_1, Q8_0 and Q5_0, Q4_K, Q5_K, Q6_K on every
+ISA level this machine has (forced through engine._C.gguf_force_isa).
 
 Bounds: x is quantized per block of 32 to int8 steps of d_x = absmax / 127 in both regimes (integer GEMV for
 M <= 8, float GEMM on dequantized panels above), so each x element moves by at most d_x / 2 and
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
-from gguf import quants
 
 from engine import ops
 from engine.ops import reference as ref
@@ -24,6 +24,7 @@ from engine.ops import reference as ref
 _C = pytest.importorskip("engine._C")
 
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+NEW_TYPES = [Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]  # no emulation in engine.ops.reference: checked against x_q @ W
 ISAS = list(_C.gguf_isas())
 
 
@@ -166,7 +167,7 @@ def test_validation():
     with pytest.raises(ValueError, match="bias"):
         ops.linear(torch.randn(2, 64), w, torch.randn(7))
     with pytest.raises(ValueError, match="no GGUF kernel"):
-        ops.GGUFWeight.from_blocks(np.zeros((2, 144), np.uint8), int(Q.Q4_K), 256)
+        ops.GGUFWeight.from_blocks(np.zeros((2, 84), np.uint8), int(Q.Q2_K), 256)
     with pytest.raises(ValueError, match="bytes"):
         ops.GGUFWeight.from_blocks(np.zeros((2, 39), np.uint8), int(Q.Q4_1), 64)
     with pytest.raises(ValueError):
@@ -185,3 +186,142 @@ def test_fallback_without_native(monkeypatch):
     x = torch.randn(3, 96)
     monkeypatch.setattr(gq, "native_lib", None)
     torch.testing.assert_close(ops.linear(x, w), x @ _truth(raw, Q.Q4_0, 12, 96).T)
+
+
+# -- Q5_0 and the K-quants ----------------------------------------------------------------------------------------
+# f16 scale offsets in a block (gguf.quants' layouts): Q5_0 d; Q4_K / Q5_K d, dmin; Q6_K d (after ql, qh, scales)
+_SCALE_OFFSETS = {Q.Q5_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def _new_blocks(rng, qtype, n, k, mode):
+    """n rows of K as GGUF bytes of a new type: "quantized" (gguf's quantizer for Q5_0, the test writer's plain one
+    for the K-quants: gguf-py has none), or "raw": random bytes (every quant bit pattern, packed 6-bit scale / min,
+    int8 scale) with random finite float16 scales of either sign."""
+    from tests.support.gguf_writer import quantize_kquant
+
+    if mode == "quantized":
+        w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 2.0, (n, 1))).astype(np.float32)
+        return quants.quantize(w, qtype) if qtype == Q.Q5_0 else quantize_kquant(w, qtype)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+    for off in _SCALE_OFFSETS[qtype]:
+        scales = rng.uniform(-0.05, 0.05, (n, k // block)).astype(np.float16)
+        raw[..., off:off + 2] = scales.view(np.uint8).reshape(n, k // block, 2)
+    return raw.reshape(n, -1)
+
+
+def _quantized_x_times(x, truth):
+    """What both regimes compute: x rounded to its Q8 blocks (reference.gguf_quantize_activations) times the exact
+    weights, in float64."""
+    q, d, _ = ref.gguf_quantize_activations(x)
+    return (q * d).reshape(x.shape).double() @ truth.double().T
+
+
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("mode", ["quantized", "raw"])
+def test_new_types_dequantize_is_gguf_dequantize(qtype, mode):
+    rng = np.random.default_rng(int(qtype) * 10 + len(mode))
+    n, k = 13, 768
+    raw = _new_blocks(rng, qtype, n, k, mode)
+    w = ops.GGUFWeight.from_blocks(raw, int(qtype), k)
+    truth = _truth(raw, qtype, n, k)
+    assert torch.isfinite(truth).all()
+    assert torch.equal(w.dequantize(), truth)
+    assert w.shape == (n, k) and w.nbytes == raw.nbytes
+    assert np.array_equal(w.file_blocks().numpy(), raw)
+    if qtype != Q.Q5_0:  # the quantizer the model tests use is close to its input
+        x = (np.random.default_rng(1).standard_normal((n, k)) * 0.02).astype(np.float32)
+        from tests.support.gguf_writer import quantize_kquant
+
+        back = quants.dequantize(quantize_kquant(x, qtype), qtype)
+        assert np.abs(back - x).max() <= 0.1 * np.abs(x).max()
+
+
+_NEW_SHAPES = {  # (M, N, K): decode M <= 8, prefill above; Q5_0 also takes K not a multiple of 256
+    "Q5_0": [(1, 1, 32), (1, 67, 576), (2, 5, 96), (3, 40, 160), (4, 33, 64), (5, 17, 1536), (7, 9, 224),
+             (8, 64, 288), (9, 31, 96), (16, 50, 320), (37, 70, 64)],
+    "K": [(1, 1, 256), (1, 67, 512), (2, 5, 768), (3, 40, 256), (4, 33, 1536), (5, 17, 256), (7, 9, 2304),
+          (8, 64, 512), (9, 31, 256), (16, 50, 768), (37, 70, 256)],
+}
+
+
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda t: t.name)
+def test_new_types_linear_every_isa(isa, qtype):
+    rng = np.random.default_rng(100 + int(qtype))
+    g = torch.Generator().manual_seed(int(qtype))
+    shapes = _NEW_SHAPES["Q5_0" if qtype == Q.Q5_0 else "K"]
+    if isa == "scalar":
+        shapes = [s for s in shapes if s[0] * s[1] * s[2] <= 200_000]
+    for i, (M, N, K) in enumerate(shapes):
+        raw = _new_blocks(rng, qtype, N, K, "raw" if i % 3 == 2 else "quantized")
+        w = ops.GGUFWeight.from_blocks(raw, int(qtype), K)
+        truth = _truth(raw, qtype, N, K)
+        x = torch.randn(M, K, generator=g) * torch.rand(M, 1, generator=g) * 4
+        bias = torch.randn(N, generator=g) if i % 2 else None
+        out = torch.full((M, N), float("nan"))
+        y = ops.linear(x, w, bias, out=out)
+        assert y is out and not torch.isnan(y).any()
+        b = 0 if bias is None else bias.double()
+        scale = x.abs() @ truth.abs().T
+        what = f"{isa} {qtype.name} M={M} N={N} K={K}"
+        assert ((y.double() - (_quantized_x_times(x, truth) + b)).abs() <= 1e-5 * scale + 1e-5).all(), what
+        assert ((y - (x @ truth.T + (0 if bias is None else bias))).abs() <= _decode_bound(x, truth)).all(), what
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M", [1, 24])
+def test_kquant_half_dtypes(qtype, dtype, M):
+    rng = np.random.default_rng(M + int(qtype))
+    N, K = 45, 512
+    raw = _new_blocks(rng, qtype, N, K, "quantized")
+    w = ops.GGUFWeight.from_blocks(raw, int(qtype), K)
+    truth = _truth(raw, qtype, N, K)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to(dtype)
+    bias = torch.randn(N).to(dtype)
+    y = ops.linear(x, w, bias)
+    assert y.dtype == dtype and y.shape == (M, N)
+    xf = x.float()
+    exact = xf @ truth.T + bias.float()
+    ulp = 2.0 ** (-8 if dtype == torch.bfloat16 else -11)
+    bound = 2 * ulp * ((xf.abs() @ truth.abs().T) + exact.abs()) + _decode_bound(xf, truth) + 1e-3
+    assert ((y.float() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q6_K], ids=lambda t: t.name)
+def test_new_types_batch_invariant_rows_do_not_depend_on_m(qtype):
+    rng = np.random.default_rng(6)
+    N, K = 70, 512
+    w = ops.GGUFWeight.from_blocks(_new_blocks(rng, qtype, N, K, "quantized"), int(qtype), K)
+    x = torch.randn(20, K)
+    ops.set_batch_invariant(True)
+    try:
+        full = ops.linear(x, w)
+        rows = torch.cat([ops.linear(x[i:i + 1], w) for i in range(20)])
+    finally:
+        ops.set_batch_invariant(False)
+    assert torch.equal(full, rows)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_kquant_needs_k_multiple_of_256(qtype):
+    """K-quant super-blocks are 256 wide: another K is refused clearly, in Python and in the native entry point."""
+    size = GGML_QUANT_SIZES[qtype][1]
+    with pytest.raises(ValueError, match="multiple of 256"):
+        ops.GGUFWeight.from_blocks(np.zeros((2, size), np.uint8), int(qtype), 288)
+    out, x, w = torch.empty(1, 2), torch.zeros(1, 288), torch.zeros(2, size, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        _C.gguf_linear(0, out.data_ptr(), 2, x.data_ptr(), 288, w.data_ptr(), size, int(qtype), 0, 1, 2, 288)
+    with pytest.raises(ValueError):  # row_bytes of another K
+        _C.gguf_linear(0, out.data_ptr(), 2, x.data_ptr(), 256, w.data_ptr(), size - 1, int(qtype), 0, 1, 2, 256)
+
+
+def test_new_type_fallback_without_native(monkeypatch):
+    import engine.ops.gguf_quant as gq
+
+    rng = np.random.default_rng(9)
+    raw = _new_blocks(rng, Q.Q4_K, 12, 256, "quantized")
+    w = ops.GGUFWeight.from_blocks(raw, int(Q.Q4_K), 256)
+    x = torch.randn(3, 256)
+    monkeypatch.setattr(gq, "native_lib", None)
+    torch.testing.assert_close(ops.linear(x, w), x @ _truth(raw, Q.Q4_K, 12, 256).T)
