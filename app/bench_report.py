@@ -33,12 +33,86 @@ def label(report: dict) -> str:
 
 
 def rows(report: dict) -> list[dict]:
-    """One dict per point: ``concurrency`` and the metrics of COLUMNS (None where absent)."""
+    """One dict per point: ``concurrency``, ``engine_config`` (the point's engine configuration in a sweep over
+    them, else None) and the metrics of COLUMNS (None where absent)."""
     out = []
     for p in report.get("points", []):
         m = p.get("metrics", {})
-        out.append({"concurrency": concurrency(report, p), **{k: m.get(k) for k, _ in COLUMNS}})
+        out.append({"concurrency": concurrency(report, p), "engine_config": _config_of(p),
+                    **{k: m.get(k) for k, _ in COLUMNS}})
     return out
+
+
+def _config_of(point: dict) -> str | None:
+    return point.get("engine_config") or point.get("params", {}).get("engine_config")
+
+
+def engine_configs(report: dict) -> list[str]:
+    """The engine configurations of a `kestrel bench sweep --engine-configs` report, in sweep order ([] else)."""
+    names: list[str] = []
+    for p in report.get("points", []):
+        c = _config_of(p)
+        if c is not None and c not in names:
+            names.append(c)
+    return names
+
+
+def split_configs(report: dict) -> list[dict]:
+    """A report per engine configuration (its points only, labelled "run · config"), so that charts and
+    comparisons see one line per configuration; a report without configurations as it is."""
+    names = engine_configs(report)
+    if not names:
+        return [report]
+    base = label(report)
+    servers = {r.get("name"): r.get("server") for r in report.get("engine_configs") or []}
+    out = []
+    for n in names:
+        server = {**report.get("server", {}), "kestrel": servers.get(n) or report.get("server", {}).get("kestrel")}
+        out.append({**report, "label": f"{base} · {n}", "server": server,
+                    "points": [p for p in report["points"] if _config_of(p) == n]})
+    return out
+
+
+def comm_table(report: dict) -> list[dict]:
+    """auto's start-up all-reduce table as the server reported it (/v1/server_info ``comm_table``; TP > 1):
+    one row per message size with ``bytes``, ``latency_us`` and ``ok`` by strategy and the ``choice``.
+    [] when the server is not Kestrel's, TP is 1, or the strategy was fixed."""
+    info = report.get("server", {}).get("kestrel") or {}
+    return list(info.get("comm_table") or [])
+
+
+def comm_strategies(table: list[dict]) -> list[str]:
+    names: list[str] = []
+    for row in table:
+        for n in row.get("latency_us", {}):
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def size_text(nbytes: int) -> str:
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= k:
+            return f"{nbytes / k:g} {unit}"
+    return f"{nbytes} B"
+
+
+def comm_table_markdown(table: list[dict]) -> list[str]:
+    """The table as Markdown lines: a row per message size, the latency of each strategy (us; "failed" where it
+    missed the correctness check) and the one chosen."""
+    if not table:
+        return []
+    names = comm_strategies(table)
+    lines = ["| message | " + " | ".join(f"{n} us" for n in names) + " | chosen |",
+             "|---:|" + "---:|" * len(names) + ":---|"]
+    for row in table:
+        cells = []
+        for n in names:
+            v = row.get("latency_us", {}).get(n)
+            ok = row.get("ok", {}).get(n, True)
+            cells.append("" if v is None else f"{v:.1f}" + ("" if ok else " (failed)"))
+        lines.append(f"| {size_text(int(row['bytes']))} | " + " | ".join(cells) + f" | {row.get('choice', '')} |")
+    return lines
 
 
 def series(report: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +136,8 @@ def delta_pct(a: float | None, b: float | None) -> float | None:
 
 def compare(a: dict, b: dict) -> list[dict]:
     """Side by side at every concurrency both runs measured: ``concurrency``, and per metric key of COLUMNS
-    a tuple (value in a, value in b, delta in % from a to b)."""
+    a tuple (value in a, value in b, delta in % from a to b). For a sweep over engine configurations, pass the
+    reports of split_configs (else the last configuration at a concurrency is the one compared)."""
     ra = {r["concurrency"]: r for r in rows(a)}
     rb = {r["concurrency"]: r for r in rows(b)}
     out = []
@@ -82,11 +157,13 @@ def _cell(v) -> str:
 
 def write_csv(report: dict, path: str | Path) -> None:
     """One row per sweep point: concurrency and the metrics of COLUMNS (keys as in the JSON report)."""
+    configs = bool(engine_configs(report))
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["max_concurrency", *(k for k, _ in COLUMNS)])
+        w.writerow([*(["engine_config"] if configs else []), "max_concurrency", *(k for k, _ in COLUMNS)])
         for r in rows(report):
-            w.writerow([r["concurrency"], *(_cell(r[k]) for k, _ in COLUMNS)])
+            w.writerow([*([r["engine_config"]] if configs else []), r["concurrency"],
+                        *(_cell(r[k]) for k, _ in COLUMNS)])
 
 
 def markdown(report: dict) -> str:
@@ -96,16 +173,24 @@ def markdown(report: dict) -> str:
     client = report.get("client", {})
     lines = [f"# Benchmark: {label(report)}", "",
              f"- Date: {report.get('date', '')}",
-             f"- Target: {server.get('base_url', '')} (model `{server.get('model', '')}`, "
-             f"{server.get('endpoint', '')})",
+             (f"- Target: {server.get('base_url', '')} (model `{server.get('model', '')}`, "
+              f"{server.get('endpoint', '')})"),
              f"- Dataset: {ds.get('name', '')}, {ds.get('num_prompts', '')} prompts"
              + (f", input {ds['input_len']} / output {ds['output_len']} tokens" if "input_len" in ds else ""),
              f"- Seed: {report.get('seed', '')}",
              f"- Client: {client.get('cpu', '')}, {client.get('logical_cpus', '')} logical CPUs"
              + "".join(f", {g['name']}" for g in client.get("gpus") or []),
-             "", "Re-run with:", "", "```", report.get("command", ""), "```", "",
-             "| concurrency | " + " | ".join(t for _, t in COLUMNS) + " |",
-             "|---:|" + "---:|" * len(COLUMNS)]
+             "", "Re-run with:", "", "```", report.get("command", ""), "```", ""]
+    configs = bool(engine_configs(report))
+    lines += ["| " + ("engine config | " if configs else "") + "concurrency | "
+              + " | ".join(t for _, t in COLUMNS) + " |",
+              "|" + (":---|" if configs else "") + "---:|" + "---:|" * len(COLUMNS)]
     for r in rows(report):
-        lines.append(f"| {r['concurrency']} | " + " | ".join(_cell(r[k]) for k, _ in COLUMNS) + " |")
+        lines.append("| " + (f"{r['engine_config']} | " if configs else "") + f"{r['concurrency']} | "
+                     + " | ".join(_cell(r[k]) for k, _ in COLUMNS) + " |")
+    table = comm_table(report)
+    if table:
+        info = report.get("server", {}).get("kestrel") or {}
+        lines += ["", (f"All-reduce strategies measured at start-up (TP {info.get('tensor_parallel_size', '?')}, "
+                       f"comm strategy {info.get('comm_strategy', '?')}):"), "", *comm_table_markdown(table)]
     return "\n".join(lines) + "\n"

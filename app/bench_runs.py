@@ -1,12 +1,14 @@
 """The library of saved benchmark runs: one JSON report per run (the structure of `kestrel bench sweep`'s
 report) in a folder under the app's data directory, so a run made in the app can be reopened, overlaid and
-compared later, and a report written by the command line can be dropped in the folder and shows up too."""
+compared later; a report written by the command line is imported (``RunLibrary.import_file``, the panel's
+"Import report…") or dropped in the folder, and shows up too."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +71,23 @@ class RunLibrary:
             n += 1
             path = self.folder / f"{stamp}-{slug}-{n}.json"
         return write_report(report, path)
+
+    def import_file(self, path: str | Path) -> Path:
+        """Copy a report written elsewhere (`kestrel bench serve` / `sweep --result-filename`) into the library,
+        unchanged; returns its path there. ValueError (in words) when it is not a report."""
+        src = Path(path)
+        report = read_report(src)
+        if src.parent.resolve() == self.folder.resolve():
+            return src
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label(report)).strip("-")[:60] or "run"
+        dest = self.folder / f"{stamp}-{slug}.json"
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = self.folder / f"{stamp}-{slug}-{n}.json"
+        shutil.copyfile(src, dest)
+        return dest
 
     def entries(self) -> list[RunEntry]:
         out = []

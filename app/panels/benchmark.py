@@ -3,7 +3,10 @@ any URL) with a sweep over max concurrency, as `kestrel bench sweep` does; see i
 of every request, output throughput) and when done (throughput, TTFT and TPOT p50/p99 against concurrency,
 the latency CDF). Every finished run is saved in the library (app.bench_runs); runs there can be reopened,
 overlaid on one set of charts, compared two at a time (deltas in %), and exported as PNG, CSV, JSON and
-Markdown. Each run shows the one command line that re-runs it from a terminal.
+Markdown; reports written by `kestrel bench serve` / `sweep` are imported into it ("Import report…"). A sweep
+over engine configurations (`--engine-configs`) is drawn as a line per configuration. When the run's server is
+Kestrel's at TP > 1, the all-reduce strategies auto measured at start-up are shown as a table (and exported in
+the Markdown and JSON). Each run shows the one command line that re-runs it from a terminal.
 
 The run itself is app.workers.bench_worker.BenchWorker on a thread of its own: the panel only draws."""
 
@@ -43,8 +46,8 @@ from app import bench_report
 from app import theme as themes
 from app.bench_runs import RunLibrary, write_report
 from app.context import AppContext
-from app.workers.bench_worker import DATASETS, BenchSpec, BenchWorker, parse_concurrencies
 from app.widgets.bench_charts import LiveCharts, ResultCharts
+from app.workers.bench_worker import DATASETS, BenchSpec, BenchWorker, parse_concurrencies
 
 LOCAL, CUSTOM = "local", "custom"
 
@@ -86,6 +89,7 @@ class BenchmarkPanel(QWidget):
         root.addWidget(split, 1)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)  # the form wraps to the width; no sideways
         scroll.setMinimumWidth(300)
         scroll.setMaximumWidth(380)
         scroll.setWidget(self._settings())
@@ -218,6 +222,15 @@ class BenchmarkPanel(QWidget):
         lay.addWidget(self.results_title)
         self.charts = ResultCharts()
         lay.addWidget(self.charts, 1)
+        self.comm_box = QGroupBox("All-reduce strategies measured at start-up (TP > 1, auto)")
+        cb = QVBoxLayout(self.comm_box)
+        self.comm_table = QTableWidget(0, 0)
+        self.comm_table.verticalHeader().setVisible(False)
+        self.comm_table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.comm_table.setMaximumHeight(200)
+        cb.addWidget(self.comm_table)
+        self.comm_box.setVisible(False)
+        lay.addWidget(self.comm_box)
         cmd = QHBoxLayout()
         cmd.addWidget(QLabel("Re-run:"))
         self.command = QLineEdit()
@@ -262,7 +275,11 @@ class BenchmarkPanel(QWidget):
         self.overlay_button.clicked.connect(self.show_overlay)
         self.delete_button = QPushButton("Delete")
         self.delete_button.clicked.connect(self._delete_selected)
-        for b in (self.open_button, self.overlay_button, self.delete_button):
+        self.import_button = QPushButton("Import report…")
+        self.import_button.setToolTip("Add a JSON report written by `kestrel bench serve` or `kestrel bench "
+                                      "sweep` (--result-filename) to the library")
+        self.import_button.clicked.connect(self._ask_import)
+        for b in (self.open_button, self.overlay_button, self.delete_button, self.import_button):
             row.addWidget(b)
         row.addStretch(1)
         lay.addLayout(row)
@@ -270,7 +287,7 @@ class BenchmarkPanel(QWidget):
         lay.addWidget(self.compare_title)
         self.compare_table = QTableWidget(0, 0)
         self.compare_table.verticalHeader().setVisible(False)
-        lay.addWidget(self.compare_table, 1)
+        lay.addWidget(self.compare_table, 2)  # the comparison gets the room; the list scrolls
         return w
 
     # ------------------------------------------------------------------------------------------------
@@ -417,8 +434,43 @@ class BenchmarkPanel(QWidget):
         self.command.setText(report.get("command", ""))
         self.command.setCursorPosition(0)  # show where it starts: "kestrel bench sweep ..."
         self.charts.show_runs([report])
+        self.show_comm_table(report)
         for b in self.export_buttons:
             b.setEnabled(True)
+
+    def show_comm_table(self, report: dict | None) -> None:
+        """auto's start-up all-reduce measurements of the run's server (TP > 1): latency per strategy and
+        message size, the choice in bold; hidden when the report has none."""
+        table = bench_report.comm_table(report or {})
+        self.comm_box.setVisible(bool(table))
+        t = self.comm_table
+        t.setRowCount(0)
+        if not table:
+            t.setColumnCount(0)
+            return
+        info = (report.get("server", {}).get("kestrel") or {})
+        self.comm_box.setTitle(f"All-reduce strategies measured at start-up (TP {info.get('tensor_parallel_size')}, "
+                               f"{info.get('comm_strategy')})")
+        names = bench_report.comm_strategies(table)
+        t.setColumnCount(len(names) + 2)
+        t.setHorizontalHeaderLabels(["message", *(f"{n} µs" for n in names), "chosen"])
+        t.setRowCount(len(table))
+        for i, row in enumerate(table):
+            cells = [bench_report.size_text(int(row["bytes"]))]
+            for n in names:
+                v = row.get("latency_us", {}).get(n)
+                ok = row.get("ok", {}).get(n, True)
+                cells.append("" if v is None else f"{v:.1f}" + ("" if ok else " ✗"))
+            cells.append(str(row.get("choice", "")))
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setTextAlignment((Qt.AlignLeft if j == len(cells) - 1 else Qt.AlignRight) | Qt.AlignVCenter)
+                if 0 < j < len(cells) - 1 and names[j - 1] == row.get("choice"):
+                    f = item.font()
+                    f.setBold(True)
+                    item.setFont(f)
+                t.setItem(i, j, item)
+        t.resizeColumnsToContents()
 
     def copy_command(self) -> None:
         QGuiApplication.clipboard().setText(self.command.text())
@@ -496,6 +548,30 @@ class BenchmarkPanel(QWidget):
             self.library.delete(item.data(Qt.UserRole))
             self.refresh_library()
 
+    def import_report(self, path: str | Path) -> Path | None:
+        """Add a report made by the command line to the library and show it; None (said in words) when the
+        file is not a report."""
+        try:
+            dest = self.library.import_file(path)
+        except ValueError as e:
+            self._say(str(e), error=True)
+            return None
+        self.refresh_library()
+        for i in range(self.runs.count()):
+            if self.runs.item(i).data(Qt.UserRole) == str(dest):
+                self.runs.setCurrentRow(i)
+        report = self._load(str(dest))
+        if report is not None:
+            self.show_report(report)
+            self._say(f"Imported {bench_report.label(report)!r} into the library.")
+        return dest
+
+    def _ask_import(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Import benchmark reports", str(Path.home()),
+                                                "JSON report (*.json)")
+        for p in paths:
+            self.import_report(p)
+
     def show_overlay(self) -> None:
         """The ticked runs on one set of charts (the Results tab)."""
         reports = [r for r in (self._load(p) for p in self.ticked_paths()) if r is not None]
@@ -503,6 +579,7 @@ class BenchmarkPanel(QWidget):
             self._say("Tick the runs to overlay in the Library.", error=True)
             return
         self.charts.show_runs(reports)
+        self.show_comm_table(reports[0] if len(reports) == 1 else None)
         self.results_title.setText("Overlay: " + ", ".join(bench_report.label(r) for r in reports))
         if len(reports) == 1:
             self.show_report(reports[0])

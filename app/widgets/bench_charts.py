@@ -1,7 +1,7 @@
 """The Benchmark panel's plots (pyqtgraph, in the theme's colours like the Performance panel's): the live view
 of a running sweep (TTFT and TPOT of each request as it finishes, coloured by sweep point, and the output
 throughput over time) and the results of one run or several overlaid (output throughput, TTFT p50/p99 and TPOT
-p50/p99 against concurrency, and the E2E latency CDF)."""
+p50/p99 against concurrency on a log scale of concurrency, and the E2E latency CDF)."""
 
 from __future__ import annotations
 
@@ -107,11 +107,12 @@ class ResultCharts(pg.GraphicsLayoutWidget):
 
     def show_runs(self, reports: list[dict]) -> None:
         """Draw ``reports``: one run in detail (a CDF per concurrency), several overlaid (each run's CDF at
-        its highest concurrency)."""
+        its highest concurrency); a sweep over engine configurations counts as a run per configuration."""
         for p in self.plot_items():
             p.clear()
             if p.legend is not None:
                 p.legend.clear()
+        reports = [r for rep in reports for r in bench_report.split_configs(rep)]  # a line per engine config
         several = len(reports) > 1
         for i, rep in enumerate(reports):
             color = COLORS[i % len(COLORS)]
@@ -130,7 +131,26 @@ class ResultCharts(pg.GraphicsLayoutWidget):
                 conc = bench_report.concurrency(rep, point)
                 self.p_cdf.plot(lat, frac, pen=pg.mkPen(c, width=2), stepMode=None,
                                 name=f"{name} @ {conc}" if several else f"concurrency {conc}")
+        self._scale_axes(reports)
         self.apply_theme(self.theme)
+
+    def _scale_axes(self, reports: list[dict]) -> None:
+        """Concurrency on a log scale with a tick at each value measured (1, 2, 4, 8, 16 evenly spaced, not
+        bunched at the left); TTFT on a log scale too when the runs shown differ by more than 50x (one server
+        queueing while another batches), so that neither line is flat at zero."""
+        concs = sorted({c for rep in reports for c in bench_report.series(rep, "output_throughput")[0]} |
+                       {c for rep in reports for c in bench_report.series(rep, "median_ttft_ms")[0]})
+        concs = [float(c) for c in concs if c > 0]
+        for p in self.plot_items()[:3]:
+            p.setLogMode(x=bool(concs), y=False)
+            p.getAxis("bottom").setTicks([[(float(np.log10(c)), f"{c:g}") for c in concs]] if concs else None)
+        ttfts = [v for rep in reports for key in ("median_ttft_ms", "p99_ttft_ms")
+                 for v in bench_report.series(rep, key)[1] if v > 0]
+        log_ttft = bool(ttfts and max(ttfts) / min(ttfts) > 50)
+        self.p_ttft.setLogMode(x=bool(concs), y=log_ttft)
+        self.p_ttft.setLabel("left", "ms (log scale)" if log_ttft else "ms")
+        for p in self.plot_items()[:3]:
+            p.enableAutoRange()
 
     @staticmethod
     def _line(plot: pg.PlotItem, rep: dict, key: str, color: str, name: str, dashed: bool = False) -> None:
@@ -144,5 +164,9 @@ class ResultCharts(pg.GraphicsLayoutWidget):
                   symbolPen=None, name=name)
 
     def curves(self, plot: pg.PlotItem) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The (x, y) data of ``plot``'s curves (tests, exports)."""
-        return [item.getData() for item in plot.listDataItems()]
+        """The (x, y) data of ``plot``'s curves as given (before the axes' log scales; tests, exports)."""
+        out = []
+        for item in plot.listDataItems():
+            d = item.getOriginalDataset()
+            out.append((d[0], d[1]))
+        return out

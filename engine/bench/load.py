@@ -5,7 +5,7 @@ times, the asyncio runner (httpx, streaming) and the metrics, with the definitio
 - TPOT: (e2el - ttft) / (output tokens - 1), per request with more than one output token (the first token is
   excluded); ITL: the gaps between successive chunks carrying text, pooled over all requests.
 - Output tokens: the server's ``usage`` (``stream_options: {include_usage: true}``) when it sends one, else the
-  number of chunks carrying text. Input tokens: ``usage.prompt_tokens``, else the dataset's target length.
+  request's max tokens when it finished for length, else the number of chunks carrying text. Input tokens: ``usage.prompt_tokens``, else the dataset's target length.
 - Throughput over the benchmark's duration (first request sent -> last request finished): completed requests,
   input, output and total tokens per second. Goodput: completed requests per second meeting every SLO given
   (``ttft``, ``tpot``, ``e2el`` in ms; a request with one output token counts TPOT 0).
@@ -57,6 +57,7 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     chunks: int = 0
     start: float = 0.0  # seconds since the benchmark started
+    finish_reason: str | None = None
     generated_text: str = ""
 
 
@@ -238,6 +239,8 @@ async def send_request(http, url: str, body: dict, index: int, t0: float, header
                     return res
                 now = time.perf_counter()
                 for c in chunk.get("choices") or []:
+                    if c.get("finish_reason"):
+                        res.finish_reason = c["finish_reason"]
                     text = (c.get("delta") or {}).get("content") if chat else c.get("text")
                     if text:
                         if not res.chunks:
@@ -254,7 +257,11 @@ async def send_request(http, url: str, body: dict, index: int, t0: float, header
                     res.usage_reported = True
         res.e2el = time.perf_counter() - start
         if not res.usage_reported:
-            res.output_tokens = res.chunks
+            limit = body.get("max_completion_tokens") or body.get("max_tokens")
+            # no usage (llama.cpp's server): a reply that stopped at the length limit generated exactly the
+            # limit (a chunk may carry several tokens: held-back bytes of a multi-byte character), else a chunk
+            # per token
+            res.output_tokens = int(limit) if res.finish_reason == "length" and limit else res.chunks
         res.generated_text = "".join(texts)
         if not res.chunks:  # no text at all (e.g. EOS first): the first token came with the end
             res.ttft = res.e2el

@@ -7,7 +7,10 @@ line, the client's hardware and versions, the server's info, dataset parameters,
 
 A sweep runs the same benchmark at every combination of the lists given (``--max-concurrency 1 2 4 8 16``,
 ``--request-rate``, ``--random-input-len``, ``--random-output-len``), one after the other, and writes one report
-with a point per combination and prints a table."""
+with a point per combination and prints a table. With ``--engine-configs`` (the embedded engine) the sweep runs once
+per engine configuration, each against Kestrel's server started on it and stopped after it
+(engine/bench/sweep_configs.py); the points carry their configuration's name, and the report's
+``engine_configs`` what each one was (its keys, the full EngineConfig, the server's /v1/server_info)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,16 @@ from engine.bench import load
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"  # `kestrel serve`'s default --host / --port
 DATASETS = ("random", "fixed", "sharegpt", "prefix_repetition")
 SWEPT = ("max_concurrency", "request_rate", "random_input_len", "random_output_len")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"top_k\": 1}'")
+    return value
 
 
 def add_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
@@ -75,6 +88,9 @@ def add_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     a.add_argument("--temperature", type=float, default=0.0)
     a.add_argument("--ignore-eos", action="store_true", help="Generate exactly the output length (servers that "
                                                               "accept 'ignore_eos': Kestrel, vLLM, SGLang)")
+    a.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
+                   help="A JSON object merged into every request body, e.g. for a server without 'ignore_eos' "
+                        "(llama.cpp's): '{\"logit_bias\": {\"2\": -100}}' keeps it from ending early")
     a.add_argument("--request-timeout", type=float, default=6 * 3600.0, help="Seconds per request")
     r = p.add_argument_group("report")
     r.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
@@ -88,6 +104,16 @@ def add_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     r.add_argument("--label", default=None, help="A name for the run in the report")
     r.add_argument("--metadata", nargs="*", default=None, metavar="KEY=VALUE", help="Recorded in the report")
     r.add_argument("--disable-tqdm", action="store_true", help="No progress bar")
+    if sweep:
+        e = p.add_argument_group("engine configurations (the embedded engine, reloaded between them)")
+        e.add_argument("--engine-configs", nargs="+", default=None, metavar="KEY=VALUE[,KEY=VALUE...]",
+                       help="Start Kestrel's own server once per configuration (engine options named as "
+                            "`kestrel serve`'s flags without dashes, e.g. prefix_caching=off, quantization=int8, "
+                            "tp=2,comm_strategy=host; booleans on/off), run every sweep point against it, stop "
+                            "it: one report, each point with its configuration. --base-url is not used")
+        e.add_argument("--engine-common", default=None, metavar="KEY=VALUE[,KEY=VALUE...]",
+                       help="Engine options of every configuration (e.g. model=path.gguf,dtype=float32,"
+                            "num_threads=2); a configuration's own keys win")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,11 +230,12 @@ async def measure_point(target: Target, args, *, max_concurrency, request_rate: 
     """run_point in a running event loop: ``on_result`` sees each request's result as it ends, and cancelling the
     awaiting task stops the point (the app's Benchmark panel, app/workers/bench_worker.py)."""
     samples, dataset = build_dataset(args, target.tok, input_len, output_len)
+    extra = getattr(args, "extra_body", None)
     bodies = [load.request_body(target.kind, target.model, s, ignore_eos=args.ignore_eos,
-                                temperature=args.temperature) for s in samples]
+                                temperature=args.temperature, extra=extra) for s in samples]
     delays = load.arrival_delays(len(bodies), request_rate, args.burstiness, args.seed)
     warm = load.request_body(target.kind, target.model, load.SampleRequest("Hello", 1, 4),
-                             temperature=args.temperature)
+                             temperature=args.temperature, extra=extra)
     results, duration = await load.run_load(
         target.base + target.path, bodies, delays=delays, max_concurrency=max_concurrency, headers=target.headers,
         num_warmups=args.num_warmups, warmup_body=warm, disable_progress=args.disable_tqdm,
@@ -239,7 +266,8 @@ def report_header(target: Target, args, benchmark: str) -> dict:
             "metadata": dict(kv.split("=", 1) for kv in (args.metadata or []) if "=" in kv),
             "client": client_host(),
             "server": {**target.info, "endpoint": target.path, "endpoint_type": target.kind, "model": target.model},
-            "sampling": {"temperature": args.temperature, "ignore_eos": args.ignore_eos, "stream": True},
+            "sampling": {"temperature": args.temperature, "ignore_eos": args.ignore_eos, "stream": True,
+                         "extra_body": getattr(args, "extra_body", None)},
             "goodput_slos_ms": load.parse_goodput(args.goodput), "seed": args.seed}
 
 
@@ -364,38 +392,105 @@ def sweep_points(args) -> list[dict]:
 
 
 def sweep_table(points: list[dict]) -> str:
-    head = ("conc", "rate", "in", "out", "ok", "fail", "req/s", "out tok/s", "TTFT mean", "TTFT p99", "TPOT mean",
-            "TPOT p99", "ITL p99", "E2E p99")
-    lines = [" ".join(f"{h:>10}" for h in head)]
+    configs = any("engine_config" in p["params"] for p in points)  # a sweep over engine configurations
+    head = ["conc", "rate", "in", "out", "ok", "fail", "req/s", "out tok/s", "TTFT mean", "TTFT p99", "TPOT mean",
+            "TPOT p99", "ITL p99", "E2E p99"]
+    widths = [10] * len(head)
+    if configs:
+        head.insert(0, "config")
+        widths.insert(0, max([10, *(len(str(p["params"].get("engine_config", ""))) for p in points)]))
+    lines = [" ".join(f"{h:>{w}}" for h, w in zip(head, widths))]
     for p in points:
         m, q = p["metrics"], p["params"]
         cells = [q["max_concurrency"] or "-", q["request_rate"], q["random_input_len"], q["random_output_len"],
                  m["completed"], m["failed"], f"{m['request_throughput']:.2f}", f"{m['output_throughput']:.1f}"]
+        if configs:
+            cells.insert(0, q.get("engine_config", "-"))
         for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms"):
             cells.append(f"{m[key]:.1f}" if key in m else "-")
-        lines.append(" ".join(f"{c!s:>10}" for c in cells))
+        lines.append(" ".join(f"{c!s:>{w}}" for c, w in zip(cells, widths)))
     return "\n".join(lines)
 
 
+def _run_points(target: Target, args, combos: list[dict], points: list[dict], extra: dict | None = None,
+                prefix: str = "") -> None:
+    for i, q in enumerate(combos):
+        desc = f"{prefix}point {i + 1}/{len(combos)}"
+        point = run_point(target, args, max_concurrency=q["max_concurrency"], request_rate=q["request_rate"],
+                          input_len=q["random_input_len"], output_len=q["random_output_len"], desc=desc)
+        points.append({"params": {**q, **(extra or {})}, **(extra or {}), **point})
+        m = point["metrics"]
+        print(f"{desc}: {q} -> {m['completed']} ok, {m['output_throughput']:.1f} out tok/s", flush=True)
+
+
 def _main_sweep(args) -> int:
+    if getattr(args, "engine_configs", None):
+        return _main_config_sweep(args)
+    if getattr(args, "engine_common", None):
+        raise ValueError("--engine-common goes with --engine-configs")
     target = Target(args)
-    points = []
+    points: list[dict] = []
     try:
         report = report_header(target, args, "sweep")
         report["sweep"] = {k: getattr(args, k) for k in SWEPT}
-        combos = sweep_points(args)
-        for i, q in enumerate(combos):
-            desc = f"point {i + 1}/{len(combos)}"
-            point = run_point(target, args, max_concurrency=q["max_concurrency"], request_rate=q["request_rate"],
-                              input_len=q["random_input_len"], output_len=q["random_output_len"], desc=desc)
-            points.append({"params": q, **point})
-            m = point["metrics"]
-            print(f"{desc}: {q} -> {m['completed']} ok, {m['output_throughput']:.1f} out tok/s", flush=True)
+        _run_points(target, args, sweep_points(args), points)
     finally:
         target.close()
+    return _finish_sweep(report, points, args)
+
+
+def _finish_sweep(report: dict, points: list[dict], args) -> int:
     report["points"] = points
     print(sweep_table(points))
     path = _write(report, args, "sweep")
     if path:
         print(f"report written to {path}")
-    return 0 if all(p["metrics"]["completed"] for p in points) else 1
+    failed_configs = [c for c in report.get("engine_configs", []) if c.get("error")]
+    return 0 if points and all(p["metrics"]["completed"] for p in points) and not failed_configs else 1
+
+
+def _main_config_sweep(args) -> int:
+    """The sweep once per engine configuration, each against Kestrel's server started on it
+    (engine/bench/sweep_configs.py)."""
+    import copy
+
+    from engine.bench import sweep_configs
+
+    if any(a == "--base-url" or a.startswith("--base-url=") for a in _argv_tail(args)):
+        raise ValueError("--engine-configs starts Kestrel's own server per configuration: leave out --base-url")
+    specs = sweep_configs.parse(args.engine_configs, args.engine_common)
+    combos = sweep_points(args)
+    report: dict | None = None
+    records: list[dict] = []
+    points: list[dict] = []
+    for ci, spec in enumerate(specs):
+        rec = sweep_configs.record(spec)
+        records.append(rec)
+        print(f"engine configuration {ci + 1}/{len(specs)}: {spec.name} (starting the server)", flush=True)
+        try:
+            with sweep_configs.served(spec, args.model) as (url, load_s):
+                rec["startup_seconds"] = round(load_s, 3)
+                run_args = copy.copy(args)
+                run_args.base_url = url
+                target = Target(run_args)
+                try:
+                    if report is None:
+                        report = report_header(target, args, "sweep")
+                    rec["server"] = target.info.get("kestrel")
+                    _run_points(target, run_args, combos, points, {"engine_config": spec.name},
+                                prefix=f"[{spec.name}] ")
+                finally:
+                    target.close()
+        except Exception as e:
+            from engine.errors import KestrelError
+
+            if not isinstance(e, (KestrelError, RuntimeError, OSError, TimeoutError, ValueError)):
+                raise
+            rec["error"] = f"{type(e).__name__}: {e}"
+            print(f"error: engine configuration {spec.name!r}: {rec['error']}", file=sys.stderr, flush=True)
+    if report is None:
+        raise RuntimeError("no engine configuration could start: " + "; ".join(r["error"] for r in records))
+    report["server"]["base_url"] = "embedded: Kestrel's server started per engine configuration"
+    report["sweep"] = {**{k: getattr(args, k) for k in SWEPT}, "engine_configs": [s.name for s in specs]}
+    report["engine_configs"] = records
+    return _finish_sweep(report, points, args)

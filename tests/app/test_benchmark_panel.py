@@ -51,7 +51,7 @@ def run_sweep(panel, qtbot) -> dict:
 
 
 def curve_data(plot):
-    return [item.getData() for item in plot.listDataItems()]
+    return [tuple(item.getOriginalDataset()) for item in plot.listDataItems()]
 
 
 def test_a_sweep_runs_draws_saves_and_the_cli_reruns_it(make_window, qtbot, bench_server, tmp_path):
@@ -260,3 +260,45 @@ def test_each_dataset_of_the_form_is_the_commands_arguments(make_window, tmp_pat
     ours, skip = vars(spec.args()), {"func", "api_key", "disable_tqdm"}  # the app's own: no key, no tqdm
     assert {k: ours[k] for k in vars(args) if k not in skip} == {k: v for k, v in vars(args).items()
                                                                   if k not in skip}
+
+
+def test_a_report_made_by_the_command_line_is_imported(make_window, qtbot, bench_server, tmp_path, monkeypatch):
+    """`kestrel bench sweep` / `serve` write a report; "Import report…" adds it to the library unchanged, shows it,
+    and it overlays with a run of the panel; a file that is no report is refused in words."""
+    from PySide6.QtWidgets import QFileDialog
+
+    from engine.cli import main
+
+    sweep, serve = tmp_path / "cli-sweep.json", tmp_path / "cli-serve.json"
+    common = ["--base-url", bench_server.url, "--num-prompts", "2", "--random-input-len", "8",
+              "--random-output-len", "3", "--ignore-eos", "--num-warmups", "0", "--disable-tqdm"]
+    assert main(["bench", "sweep", *common, "--max-concurrency", "1", "2", "--label", "from the CLI",
+                 "--result-filename", str(sweep)]) == 0
+    assert main(["bench", "serve", *common, "--max-concurrency", "2", "--result-filename", str(serve)]) == 0
+    w = make_window(autoload=False)
+    panel = w.panels["benchmark"]
+    assert panel.import_button.text() == "Import report…" and panel.runs.count() == 0
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileNames", lambda *a, **k: ([str(sweep), str(serve)], ""))
+    qtbot.mouseClick(panel.import_button, Qt.LeftButton)
+    assert panel.runs.count() == 2 and len(panel.library.entries()) == 2
+    labels = sorted(e.label for e in panel.library.entries())
+    assert "from the CLI" in labels
+    copied = next(e.path for e in panel.library.entries() if e.label == "from the CLI")
+    assert copied.parent == panel.library.folder and json.loads(copied.read_text()) == json.loads(sweep.read_text())
+    assert panel.message.text().startswith("Imported ")  # the last one imported is shown: the serve report
+    assert [list(x) for x, _ in curve_data(panel.charts.p_tput)] == [[2]]  # a serve report: one point
+    panel.import_report(sweep)
+    assert panel.report["label"] == "from the CLI" and panel.command.text().startswith("kestrel bench sweep")
+    (x, y), = curve_data(panel.charts.p_tput)
+    assert list(x) == [1, 2] and all(v > 0 for v in y)
+    panel.set_ticked([panel.runs.item(i).data(Qt.UserRole) for i in range(panel.runs.count())])
+    panel.show_overlay()
+    assert len(curve_data(panel.charts.p_tput)) == panel.runs.count() >= 2
+
+    bad = tmp_path / "notes.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    n = panel.runs.count()
+    assert panel.import_report(bad) is None
+    assert "not a Kestrel benchmark report" in panel.message.text() and panel.runs.count() == n
+    assert panel.message.objectName() == "messageError"

@@ -250,3 +250,61 @@ def test_server_info_and_api_key(tmp_path):
         assert rep["server"]["kestrel"]["served_model_names"] == [MODEL]
     finally:
         srv.stop()
+
+
+def test_extra_body_is_merged_into_every_request_and_recorded(tmp_path, capsys):
+    """--extra-body (a JSON object) rides in every request, warm-up included, and in the report's sampling; for a
+    server without ignore_eos (llama.cpp's: tests/server/test_bench_llamacpp_peer.py)."""
+    from engine.bench.serve import add_args
+
+    body = load.request_body("completions", "m", load.SampleRequest("hi", 1, 4), ignore_eos=True,
+                             extra={"logit_bias": {"2": -100}, "top_k": 1})
+    assert body["logit_bias"] == {"2": -100} and body["top_k"] == 1 and body["ignore_eos"] and body["max_tokens"] == 4
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_args(p)
+    assert p.parse_args(["--extra-body", '{"top_k": 1}']).extra_body == {"top_k": 1}
+    for bad in ("[1]", "{top_k: 1}"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--extra-body", bad])
+    assert "--extra-body" in capsys.readouterr().err
+    srv = make_server(core_factory=FAKE)
+    try:
+        rep = _bench(["serve", "--base-url", srv.url, "--num-prompts", "2", "--random-input-len", "5",
+                      "--random-output-len", "3", "--num-warmups", "1", "--extra-body", '{"top_k": 1}'],
+                     tmp_path / "extra.json")
+        assert rep["sampling"]["extra_body"] == {"top_k": 1} and rep["metrics"]["completed"] == 2
+        assert "--extra-body" in rep["command"]
+    finally:
+        srv.stop()
+
+
+def test_output_tokens_without_usage():
+    """A server that sends no usage (llama.cpp's): a reply that finished for length generated max_tokens, even
+    when a chunk carries several tokens (the bytes of a multi-byte character held back); else a token per chunk."""
+    import asyncio
+
+    import httpx
+
+    def sse(chunks: list[tuple[str, str | None]]) -> bytes:
+        events = [json.dumps({"choices": [{"index": 0, "text": t, "finish_reason": f}]}) for t, f in chunks]
+        return "".join(f"data: {e}\n\n" for e in [*events, "[DONE]"]).encode()
+
+    replies = {"length": sse([(" a", None), (" 日本", None), (" b", None), ("", "length")]),
+               "stop": sse([(" a", None), (" b", None), ("", "stop")])}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=replies[json.loads(request.content)["prompt"]],
+                              headers={"content-type": "text/event-stream"})
+
+    async def go(prompt: str) -> load.RequestResult:
+        body = load.request_body("completions", "m", load.SampleRequest(prompt, 1, 5))
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return await load.send_request(http, "http://x/v1/completions", body, 0, 0.0)
+
+    r = asyncio.run(go("length"))
+    assert r.success and not r.usage_reported and r.chunks == 3 and r.finish_reason == "length"
+    assert r.output_tokens == 5  # max_tokens, not the 3 chunks
+    s = asyncio.run(go("stop"))
+    assert s.success and s.finish_reason == "stop" and s.output_tokens == s.chunks == 2

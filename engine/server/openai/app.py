@@ -1,10 +1,10 @@
 """The FastAPI app of the OpenAI-compatible server, built around a running EngineClient (the GUI's own
 client can be passed in: one loaded model serves both).
 
-Routes: GET /v1/models, /v1/models/{id}, /v1/server_info (model, dtype, quantization, TP, comm strategy, engine
-options, the host's CPU / GPUs / driver / PCIe topology: for benchmark reports); POST /v1/chat/completions,
-/v1/completions (streaming or not), /v1/embeddings; POST /tokenize, /detokenize; GET /health, /version, /metrics
-(Prometheus); the schema at /openapi.json.
+Routes: GET /v1/models, /v1/models/{id}, /v1/server_info (model, dtype, quantization, TP, comm strategy and auto's
+start-up all-reduce table, engine options, the host's CPU / GPUs / driver / PCIe topology: for benchmark
+reports); POST /v1/chat/completions, /v1/completions (streaming or not), /v1/embeddings; POST /tokenize,
+/detokenize; GET /health, /version, /metrics (Prometheus); the schema at /openapi.json.
 Safety: with an API key every /v1 route (and /tokenize, /detokenize) needs ``Authorization: Bearer KEY``,
 compared in constant time, and /metrics without it shows only whether the engine is up (no model name, no
 traffic); CORS only for the origins given; request bodies over ``max_request_bytes`` get 413, bodies that
@@ -291,11 +291,18 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
         i, cfg = ctx.info, getattr(client, "config", None)
         opts = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "num_threads", "deterministic")
         tp = int(i.tensor_parallel_size or 1)
+        table = None
+        if tp > 1 and client.is_alive:  # auto's start-up measurements, kept in the engine's stats
+            try:
+                table = (await asyncio.wait_for(client.stats(recent=1), 10)).comm_table
+            except (asyncio.TimeoutError, EngineDeadError):
+                table = None
         return {"engine": "kestrel", "version": engine.__version__, "served_model_names": names, "model": i.name,
                 "architecture": i.architecture, "format": i.format, "quantization": i.quantization,
                 "dtype": i.dtype, "device": i.device, "max_model_len": i.max_model_len, "vocab_size": i.vocab_size,
                 "num_kv_blocks": i.num_kv_blocks, "block_size": i.block_size, "tensor_parallel_size": tp,
                 "comm_strategy": getattr(cfg, "comm_strategy", None) if tp > 1 else None,
+                "comm_table": list(table) if table else None,
                 "engine_config": {k: getattr(cfg, k) for k in opts if cfg is not None and hasattr(cfg, k)},
                 "host": hardware}
 

@@ -359,5 +359,9 @@ class ServerInfo(_Response):
     block_size: int | None = None
     tensor_parallel_size: int = 1
     comm_strategy: str | None = Field(None, description="As configured (auto, nccl, ...); tp 1: none")
+    comm_table: list[dict] | None = Field(
+        None, description="auto's start-up all-reduce micro-benchmark, one row per message size: bytes, "
+                          "latency_us and ok by strategy, max_err_ratio, the strategy chosen (choice); "
+                          "None when TP is 1 or the strategy was fixed")
     engine_config: dict = Field(default_factory=dict, description="Scheduling and cache options of the engine")
     host: dict = Field(default_factory=dict, description="CPU, GPUs, driver, PCIe topology of the server's host")
