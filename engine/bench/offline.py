@@ -1,5 +1,13 @@
 """`kestrel bench offline`: prefill and decode tokens/s of the engine, with llama.cpp (through
-llama-cpp-python in a child process: same GGUF, same threads, same prompt token ids) side by side in the same run."""
+llama-cpp-python in a child process: same GGUF, same threads, same prompt token ids) side by side in the same run.
+
+``--gguf-models`` runs, instead of the one ``--model``, a row per GGUF model (the embedded SmolLM2 Q4_1 and ~1B
+random-weight Llama-shape files in Q4_0 / Q8_0 that the bench writes itself, engine/bench/gguf_models.py; or
+.gguf paths), each engine in a child process of its own, back to back: Kestrel with ``--quantization gguf``
+(the file's blocks kept), Kestrel with the dequantized default, and llama.cpp; same threads, same prompt ids, on
+the CPU: prefill tok/s (the whole prompt, batch 1), decode tok/s (batch 1), and the resident set after load and
+after the runs beside the file's size. A child per engine keeps one engine's memory, threads and allocator state
+out of the next one's figures."""
 
 from __future__ import annotations
 
@@ -16,6 +24,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="passes per figure; the median is reported")
     p.add_argument("--vs-llamacpp", action="store_true", help="also run llama.cpp (pip install llama-cpp-python)")
     p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--gguf-models", nargs="*", default=None, metavar="NAME",
+                   help="instead of --model: per GGUF model, Kestrel with --quantization gguf, Kestrel dequantized "
+                        "and (with --vs-llamacpp) llama.cpp, on the CPU at batch 1, with resident memory against the "
+                        "file size. Names: smollm2 (embedded Q4_1), llama-1b-q4_0, llama-1b-q8_0 (random weights, "
+                        "written once into --workdir), or .gguf paths; no names: all three")
+    p.add_argument("--workdir", default=None,
+                   help="where --gguf-models writes and then reuses its random models (default: the user cache, "
+                        "e.g. ~/.cache/kestrel/bench-models)")
 
 
 def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -59,6 +75,8 @@ def _median(runs: list[dict]) -> dict:
 
 
 def main(args) -> int:
+    if args.gguf_models is not None:
+        return main_gguf_models(args)
     import torch
 
     from engine.bench.llamacpp_peer import run_in_child
@@ -116,3 +134,183 @@ def _print_row(row: dict) -> None:
     elif lc:
         line += f" | llama.cpp {lc}"
     print(line, flush=True)
+
+
+# -- --gguf-models: one row per model, each engine in a child process -------------------------------------------------
+
+ENGINES = ("kestrel_gguf", "kestrel_dequantized")  # --quantization gguf, then the default (dequantized at load)
+_MIB = 2**20
+
+
+def _child_options(args, quantization: str, prompt_len: int, gen_len: int, threads: int) -> dict:
+    """EngineConfig options of a Kestrel child: the command line's, on the CPU, with ``quantization``, the threads
+    llama.cpp gets, and a KV cache of one sequence's length (llama.cpp's n_ctx) unless --num-kv-blocks says."""
+    from engine.config import EngineConfig
+
+    cfg = EngineConfig.from_cli_args(args)
+    opts = {k: v for k, v in vars(cfg).items() if k != "model"}
+    block = cfg.block_size or 16
+    opts.update(device="cpu", quantization=quantization, num_threads=threads,
+                num_kv_blocks=cfg.num_kv_blocks or -(-(prompt_len + gen_len + 8) // block) + 1)
+    return opts
+
+
+def kestrel_in_child(model: str, options: dict, prompt: list[int], gen_len: int, repeats: int) -> dict | str:
+    """One Kestrel configuration measured in a child process (``python -m engine.bench.offline``): its runs and
+    memory, or a plain-words reason when it failed."""
+    import subprocess
+    import sys
+
+    request = json.dumps({"model": model, "options": options, "prompt": prompt, "gen_len": gen_len,
+                          "repeats": repeats})
+    proc = subprocess.run([sys.executable, "-m", "engine.bench.offline"], input=request, text=True,
+                          capture_output=True, check=False)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or [""]
+        return f"failed: exit code {proc.returncode} {tail[0]}".strip()
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _child_main() -> int:
+    """The Kestrel child: a JSON request on stdin, one JSON line on stdout."""
+    import sys
+
+    req = json.loads(sys.stdin.read())
+    from engine.bench.llamacpp_peer import resident_set
+    from engine.layers.linear import LinearBase
+    from engine.llm import LLM
+
+    before = resident_set()  # Python, torch and the engine imported: the baseline under the model
+    llm = LLM(req["model"], **req["options"])
+    loaded = resident_set()
+    runner = llm.core.runner
+    linears = [m for m in runner.model.modules() if isinstance(m, LinearBase)]
+    prompt, gen_len = req["prompt"], req["gen_len"]
+    run_engine(llm, [prompt], 4)  # warm-up: the whole prompt (the prefix cache is reset before every run)
+    runs = [run_engine(llm, [prompt], gen_len) for _ in range(req["repeats"])]
+    after = resident_set()
+    out = {
+        "runs": runs,
+        "rss_before_load": before["rss"],
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "threads": req["options"].get("num_threads"),
+        "rss_after_load": loaded["rss"],
+        "rss_after_run": after["rss"],
+        "rss_peak": after["rss_peak"],
+        "kv_cache_bytes": runner.kv_bytes_per_block() * llm.core.blocks.num_blocks,
+        "gguf_linear_bytes": sum(m.gguf.nbytes for m in linears if m.gguf is not None),
+        "float_linear_layers": sum(m.gguf is None for m in linears),
+    }
+    llm.close()
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    return 0
+
+
+def _summary(result: dict | str, file_bytes: int) -> dict | str:
+    """Medians of a child's runs, memory in MiB and against the file."""
+    if isinstance(result, str):
+        return result
+    out = _median(result["runs"])
+    for key in ("rss_before_load", "rss_after_load", "rss_after_run", "rss_peak", "kv_cache_bytes",
+                "gguf_linear_bytes"):
+        if result.get(key) is not None:
+            out[key.removesuffix("_bytes") + "_mib"] = round(result[key] / _MIB, 1)
+    if result.get("rss_after_run") and result.get("rss_before_load"):
+        # what the model added to the process (weights, KV cache, buffers): the figure to hold against the file
+        model = result["rss_after_run"] - result["rss_before_load"]
+        out["model_rss_mib"] = round(model / _MIB, 1)
+        out["model_rss_vs_file"] = round(model / file_bytes, 3)
+    for key in ("dtype", "threads", "float_linear_layers", "n_ctx"):
+        if key in result:
+            out[key] = result[key]
+    return out
+
+
+def main_gguf_models(args) -> int:
+    import math
+    import os
+    import sys
+    from pathlib import Path
+
+    from engine.bench.gguf_models import DEFAULT_GGUF_MODELS, model_path
+    from engine.bench.llamacpp_peer import run_in_child
+    from engine.bench.report import environment
+    from engine.config import EngineConfig
+    from engine.loader.gguf import gguf_hf_config, gguf_quantization
+    from engine.loader.gguf_file import GGUFFile
+    from engine.runner.device import physical_cores
+
+    cfg = EngineConfig.from_cli_args(args)
+    if cfg.model is not None:
+        print("kestrel bench offline: --gguf-models runs its own models; leave out --model (or name the .gguf file "
+              "among the --gguf-models)", file=sys.stderr)
+        return 2
+    names = args.gguf_models or DEFAULT_GGUF_MODELS
+    threads = cfg.num_threads or physical_cores()
+    workdir = Path(args.workdir).expanduser() if args.workdir else None
+    report = {
+        "benchmark": "offline-gguf-models",
+        "prompt_len": args.prompt_len,
+        "gen_len": args.gen_len,
+        "batch": 1,
+        "threads": threads,
+        "repeats": args.repeats,
+        "environment": environment(),
+        "models": [],
+    }
+    for name in names:
+        path = model_path(name, workdir)
+        gf = GGUFFile(path)
+        try:
+            cfg = gguf_hf_config(gf)
+            quant = gguf_quantization(gf)
+            params = sum(math.prod(t.shape) for t in gf.tensors.values())
+        finally:
+            gf.close()
+        file_bytes = path.stat().st_size
+        prompt = _prompts(1, args.prompt_len, cfg["vocab_size"], seed=1)[0]
+        row: dict = {"model": name, "path": str(path), "quantization": quant, "params": params,
+                     "file_mib": round(file_bytes / _MIB, 1), "loadavg_before": list(os.getloadavg())}
+        for engine, quantization in zip(ENGINES, ("gguf", "none")):
+            opts = _child_options(args, quantization, args.prompt_len, args.gen_len, threads)
+            row[engine] = _summary(kestrel_in_child(str(path), opts, prompt, args.gen_len, args.repeats), file_bytes)
+        if args.vs_llamacpp:
+            peer = run_in_child(str(path), prompt, args.gen_len, threads, args.repeats, details=True, warmup=True)
+            row["llama.cpp"] = _summary(peer, file_bytes)
+            if isinstance(row["llama.cpp"], dict):
+                row["ratio_vs_llama.cpp"] = {
+                    engine: {k: row[engine][k] / row["llama.cpp"][k] for k in ("prefill_tok_s", "decode_tok_s")}
+                    for engine in ENGINES if isinstance(row[engine], dict)}
+        row["loadavg_after"] = list(os.getloadavg())
+        report["models"].append(row)
+        _print_model_row(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"report written to {args.json}")
+    return 0
+
+
+def _print_model_row(row: dict) -> None:
+    print(f"{row['model']} ({row['quantization']}, {row['params'] / 1e9:.2f}B params, file {row['file_mib']} MiB, "
+          f"load average {row['loadavg_before'][0]:.2f}):", flush=True)
+    for engine in (*ENGINES, "llama.cpp"):
+        r = row.get(engine)
+        if r is None:
+            continue
+        if isinstance(r, str):
+            print(f"  {engine:<20} {r}", flush=True)
+            continue
+        ratio = row.get("ratio_vs_llama.cpp", {}).get(engine)
+        vs = f" | vs llama.cpp prefill {ratio['prefill_tok_s']:.2f}x, decode {ratio['decode_tok_s']:.2f}x" \
+            if ratio else ""
+        print(f"  {engine:<20} prefill {r['prefill_tok_s']:8.1f} tok/s, decode {r['decode_tok_s']:7.2f} tok/s, "
+              f"RSS {r.get('rss_after_run_mib', float('nan')):7.1f} MiB, of which the model "
+              f"{r.get('model_rss_mib', float('nan')):7.1f} MiB ({r.get('model_rss_vs_file', float('nan')):.2f}x "
+              f"the file){vs}", flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_child_main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine import ops
+from engine.ops.gguf_quant import GGUFSegments, fuse_rows, gguf_linear
 from engine.parallel.context import TPContext
 
 
@@ -20,11 +21,12 @@ class LinearBase(torch.nn.Module):
 
     int8: ops.Int8Weight | None = None  # set by quantize_int8(); then the float weight is dropped
     # GGUF blocks kept as the file stores them (CPU, a type with a kernel: engine/ops/gguf_quant.py); then the
-    # float weight is dropped
-    gguf: ops.GGUFWeight | None = None
+    # float weight is dropped. A fused weight whose parts differ in type (a Q4_K_M file's q/k Q4_K, v Q6_K) holds
+    # one GGUFWeight per run of one type (GGUFSegments), each computed on by its own native call.
+    gguf: ops.GGUFWeight | GGUFSegments | None = None
 
     @property
-    def matmul_weight(self) -> torch.Tensor | ops.Int8Weight | ops.GGUFWeight:
+    def matmul_weight(self) -> torch.Tensor | ops.Int8Weight | ops.GGUFWeight | GGUFSegments:
         if self.gguf is not None:
             return self.gguf
         return self.weight if self.int8 is None else self.int8
@@ -41,13 +43,16 @@ class LinearBase(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # engine.ops.linear: native GEMV / GEMM on CPU (torch's F.linear is pathological there at decode
-        # sizes), F.linear on CUDA.
+        # sizes), F.linear on CUDA. GGUF blocks (one type, or segments of several) go straight to gguf_linear.
+        if self.gguf is not None:
+            return gguf_linear(x, self.gguf, self.bias)
         return ops.linear(x, self.matmul_weight, self.bias)
 
     def _load_quantized(self, weights, slices: list[tuple[str, int, int, int]]) -> bool:
         """Keep the weight as GGUF blocks when it lives on the CPU and the source has every slice
-        (name, dim, start, stop) in one type with a kernel (``GGUFWeights.quantized_slice``); row slices are
-        stacked in order. False: the caller loads float weights as usual."""
+        (name, dim, start, stop) in a type with a kernel (``GGUFWeights.quantized_slice``); row slices are
+        stacked in order (``fuse_rows``: parts of different types become segments). False: the caller loads
+        float weights as usual."""
         get = getattr(weights, "quantized_slice", None)
         if get is None or self.weight.device.type != "cpu":
             return False
@@ -57,10 +62,10 @@ class LinearBase(torch.nn.Module):
             if got is None:
                 return False
             q = ops.GGUFWeight.from_blocks(*got)
-            if parts and (q.qtype != parts[0].qtype or q.k != parts[0].k):
+            if parts and q.k != parts[0].k:
                 return False
             parts.append(q)
-        w = ops.GGUFWeight.cat_rows(parts)
+        w = fuse_rows(parts)
         if tuple(w.shape) != tuple(self.weight.shape):
             raise ValueError(f"{slices[0][0]}: GGUF blocks of shape {tuple(w.shape)} do not fit "
                              f"{tuple(self.weight.shape)}")

@@ -12,11 +12,14 @@ dequantized weight rows in the float GEMM kernels (the same products: a row's re
 regime beyond float rounding). Elsewhere (CUDA, no engine._C) the weight is dequantized for the call and x is not
 quantized. A decode step thus streams 0.56-1.06 bytes per weight (Q4_0 / Q4_K ... Q8_0) instead of 2 (bfloat16),
 and the model takes the file's size in memory.
+
+A fused weight whose parts differ in type (a Q4_K_M file's q/k in Q4_K, v in Q6_K) is a ``GGUFSegments``
+(``fuse_rows``): a GGUFWeight per run of one type, one native call each into its columns of the output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -131,13 +134,66 @@ class GGUFWeight:
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape).to(dtype)
 
 
-def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None = None,
+@dataclass(frozen=True)
+class GGUFSegments:
+    """A fused linear weight (q/k/v, gate/up) whose row blocks differ in type, e.g. a Q4_K_M file's attn_q / attn_k
+    in Q4_K and attn_v in Q6_K: each run of rows of one type is its own GGUFWeight (the file's bytes, as there),
+    their outputs stacked in order. ``gguf_linear`` meets it with one native call per segment (each quantizes x
+    for itself: K values, small beside the rows it then streams), writing into its columns of one output.
+    Built by ``fuse_rows``, which merges neighbouring parts of one type first."""
+
+    parts: tuple[GGUFWeight, ...]
+    rows: int = field(init=False)  # N: the segments' rows together
+
+    def __post_init__(self):
+        if not self.parts or any(p.k != self.parts[0].k for p in self.parts):
+            raise ValueError("GGUFSegments needs GGUF weights of one K")
+        object.__setattr__(self, "rows", sum(p.data.shape[0] for p in self.parts))
+
+    @property
+    def k(self) -> int:
+        return self.parts[0].k
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.rows, self.k))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def type_name(self) -> str:
+        return "+".join(p.type_name for p in self.parts)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.cat([p.dequantize(dtype) for p in self.parts])
+
+
+def fuse_rows(parts: list[GGUFWeight]) -> GGUFWeight | GGUFSegments:
+    """Row blocks stacked in order: one GGUFWeight when they share a type (a byte concat, ``cat_rows``), else
+    a GGUFSegments of the runs of one type (q+k Q4_K, v Q6_K: two segments)."""
+    if not parts or any(p.k != parts[0].k for p in parts):
+        raise ValueError("fuse_rows needs GGUF weights of one K")
+    runs: list[list[GGUFWeight]] = []
+    for p in parts:
+        if runs and runs[-1][0].qtype == p.qtype:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    merged = tuple(GGUFWeight.cat_rows(r) for r in runs)
+    return merged[0] if len(merged) == 1 else GGUFSegments(merged)
+
+
+def gguf_linear(x: torch.Tensor, weight: GGUFWeight | GGUFSegments, bias: torch.Tensor | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ W^T + bias with W a GGUFWeight; x [..., K] (rows may be strided, last dim contiguous), bias [N] of
+    """y = x @ W^T + bias with W a GGUFWeight (or GGUFSegments: one call per segment into its columns of y);
+    x [..., K] (rows may be strided, last dim contiguous), bias [N] of
     x's dtype, out as ``ops.linear``'s. fp32 accumulation, one rounding to x's dtype. On the CPU x is quantized per
     block of 32 to int8 first (``reference.gguf_linear`` states the arithmetic); M <= 8 rows (every M under
     set_batch_invariant) run the integer GEMV, more rows the float GEMM on dequantized panels."""
-    N, K = weight.data.shape[0], weight.k
+    segments = weight.parts if isinstance(weight, GGUFSegments) else None
+    N, K = (weight.data.shape[0] if segments is None else weight.rows), weight.k
     if x.shape[-1] != K:
         fail("linear", f"x's last dim {x.shape[-1]} does not match the GGUF weight's K {K}")
     if x.dim() != 2:
@@ -160,9 +216,19 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None =
         check_dtype("linear", "out", out, x.dtype)
         check_shape("linear", "out", out, (M, N))
         check_last_contiguous("linear", "out", out)
-    native_lib.gguf_linear(dt | mode.flags, out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0),
-                           weight.data.data_ptr(), weight.data.shape[1], weight.qtype,
-                           0 if bias is None else bias.data_ptr(), M, N, K)
+    flags, xp, xs, os0 = dt | mode.flags, x.data_ptr(), x.stride(0), out.stride(0)
+    if segments is None:
+        native_lib.gguf_linear(flags, out.data_ptr(), os0, xp, xs, weight.data.data_ptr(), weight.data.shape[1],
+                               weight.qtype, 0 if bias is None else bias.data_ptr(), M, N, K)
+        return out
+    # one call per segment, each writing its columns of out (and reading its part of bias): byte offsets
+    esize = out.element_size()
+    op, bp, row = out.data_ptr(), 0 if bias is None else bias.data_ptr(), 0
+    for w in segments:
+        n = w.data.shape[0]
+        native_lib.gguf_linear(flags, op + row * esize, os0, xp, xs, w.data.data_ptr(), w.data.shape[1], w.qtype,
+                               0 if bias is None else bp + row * esize, M, n, K)
+        row += n
     return out
 
 

@@ -25,3 +25,55 @@ def test_bench_offline_writes_a_report(tmp_path, tiny_gguf):
         assert isinstance(peer, dict), peer
         assert rows[1]["ratio_vs_llama.cpp"]["decode_tok_s"] > 0
     assert "llama.cpp" not in rows[2]  # the peer runs at batch 1 only
+
+
+def _hide_llama_cpp(tmp_path, monkeypatch):
+    """The llama.cpp child as CI sees it (no llama-cpp-python), even where it is installed: a llama_cpp package
+    that fails to import, first on the children's PYTHONPATH."""
+    import os
+
+    shadow = tmp_path / "shadow" / "llama_cpp"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(shadow.parent),
+                                                                    os.environ.get("PYTHONPATH")])))
+
+
+def test_bench_offline_gguf_models_report(tmp_path, monkeypatch):
+    """--gguf-models: the bench writes its random Llama (here at a small shape) into --workdir, and a row per model
+    holds Kestrel with the file's blocks kept, Kestrel dequantized and llama.cpp, which, absent, is skipped with a
+    reason instead of failing the run."""
+    from engine.bench import gguf_models
+
+    monkeypatch.setitem(gguf_models.BENCH_MODELS, "llama-1b-q4_0", gguf_models.RandomLlama(
+        "Q4_0", gguf_models.small_shape()))
+    _hide_llama_cpp(tmp_path, monkeypatch)
+    work = tmp_path / "models"
+    out = tmp_path / "bench.json"
+    argv = ["bench", "offline", "--gguf-models", "llama-1b-q4_0", "--workdir", str(work), "--prompt-len", "24",
+            "--gen-len", "4", "--repeats", "1", "--num-threads", "2", "--dtype", "float32", "--vs-llamacpp",
+            "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "offline-gguf-models" and report["threads"] == 2 and report["prompt_len"] == 24
+    [row] = report["models"]
+    assert row["model"] == "llama-1b-q4_0" and row["quantization"] == "Q4_0"
+    written = list(work.iterdir())
+    assert [str(p) for p in written] == [row["path"]]
+    assert row["file_mib"] == round(written[0].stat().st_size / 2**20, 1)
+    assert len(row["loadavg_before"]) == 3 and len(row["loadavg_after"]) == 3
+    kept, deq = row["kestrel_gguf"], row["kestrel_dequantized"]
+    for r in (kept, deq):
+        assert isinstance(r, dict), r
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["threads"] == 2 and r["dtype"] == "float32"
+        assert r["rss_after_run_mib"] >= r["rss_before_load_mib"] > 0 and r["model_rss_vs_file"] > 0
+        assert r["kv_cache_mib"] > 0
+    assert kept["float_linear_layers"] == 0 and kept["gguf_linear_mib"] > 0
+    assert deq["float_linear_layers"] > 0 and deq["gguf_linear_mib"] == 0
+    assert row["llama.cpp"].startswith("skipped: llama-cpp-python is not installed")
+    assert "ratio_vs_llama.cpp" not in row
+
+    # reused by the next run (not rewritten), and --model beside --gguf-models is refused
+    mtime = written[0].stat().st_mtime_ns
+    assert gguf_models.model_path("llama-1b-q4_0", work) == written[0] and written[0].stat().st_mtime_ns == mtime
+    assert main(["bench", "offline", "--model", row["path"], "--gguf-models", "smollm2"]) == 2

@@ -325,3 +325,79 @@ def test_new_type_fallback_without_native(monkeypatch):
     x = torch.randn(3, 256)
     monkeypatch.setattr(gq, "native_lib", None)
     torch.testing.assert_close(ops.linear(x, w), x @ _truth(raw, Q.Q4_K, 12, 256).T)
+
+
+# -- fused weights whose parts differ in type (GGUFSegments) -------------------------------------------------------
+# A Q4_K_M file's q/k (Q4_K) and v (Q6_K), or gate (Q4_K) and up (Q5_0), fused into one linear: fuse_rows keeps a
+# segment per run of one type, and gguf_linear runs each segment's native call into its columns of one output.
+
+
+def _segment_parts(rng, types, rows, k):
+    raws = [_new_blocks(rng, t, n, k, "quantized") if t in NEW_TYPES else _random_blocks(rng, t, n, k, "quantized")
+            for t, n in zip(types, rows)]
+    return raws, [ops.GGUFWeight.from_blocks(r, int(t), k) for r, t in zip(raws, types)]
+
+
+def test_fuse_rows_merges_runs_of_one_type():
+    from engine.ops.gguf_quant import GGUFSegments, fuse_rows
+
+    rng = np.random.default_rng(21)
+    _, parts = _segment_parts(rng, [Q.Q4_K, Q.Q4_K, Q.Q6_K], [16, 8, 8], 256)
+    w = fuse_rows(parts)
+    assert isinstance(w, GGUFSegments) and [p.type_name for p in w.parts] == ["Q4_K", "Q6_K"]
+    assert w.shape == (32, 256) and w.nbytes == sum(p.nbytes for p in parts) and w.type_name == "Q4_K+Q6_K"
+    assert torch.equal(w.parts[0].data, torch.cat([parts[0].data, parts[1].data]))
+    assert torch.equal(w.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    one = fuse_rows(parts[:2])  # one type: one GGUFWeight, one call, as before
+    assert isinstance(one, ops.GGUFWeight) and one.shape == (24, 256)
+    with pytest.raises(ValueError, match="one K"):
+        fuse_rows([parts[0], ops.GGUFWeight.from_blocks(_new_blocks(rng, Q.Q4_K, 2, 512, "quantized"),
+                                                        int(Q.Q4_K), 512)])
+
+
+@pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q4_K, Q.Q5_0), (Q.Q8_0, Q.Q4_0, Q.Q5_K)],
+                         ids=lambda ts: "+".join(t.name for t in ts))
+@pytest.mark.parametrize("M", [1, 5, 24])
+def test_segments_linear_is_each_parts_linear(isa, types, M):
+    """Each segment's columns are exactly (bit for bit) what its own weight gives alone, bias and strided output
+    included, in both regimes, on every ISA; and they agree with the dequantized product within the x-rounding
+    bound."""
+    from engine.layers.linear import LinearBase
+    from engine.ops.gguf_quant import fuse_rows
+
+    rng = np.random.default_rng(30 + M)
+    g = torch.Generator().manual_seed(M)
+    rows = [24, 8, 8][: len(types)]
+    k = 512
+    raws, parts = _segment_parts(rng, types, rows, k)
+    w = fuse_rows(parts)
+    n = sum(rows)
+    x = torch.randn(M, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    buf = torch.full((M, n + 7), float("nan"))
+    y = ops.gguf_linear(x, w, bias, out=buf[:, 3:3 + n])
+    assert not torch.isnan(y).any() and torch.isnan(buf[:, :3]).all() and torch.isnan(buf[:, 3 + n:]).all()
+    row = 0
+    for p in parts:
+        alone = ops.linear(x, p, bias[row:row + p.shape[0]])
+        assert torch.equal(y[:, row:row + p.shape[0]], alone), (isa, p.type_name)
+        row += p.shape[0]
+    truth = torch.cat([_truth(r, t, rn, k) for r, t, rn in zip(raws, types, rows)])
+    assert ((y - (x @ truth.T + bias)).abs() <= _decode_bound(x, truth)).all()
+    # through a linear layer, 3-D x, no bias
+    layer = LinearBase(k, n, False, torch.float32)
+    layer.gguf = w
+    x3 = x.reshape(1, M, k)
+    assert torch.equal(layer(x3)[0], ops.gguf_linear(x, w))
+
+
+def test_segments_fallback_without_native(monkeypatch):
+    import engine.ops.gguf_quant as gq
+
+    rng = np.random.default_rng(22)
+    raws, parts = _segment_parts(rng, [Q.Q4_K, Q.Q6_K], [12, 4], 256)
+    w = gq.fuse_rows(parts)
+    x = torch.randn(3, 256)
+    monkeypatch.setattr(gq, "native_lib", None)
+    truth = torch.cat([_truth(raws[0], Q.Q4_K, 12, 256), _truth(raws[1], Q.Q6_K, 4, 256)])
+    torch.testing.assert_close(ops.gguf_linear(x, w), x @ truth.T)

@@ -141,7 +141,8 @@ def test_gguf_blocks_are_opt_in_and_refused_where_they_cannot_run(tiny_model_dir
 
 # -- K-quants: a tiny wide Llama written as Q4_K / Q6_K (llama.cpp's Q4_K_M mix) ------------------------------------
 # A random-weight model (hidden 256, the K-quants' super-block) whose linear weights are Q4_K, down_proj and the
-# LM head Q6_K (as Q4_K_M files have them), layer 1's v_proj Q6_K and o_proj Q5_1 (no kernel: dequantized, logged);
+# LM head Q6_K (as Q4_K_M files have them), layer 1's v_proj Q6_K (its fused q/k/v then holds a Q4_K and a Q6_K
+# segment) and o_proj Q5_1 (no kernel: dequantized, logged);
 # quantized by the test writer's plain quantizer (tests/support/gguf_writer.py quantize_kquant; gguf-py has no
 # K-quant quantizer). Same comparisons as above, on 4 random prompts x 32 greedy tokens, teacher-forced. Measured when written (AVX512-VNNI):
 # argmax agreement 96.1% under decode arithmetic, 97.6% for the prompts' prefill; max |logit difference| 0.9% / 1.1%
@@ -185,17 +186,15 @@ def test_kquant_model_blocks_memory_and_teacher_forced_agreement(kquant_gguf, ca
         assert "Q5_1 tensors have no CPU kernel yet; dequantized at load" in caplog.text
         layers = _linears(q)
         kept = [m for m in layers if m.gguf is not None]
-        assert {m.gguf.type_name for m in kept} == {"Q4_K", "Q6_K"}
-        # float: layer 1's o_proj (Q5_1, no kernel) and its fused q/k/v, whose parts are Q4_K and Q6_K: the linear
-        # layers keep one type per fused weight (engine/layers/linear.py), so a mixed one is dequantized at load
+        assert {m.gguf.type_name for m in kept} == {"Q4_K", "Q6_K", "Q4_K+Q6_K"}  # layer 1's q/k/v: two segments
+        # float: layer 1's o_proj (Q5_1, no kernel)
         float_layers = [m for m in layers if m.gguf is None]
-        assert len(float_layers) == 2 and all(m.weight.numel() > 0 for m in float_layers)
+        assert len(float_layers) == 1 and all(m.weight.numel() > 0 for m in float_layers)
         assert all(m.weight.numel() == 0 for m in kept)
         gf = GGUFFile(kquant_gguf)
         try:
             kq_bytes = sum(t.nbytes for n, t in gf.tensors.items()
-                           if n.startswith("blk.") and len(t.shape) == 2 and t.type_name in ("Q4_K", "Q6_K")
-                           and not n.startswith(("blk.1.attn_q", "blk.1.attn_k", "blk.1.attn_v")))
+                           if n.startswith("blk.") and len(t.shape) == 2 and t.type_name in ("Q4_K", "Q6_K"))
         finally:
             gf.close()
         assert sum(m.gguf.nbytes for m in kept) == kq_bytes  # the file's size, not 7x it (float32)
@@ -236,3 +235,145 @@ def test_kquant_model_prefill_close_to_dequantized(kquant_gguf):
     finally:
         q.close()
         d.close()
+
+
+# -- fused weights whose parts differ in type (engine/ops/gguf_quant.py GGUFSegments) -----------------------------
+# Every layer as a Q4_K_M file mixes them: q/k Q4_K, v Q6_K (one fused q/k/v: a Q4_K and a Q6_K segment), gate Q4_K
+# and up Q5_0 (a fused gate/up of two segments), o_proj Q4_K, down_proj Q6_K. Nothing falls back to float: the kept
+# bytes are the file's linear tensor bytes. Same comparisons as the K-quant model above (teacher-forced decode
+# arithmetic and the prompts' prefill against the dequantized load). Measured when written (AVX512-VNNI): argmax
+# agreement 97.7% (decode) / 100% (prefill); max |logit difference| 1.2% / 1.5% of the largest |logit|.
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory):
+    from gguf import GGMLQuantizationType as Q
+
+    from tests.support.gguf_writer import write_gguf
+    from tests.support.tiny_models import WIDE_DIMS, build_tiny_model
+
+    def types(name, shape):
+        if name.endswith(("v_proj.weight", "down_proj.weight", "lm_head.weight")):
+            return Q.Q6_K
+        if name.endswith("up_proj.weight"):
+            return Q.Q5_0
+        return Q.Q4_K
+
+    model = build_tiny_model("llama", WIDE_DIMS, seed=12, vocab_size=512)
+    out = tmp_path_factory.mktemp("mixed") / "wide-mixed.gguf"
+    return write_gguf(model, out, "llama", types, name="wide", kquant_values=True)
+
+
+def _teacher_forced(q, ref, prompts, gen_len):
+    """(agreement, total, max relative logit difference) of q against ref on ref's greedy continuations."""
+    outs = ref.generate(prompts, SamplingParams(max_tokens=gen_len, min_tokens=gen_len, temperature=0))
+    agree = total = 0
+    worst = 0.0
+    for prompt, out in zip(prompts, outs):
+        gen = out.outputs[0].token_ids
+        n = len(prompt)
+        lq = q.core.score(prompt + gen)[n - 1:-1]
+        ld = ref.core.score(prompt + gen)[n - 1:-1]
+        assert ld.argmax(-1).tolist() == gen
+        worst = max(worst, float((lq - ld).abs().max() / ld.abs().max()))
+        same = int((lq.argmax(-1) == ld.argmax(-1)).sum())
+        assert same >= 0.75 * len(gen)
+        agree, total = agree + same, total + len(gen)
+    return agree, total, worst
+
+
+def test_mixed_type_fused_weights_stay_quantized(mixed_gguf, caplog):
+    from engine.loader.gguf_file import GGUFFile
+    from engine.ops.gguf_quant import GGUFSegments
+
+    ref = _kq_engine(mixed_gguf, dequantize=True, deterministic=True)
+    with caplog.at_level(logging.INFO, logger="engine.loader.gguf"):
+        q = _kq_engine(mixed_gguf, dequantize=False, deterministic=True)
+    try:
+        assert "dequantized at load" not in caplog.text  # no float fallback
+        layers = _linears(q)
+        assert all(m.gguf is not None and m.weight.numel() == 0 for m in layers)
+        model = q.core.runner.model
+        for layer in model.model.layers if hasattr(model, "model") else model.layers:
+            qkv, gate_up = layer.self_attn.qkv_proj.gguf, layer.mlp.gate_up_proj.gguf
+            assert isinstance(qkv, GGUFSegments) and qkv.type_name == "Q4_K+Q6_K"
+            assert [tuple(p.shape) for p in qkv.parts] == [(256 + 128, 256), (128, 256)]  # q+k rows, v rows
+            assert isinstance(gate_up, GGUFSegments) and gate_up.type_name == "Q4_K+Q5_0"
+            assert [tuple(p.shape) for p in gate_up.parts] == [(512, 256), (512, 256)]
+        gf = GGUFFile(mixed_gguf)
+        try:
+            linear_bytes = sum(t.nbytes for n, t in gf.tensors.items() if n.startswith("blk.") and len(t.shape) == 2)
+        finally:
+            gf.close()
+        assert sum(m.gguf.nbytes for m in layers) == linear_bytes  # the file's bytes, none in float
+
+        agree, total, worst = _teacher_forced(q, ref, KQ_PROMPTS, 32)  # decode arithmetic for every row
+        assert worst <= 0.05, worst
+        assert agree >= 0.9 * total, agree / total
+    finally:
+        q.close()
+        ref.close()
+        ops.set_batch_invariant(False)
+
+
+def test_mixed_type_fused_weights_prefill_close_to_dequantized(mixed_gguf):
+    q = _kq_engine(mixed_gguf, dequantize=False)
+    d = _kq_engine(mixed_gguf, dequantize=True)
+    try:
+        agree = total = 0
+        for ids in KQ_PROMPTS:
+            lq, ld = q.core.score(ids), d.core.score(ids)  # the prefill regime (> 8 rows)
+            diff = (lq - ld).abs().max(-1).values
+            assert (diff <= 0.05 * ld.abs().max()).all(), diff.max()
+            agree, total = agree + int((lq.argmax(-1) == ld.argmax(-1)).sum()), total + len(ids)
+        assert agree >= 0.85 * total, agree / total
+    finally:
+        q.close()
+        d.close()
+
+
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_mixed_type_fused_weights_shard_as_before(mixed_gguf, tp_size):
+    """Tensor parallelism slices each part as it slices float weights (q heads split, KV heads split or, with fewer
+    KV heads than ranks, replicated; gate/up rows split): rank r's segments hold exactly its rows, and its output
+    columns are those of the unsharded layer's."""
+    from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+    from engine.loader.gguf import GGUFWeights
+    from engine.loader.gguf_file import GGUFFile
+    from engine.ops.gguf_quant import GGUFSegments
+    from engine.parallel.context import TPContext
+
+    gf = GGUFFile(mixed_gguf)
+    weights = GGUFWeights(gf, 4, 2)
+    weights.keep_quantized = True
+    hidden, hd, heads, kv, inter = 256, 64, 4, 2, 512
+    x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(0))
+    try:
+        def build(rank, size):
+            tp = TPContext(rank=rank, size=size)
+            qkv = QKVParallelLinear(hidden, hd, heads, kv, False, torch.float32, tp)
+            qkv.load(weights, "model.layers.0.self_attn")
+            mlp = MergedColumnParallelLinear(hidden, inter, ["gate_proj", "up_proj"], torch.float32, tp)
+            mlp.load(weights, "model.layers.0.mlp")
+            return qkv, mlp
+
+        full_qkv, full_mlp = build(0, 1)
+        yq, ym = full_qkv(x), full_mlp(x)
+        q_full, k_full, v_full = yq.split([heads * hd, kv * hd, kv * hd], -1)
+        gate_full, up_full = ym.split([inter, inter], -1)
+        for rank in range(tp_size):
+            qkv, mlp = build(rank, tp_size)
+            assert isinstance(qkv.gguf, GGUFSegments) and qkv.gguf.type_name == "Q4_K+Q6_K"
+            assert isinstance(mlp.gguf, GGUFSegments) and mlp.gguf.type_name == "Q4_K+Q5_0"
+            q_rows, kv_rows = qkv.q_rows[1] - qkv.q_rows[0], qkv.kv_rows[1] - qkv.kv_rows[0]
+            assert [p.shape[0] for p in qkv.gguf.parts] == [q_rows + kv_rows, kv_rows]
+            q, k, v = qkv(x).split([q_rows, kv_rows, kv_rows], -1)
+            torch.testing.assert_close(q, q_full[:, qkv.q_rows[0]:qkv.q_rows[1]], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(k, k_full[:, qkv.kv_rows[0]:qkv.kv_rows[1]], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(v, v_full[:, qkv.kv_rows[0]:qkv.kv_rows[1]], rtol=1e-5, atol=1e-5)
+            r0, r1 = mlp.rows
+            gate, up = mlp(x).split([r1 - r0, r1 - r0], -1)
+            torch.testing.assert_close(gate, gate_full[:, r0:r1], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(up, up_full[:, r0:r1], rtol=1e-5, atol=1e-5)
+    finally:
+        gf.close()
