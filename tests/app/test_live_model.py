@@ -213,7 +213,8 @@ def test_engine_crash_restarts_with_a_notice(live, qtbot):
     old = engine.info.engine_pid
     os.kill(old, signal.SIGKILL)
     qtbot.waitUntil(lambda: engine.state == "dead", timeout=10_000)
-    assert "SIGKILL" in live.panels["load"].message.text()
+    # the worker sets its state on its own thread; the panel hears of the death through a queued signal
+    qtbot.waitUntil(lambda: "SIGKILL" in live.panels["load"].message.text(), timeout=10_000)
     qtbot.waitUntil(lambda: engine.state == "ready", timeout=180_000)
     qtbot.waitUntil(lambda: bool(notices), timeout=10_000)
     assert "SIGKILL" in notices[0] and "restart 1" in notices[0]
