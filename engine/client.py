@@ -272,8 +272,9 @@ class EngineClient:
     async def health(self) -> None:
         """Raises EngineDeadError (saying why) unless the engine process is running."""
         self._check()
-        if not self._engine.running:  # exited, the watcher's news not yet handled
-            raise EngineDeadError(f"The engine process exited ({describe_exit(self._engine.returncode)}).")
+        if not self._engine.running:  # exited, the watcher's news not yet handled: handle it now, as it will
+            self._on_exit(self._engine.returncode)
+            self._check()
 
     # ------------------------------------------------------------------------------------------------
     # requests

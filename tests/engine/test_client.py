@@ -385,3 +385,32 @@ def test_real_model_through_the_client():
     llm = LLM(dtype="float32")
     ref = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))
     assert ref[0].outputs[0].token_ids == ids
+
+
+def test_health_right_after_a_death_says_what_the_watcher_will_say():
+    """The process has exited but the watcher's news has not reached the loop yet (here: the loop is held
+    while the process is reaped): health() already gives the final answer, restarting or dead with the
+    restart limit, never a third message of its own (a race that failed CI once)."""
+    from engine.client import RestartPolicy
+    from engine.errors import EngineRestartingError
+
+    async def main():
+        client = await EngineClient.start(EngineConfig(), core_factory=FAKE,
+                                          restart=RestartPolicy(max_restarts=1, delay_s=0.2))
+        try:
+            for expected in (EngineRestartingError, EngineDeadError):
+                if expected is EngineDeadError:
+                    while client.restarts < 1 or client.state != "ready":
+                        await asyncio.sleep(0.05)
+                proc = client._engine.proc
+                proc.kill()
+                proc.wait()  # blocks the loop: the watcher's call_soon_threadsafe waits behind us
+                with pytest.raises(expected) as err:
+                    await client.health()
+                assert type(err.value) is expected and "SIGKILL" in str(err.value)
+                if expected is EngineDeadError:
+                    assert "the most allowed" in str(err.value) and client.state == "dead"
+        finally:
+            await client.shutdown()
+
+    run(main())

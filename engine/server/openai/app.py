@@ -32,6 +32,7 @@ import engine
 from engine.client import EngineClient
 from engine.errors import (
     EngineDeadError,
+    EngineRestartingError,
     EngineShuttingDownError,
     InvalidRequestError,
     KestrelError,
@@ -271,8 +272,9 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
         except EngineShuttingDownError as e:
             status, reason = "shutting_down", str(e)
         except EngineDeadError as e:
-            status = "restarting" if getattr(client, "state", None) == "restarting" else "dead"
-            reason = getattr(client, "state_detail", None) or str(e) if status == "restarting" else str(e)
+            announced = getattr(client, "state", None) == "restarting"  # the supervisor's detail says when
+            status = "restarting" if announced or isinstance(e, EngineRestartingError) else "dead"
+            reason = (getattr(client, "state_detail", None) if announced else None) or str(e)
         else:
             return JSONResponse({"status": "ok", "reason": None, "restarts": restarts})
         if not authorized(raw):
