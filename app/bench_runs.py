@@ -61,8 +61,8 @@ class RunLibrary:
         self.folder = Path(folder) if folder is not None else runs_dir()
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def save(self, report: dict) -> Path:
-        """Write ``report`` under a new name made of its date and label; returns the path."""
+    def _new_path(self, report: dict) -> Path:
+        """A path in the folder not taken yet, named after the time now and ``report``'s label."""
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label(report)).strip("-")[:60] or "run"
         path = self.folder / f"{stamp}-{slug}.json"
@@ -70,7 +70,11 @@ class RunLibrary:
         while path.exists():
             n += 1
             path = self.folder / f"{stamp}-{slug}-{n}.json"
-        return write_report(report, path)
+        return path
+
+    def save(self, report: dict) -> Path:
+        """Write ``report`` under a new name made of its date and label; returns the path."""
+        return write_report(report, self._new_path(report))
 
     def import_file(self, path: str | Path) -> Path:
         """Copy a report written elsewhere (`kestrel bench serve` / `sweep --result-filename`) into the library,
@@ -79,13 +83,7 @@ class RunLibrary:
         report = read_report(src)
         if src.parent.resolve() == self.folder.resolve():
             return src
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label(report)).strip("-")[:60] or "run"
-        dest = self.folder / f"{stamp}-{slug}.json"
-        n = 1
-        while dest.exists():
-            n += 1
-            dest = self.folder / f"{stamp}-{slug}-{n}.json"
+        dest = self._new_path(report)
         shutil.copyfile(src, dest)
         return dest
 

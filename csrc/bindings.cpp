@@ -79,6 +79,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("x"), py::arg("x_stride"), py::arg("weight"), py::arg("row_bytes"), py::arg("qtype"), py::arg("bias"),
         py::arg("M"), py::arg("N"), py::arg("K"),
         "out = x @ W^T + bias with W in GGUF blocks (Q4_0, Q4_1, Q8_0: ggml type ids 2, 3, 8), N rows of row_bytes");
+  m.def("gguf_get_rows", &kestrel::cpu::gguf_get_rows, release(), py::arg("dtype"), py::arg("out"), py::arg("weight"),
+        py::arg("row_bytes"), py::arg("qtype"), py::arg("ids"), py::arg("count"), py::arg("N"), py::arg("K"),
+        "out[t] = row ids[t] (int64) of the GGUF weight's N rows, dequantized to dtype: the embedding lookup");
+  m.def("gguf_dequantize", &kestrel::cpu::gguf_dequantize, release(), py::arg("dtype"), py::arg("out"),
+        py::arg("weight"), py::arg("row_bytes"), py::arg("qtype"), py::arg("N"), py::arg("K"),
+        "out[N, K] = the GGUF weight's N rows dequantized to dtype, on the linear threads");
   m.def("gguf_has_kernel", &kestrel::cpu::gguf_has_kernel, py::arg("qtype"), "Whether a ggml type id has a kernel");
   m.def("gguf_isa", &kestrel::cpu::gguf_isa, "Level the GGUF kernels use now: scalar, avx2, avxvnni or avx512vnni");
   m.def("gguf_isas", &kestrel::cpu::gguf_isas, "GGUF kernel levels this build and CPU have");

@@ -63,6 +63,11 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         ("Force the level of the GGUF quantized-weight kernels: auto (the best one at or below the CPU linear "
          "level), scalar, avx2, avxvnni, avx512vnni; an unavailable one means auto. Read by the native module "
          "(csrc/cpu/gguf_dispatch.cpp) at its first GGUF call.")),
+    "KESTREL_CPU_AMX": (
+        "auto", _choice("auto", "on", "off"),
+        ("CPU linear layers of many rows (prefill) in bfloat16 on torch's oneDNN GEMM, which uses the AMX "
+         "matrix units: auto (where the CPU has AMX-BF16), on or off (the native kernels at every size, to "
+         "compare) (engine/ops/gemm.py, engine/ops/gguf_quant.py).")),
     "KESTREL_PREFILL_ATTENTION": (
         "auto", _choice("auto", "triton", "sdpa"),
         ("Attention of steps with a prefill chunk: auto (CUDA: the Triton varlen kernel when Triton is "

@@ -255,6 +255,56 @@ void gguf_force_isa(const std::string& name) {
 
 bool gguf_has_kernel(int qtype) { return gguf_type_size(qtype) != 0; }
 
+void gguf_get_rows(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, int qtype, uintptr_t ids, int64_t count,
+                   int64_t N, int64_t K) {
+  check(dtype == kFloat32 || dtype == kBFloat16 || dtype == kFloat16, "gguf_get_rows: dtype code must be 0, 1 or 2");
+  check(gguf_type_size(qtype) != 0,
+        "gguf_get_rows: no kernel for this GGUF type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K have one)");
+  check(count >= 0 && N >= 0 && K > 0 && K % gguf_block_elems(qtype) == 0,
+        "gguf_get_rows: K must be a positive multiple of the type's block (32; 256 for the K-quants)");
+  check(row_bytes == K / gguf_block_elems(qtype) * gguf_type_size(qtype),
+        "gguf_get_rows: row_bytes does not match K and the type");
+  const int64_t* id = ptr<const int64_t>(ids);
+  for (int64_t t = 0; t < count; ++t)
+    check(id[t] >= 0 && id[t] < N, "gguf_get_rows: a token id is out of the table's rows");
+  const GGUFTable& G = T();
+  const size_t row_out = size_t(K) * (dtype == kFloat32 ? 4 : 2);
+  char* o = ptr<char>(out);
+  const uint8_t* base = ptr<const uint8_t>(w);
+  for (int64_t t = 0; t < count; ++t)  // a row is K values: a few microseconds, not worth threads
+    G.dequantize(qtype, dtype, base + id[t] * row_bytes, row_bytes, K, 0, 1, o + size_t(t) * row_out);
+}
+
+void gguf_dequantize(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, int qtype, int64_t N, int64_t K) {
+  check(dtype == kFloat32 || dtype == kBFloat16 || dtype == kFloat16, "gguf_dequantize: dtype code must be 0, 1 or 2");
+  check(gguf_type_size(qtype) != 0,
+        "gguf_dequantize: no kernel for this GGUF type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K have one)");
+  check(N >= 0 && K > 0 && K % gguf_block_elems(qtype) == 0,
+        "gguf_dequantize: K must be a positive multiple of the type's block (32; 256 for the K-quants)");
+  check(row_bytes == K / gguf_block_elems(qtype) * gguf_type_size(qtype),
+        "gguf_dequantize: row_bytes does not match K and the type");
+  const GGUFTable& G = T();
+  const uint8_t* base = ptr<const uint8_t>(w);
+  char* o = ptr<char>(out);
+  const size_t row_out = size_t(K) * (dtype == kFloat32 ? 4 : 2);
+  // ~1 ns per weight and thread: a thread gets at least 256k weights
+  int64_t nt = std::min<int64_t>(get_num_threads(), N * K / (256 * 1024));
+#ifdef _OPENMP
+  if (omp_in_parallel()) nt = 1;
+  if (nt > 1) {
+#pragma omp parallel num_threads(int(nt))
+    {
+      const int64_t tid = omp_get_thread_num(), cnt = omp_get_num_threads();
+      const int64_t n0 = N * tid / cnt, n1 = N * (tid + 1) / cnt;
+      G.dequantize(qtype, dtype, base, row_bytes, K, n0, n1, o + size_t(n0) * row_out);
+    }
+    return;
+  }
+#endif
+  (void)nt;
+  G.dequantize(qtype, dtype, base, row_bytes, K, 0, N, o);
+}
+
 void gguf_linear(int dt_flags, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_t w, int64_t row_bytes,
                  int qtype, uintptr_t bias, int64_t M, int64_t N, int64_t K) {
   check((dt_flags & ~(kDTypeMask | kBatchInvariant)) == 0, "gguf_linear: unknown option bits in the dtype code");

@@ -74,6 +74,14 @@ def _median(runs: list[dict]) -> dict:
         f"{k}_range": [min(r[k] for r in runs), max(r[k] for r in runs)] for k in keys if k.endswith("tok_s")}
 
 
+def _write_json(report: dict, path: str | None) -> None:
+    """Write ``report`` to ``path`` (``--json``), when one is given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"report written to {path}")
+
+
 def main(args) -> int:
     if args.gguf_models is not None:
         return main_gguf_models(args)
@@ -115,10 +123,7 @@ def main(args) -> int:
                         k: row["kestrel"][k] / row["llama.cpp"][k] for k in ("prefill_tok_s", "decode_tok_s")}
         report["results"].append(row)
         _print_row(row)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"report written to {args.json}")
+    _write_json(report, args.json)
     return 0
 
 
@@ -185,6 +190,7 @@ def _child_main() -> int:
     loaded = resident_set()
     runner = llm.core.runner
     linears = [m for m in runner.model.modules() if isinstance(m, LinearBase)]
+    tables = {id(t): t for t in (runner.model.embed_tokens, runner.model.lm_head)}.values()  # tied: one
     prompt, gen_len = req["prompt"], req["gen_len"]
     run_engine(llm, [prompt], 4)  # warm-up: the whole prompt (the prefix cache is reset before every run)
     runs = [run_engine(llm, [prompt], gen_len) for _ in range(req["repeats"])]
@@ -199,6 +205,7 @@ def _child_main() -> int:
         "rss_peak": after["rss_peak"],
         "kv_cache_bytes": runner.kv_bytes_per_block() * llm.core.blocks.num_blocks,
         "gguf_linear_bytes": sum(m.gguf.nbytes for m in linears if m.gguf is not None),
+        "gguf_table_bytes": sum(t.gguf.nbytes for t in tables if t.gguf is not None),
         "float_linear_layers": sum(m.gguf is None for m in linears),
     }
     llm.close()
@@ -212,7 +219,7 @@ def _summary(result: dict | str, file_bytes: int) -> dict | str:
         return result
     out = _median(result["runs"])
     for key in ("rss_before_load", "rss_after_load", "rss_after_run", "rss_peak", "kv_cache_bytes",
-                "gguf_linear_bytes"):
+                "gguf_linear_bytes", "gguf_table_bytes"):
         if result.get(key) is not None:
             out[key.removesuffix("_bytes") + "_mib"] = round(result[key] / _MIB, 1)
     if result.get("rss_after_run") and result.get("rss_before_load"):
@@ -284,10 +291,7 @@ def main_gguf_models(args) -> int:
         row["loadavg_after"] = list(os.getloadavg())
         report["models"].append(row)
         _print_model_row(row)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"report written to {args.json}")
+    _write_json(report, args.json)
     return 0
 
 

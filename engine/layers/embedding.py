@@ -21,21 +21,41 @@ class VocabParallelEmbedding(torch.nn.Module):
                                          requires_grad=False)
 
     head_int8: ops.Int8Weight | None = None  # int8 copy for the LM head (the lookup keeps the float rows)
+    # The table as the GGUF file's blocks (--quantization gguf on the CPU, a type with a kernel): the lookup
+    # dequantizes the rows it needs (gguf_embedding) and the LM head computes on the blocks (gguf_linear), as
+    # llama.cpp does; the float weight is then dropped. A tied table serves both from the same bytes.
+    gguf: ops.GGUFWeight | None = None
 
     def load(self, weights, name: str) -> None:
+        get = getattr(weights, "quantized_slice", None)
+        got = None if get is None or self.weight.device.type != "cpu" else get(
+            name, 0, self.start, self.stop, ops.GGUFWeight.KERNEL_TYPES)
+        if got is not None:
+            gguf = ops.GGUFWeight.from_blocks(*got)
+            if tuple(gguf.shape) != tuple(self.weight.shape):
+                raise ValueError(f"{name}: GGUF blocks of shape {tuple(gguf.shape)} do not fit "
+                                 f"{tuple(self.weight.shape)}")
+            self.gguf = gguf
+            self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+            return
         self.weight.data.copy_(weights.get_slice(name, 0, self.start, self.stop))
 
     def quantize_head_int8(self) -> bool:
-        if self.head_int8 is None and ops.Int8Weight.supports(self.weight):
+        if self.gguf is None and self.head_int8 is None and ops.Int8Weight.supports(self.weight):
             self.head_int8 = ops.Int8Weight.quantize(self.weight.data)
         return self.head_int8 is not None
 
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.gguf is not None:
+            return ops.gguf_embedding(ids, self.gguf, self.weight.dtype)
+        return F.embedding(ids, self.weight)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return self._lookup(ids)
         local = ids - self.start
-        mask = (local < 0) | (local >= self.weight.shape[0])
-        out = F.embedding(local.masked_fill(mask, 0), self.weight)
+        mask = (local < 0) | (local >= self.stop - self.start)
+        out = self._lookup(local.masked_fill(mask, 0))
         out.masked_fill_(mask.unsqueeze(-1), 0)
         return self.tp.all_reduce(out)
 
@@ -45,7 +65,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # the largest GEMV of a decode step (vocab x hidden)
-        local = ops.linear(hidden, self.weight if self.head_int8 is None else self.head_int8)
+        weight = self.gguf if self.gguf is not None else self.weight if self.head_int8 is None else self.head_int8
+        local = ops.linear(hidden, weight)
         if self.tp.size == 1:
             return local
         # equal shards for the gather: pad to ceil(V / size) columns, trim below

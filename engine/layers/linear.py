@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine import ops
-from engine.ops.gguf_quant import GGUFSegments, fuse_rows, gguf_linear
+from engine.ops.gguf_quant import GGUFSegments, fuse_rows
 from engine.parallel.context import TPContext
 
 
@@ -43,9 +43,7 @@ class LinearBase(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # engine.ops.linear: native GEMV / GEMM on CPU (torch's F.linear is pathological there at decode
-        # sizes), F.linear on CUDA. GGUF blocks (one type, or segments of several) go straight to gguf_linear.
-        if self.gguf is not None:
-            return gguf_linear(x, self.gguf, self.bias)
+        # sizes), F.linear on CUDA; GGUF blocks (one type, or segments of several) on gguf_linear.
         return ops.linear(x, self.matmul_weight, self.bias)
 
     def _load_quantized(self, weights, slices: list[tuple[str, int, int, int]]) -> bool:

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.ops import skinny_gemm
-from engine.ops.gguf_quant import GGUFWeight, gguf_linear
+from engine.ops.gguf_quant import GGUFSegments, GGUFWeight, gguf_linear
 from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
+    amx_bf16,
     check_contiguous,
     check_dtype,
     check_last_contiguous,
@@ -23,17 +24,14 @@ from engine.ops.native import (
     native_lib,
 )
 
-# Rows of x (M) from which a CPU call goes to torch's F.linear instead of the native kernel, per dtype
-# (None: never). Measured side by side on the 2-core EPYC dev machine (torch 2.13 with oneDNN / MKL;
-# SmolLM2 shapes K 576 / 1536, N 576 ... 49152; M 1 ... 512): per core (thread CPU time, so the shared
-# machine's load does not count) the native kernel was faster or on par at every M: decode GEMV
-# (M <= 16, weights from DRAM) 1.2-2.2x, bf16 prefill GEMM (M = 512) ~200 GFLOP/s against torch's
-# ~190-200 (~90% of this core's vdpbf16ps peak), fp32 ~105 against ~85-92 GFLOP/s, fp16 ~4-5x at
-# M >= 16 (torch has no fast fp16 path on this CPU).
-# With 2 threads torch's OpenMP regions are the fragile ones on a loaded machine (one descheduled
-# thread stalls the call for a time slice). So no M is routed to torch; re-measure on other CPUs
-# (python -m engine.ops.bench) before setting one.
-_LINEAR_TORCH_MIN_M = {torch.float32: None, torch.bfloat16: None, torch.float16: None}
+# Rows of x (M) from which a bfloat16 CPU call goes to torch's F.linear (oneDNN) on CPUs with AMX-BF16 (native.
+# amx_bf16(); not under set_batch_invariant). Measured side by side on the 2-core Sapphire Rapids dev machine
+# (torch 2.13, SmolLM2 and 1B-Llama shapes, 2 threads; docs/benchmarks/cpu_amx_prefill_2026-12-02.md): oneDNN's
+# AMX GEMM ~1.5-2 TFLOP/s from M ~64 against ~220 GFLOP/s for the native avx512bf16 kernels, while below ~32 rows
+# its per-call set-up (the weight reordered into tiles) costs more than the native GEMV / GEMM take. Without AMX
+# (an earlier 2-core EPYC: the native kernels as fast or faster at every M and dtype) no M goes to torch: torch's
+# OpenMP regions are then the fragile ones on a loaded machine (one descheduled thread stalls the call).
+AMX_MIN_M = 64
 
 
 def _torch_linear(x, weight, bias, out):
@@ -67,21 +65,21 @@ def _validate_linear(op, x, weight, bias, out) -> None:
         check_last_contiguous(op, "out", out)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight | GGUFWeight, bias: torch.Tensor | None = None,
+def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight | GGUFWeight | GGUFSegments, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias, like F.linear: x [..., K] (rows may be strided, last dim contiguous),
     weight [N, K] contiguous, bias [N] or None, all of one dtype; fp32 accumulation, one rounding.
     weight may be an Int8Weight (engine/ops/int8.py): int8 with a scale per group of 32, x's dtype out; or a
-    GGUFWeight (engine/ops/gguf_quant.py): GGUF blocks, computed on by gguf_linear.
+    GGUFWeight / GGUFSegments (engine/ops/gguf_quant.py): GGUF blocks, computed on by gguf_linear.
 
     Returns `out`: a new [..., N] tensor unless given (then [M, N] for a 2-D x, rows may be strided;
     for x with more dims, a tensor that views as [M, N]). CPU calls run the native GEMV (decode, M <= 16)
     / GEMM kernels on up to set_num_threads() threads (fewer when the call is small), or the GEMV kernels at
-    every M under set_batch_invariant; CUDA tensors (and CPU calls without engine._C, or at an M routed by
-    _LINEAR_TORCH_MIN_M) go to torch's F.linear."""
+    every M under set_batch_invariant; CUDA tensors (and CPU calls without engine._C, or bfloat16 ones of at
+    least AMX_MIN_M rows on a CPU with AMX) go to torch's F.linear."""
     if isinstance(weight, Int8Weight):
         return _linear_int8(x, weight, bias, out)
-    if isinstance(weight, GGUFWeight):
+    if isinstance(weight, (GGUFWeight, GGUFSegments)):
         return gguf_linear(x, weight, bias, out)
     shape = x.shape
     if len(shape) != 2:
@@ -105,8 +103,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight | GGUFWeight, bias
     N = ws[0]
     if not (weight.is_cpu and (bias is None or bias.is_cpu)):
         fail_not_cpu("linear", x, weight, *(() if bias is None else (bias,)))
-    min_m = _LINEAR_TORCH_MIN_M[dtype]
-    if min_m is not None and M >= min_m and not mode.flags:
+    if M >= AMX_MIN_M and dtype == torch.bfloat16 and not mode.flags and amx_bf16():
         return _torch_linear(x, weight, bias, out)
     if out is None:
         out = torch.empty(M, N, dtype=dtype)

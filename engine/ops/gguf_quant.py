@@ -19,6 +19,7 @@ A fused weight whose parts differ in type (a Q4_K_M file's q/k in Q4_K, v in Q6_
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,7 @@ import torch
 
 from engine.ops import reference
 from engine.ops.native import (
+    amx_bf16,
     check_contiguous,
     check_dtype,
     check_last_contiguous,
@@ -191,7 +193,8 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight | GGUFSegments, bias: torch.
     x [..., K] (rows may be strided, last dim contiguous), bias [N] of
     x's dtype, out as ``ops.linear``'s. fp32 accumulation, one rounding to x's dtype. On the CPU x is quantized per
     block of 32 to int8 first (``reference.gguf_linear`` states the arithmetic); M <= 8 rows (every M under
-    set_batch_invariant) run the integer GEMV, more rows the float GEMM on dequantized panels."""
+    set_batch_invariant) run the integer GEMV, more rows the float GEMM on dequantized panels (bfloat16 calls of
+    AMX_MIN_M rows or more on a CPU with AMX: torch's GEMM on dequantized panels, x not quantized)."""
     segments = weight.parts if isinstance(weight, GGUFSegments) else None
     N, K = (weight.data.shape[0] if segments is None else weight.rows), weight.k
     if x.shape[-1] != K:
@@ -216,6 +219,8 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight | GGUFSegments, bias: torch.
         check_dtype("linear", "out", out, x.dtype)
         check_shape("linear", "out", out, (M, N))
         check_last_contiguous("linear", "out", out)
+    if M >= AMX_MIN_M and x.dtype == torch.bfloat16 and not mode.flags and amx_bf16():
+        return _dequantized_amx_linear(x, segments or (weight,), bias, out)
     flags, xp, xs, os0 = dt | mode.flags, x.data_ptr(), x.stride(0), out.stride(0)
     if segments is None:
         native_lib.gguf_linear(flags, out.data_ptr(), os0, xp, xs, weight.data.data_ptr(), weight.data.shape[1],
@@ -230,6 +235,60 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight | GGUFSegments, bias: torch.
                                0 if bias is None else bp + row * esize, M, n, K)
         row += n
     return out
+
+
+# Rows of x from which a bfloat16 call on a CPU with AMX (native.amx_bf16) dequantizes the weight in panels and
+# multiplies them on torch's oneDNN GEMM (the AMX tiles) instead of the native panels (avx512bf16 GEMM): measured
+# on the 2-core Sapphire Rapids dev machine, 1B-Llama and SmolLM2 shapes (docs/benchmarks/
+# cpu_amx_prefill_2026-12-02.md). x is then not quantized: a prefill computes what the dequantized model computes.
+AMX_MIN_M = 32
+_AMX_PANEL_ELEMS = 16 << 20  # weights dequantized per panel: 32 MiB of bfloat16, reused across calls
+_scratch = threading.local()
+
+
+def _dequantized_amx_linear(x: torch.Tensor, parts: tuple[GGUFWeight, ...], bias: torch.Tensor | None,
+                            out: torch.Tensor) -> torch.Tensor:
+    """out = x @ W^T + bias with W's rows dequantized panel by panel (gguf_dequantize, on the kernel threads) into
+    a per-thread scratch buffer, each panel multiplied on torch's GEMM into its columns of out."""
+    K = x.shape[1]
+    rows = max(16, _AMX_PANEL_ELEMS // K)
+    buf = getattr(_scratch, "buf", None)
+    need = min(rows, max(p.data.shape[0] for p in parts)) * K
+    if buf is None or buf.numel() < need:
+        buf = _scratch.buf = torch.empty(need, dtype=torch.bfloat16)
+    col = 0
+    for w in parts:
+        n_rows = w.data.shape[0]
+        for r0 in range(0, n_rows, rows):
+            n = min(rows, n_rows - r0)
+            panel = buf[: n * K].view(n, K)
+            native_lib.gguf_dequantize(dtype_code(torch.bfloat16), panel.data_ptr(),
+                                       w.data.data_ptr() + r0 * w.data.shape[1], w.data.shape[1], w.qtype, n, K)
+            dst = out[:, col + r0: col + r0 + n]
+            if bias is None:
+                torch.mm(x, panel.t(), out=dst)
+            else:
+                torch.addmm(bias[col + r0: col + r0 + n], x, panel.t(), out=dst)
+        col += n_rows
+    return out
+
+
+def gguf_embedding(ids: torch.Tensor, weight: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The rows ``ids`` of a GGUF table (the token embedding) dequantized to ``dtype``: ids [...] -> [..., K], like
+    F.embedding on the dequantized weight (the values the prefill regime's panels hold). Out-of-range ids raise
+    IndexError, as F.embedding's do."""
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    N, K = weight.shape
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= N):
+        raise IndexError(f"token id out of range for an embedding of {N} rows")
+    dt = dtype_code(dtype)
+    if native_lib is None or not flat.is_cpu or dt is None:
+        rows = GGUFWeight(weight.data.index_select(0, flat.to(weight.data.device)), weight.qtype, K)
+        return rows.dequantize(dtype).to(ids.device).view(*ids.shape, K)
+    out = torch.empty(flat.numel(), K, dtype=dtype)
+    native_lib.gguf_get_rows(dt, out.data_ptr(), weight.data.data_ptr(), weight.data.shape[1], weight.qtype,
+                             flat.data_ptr(), flat.numel(), N, K)
+    return out.view(*ids.shape, K)
 
 
 def gguf_isa() -> str:

@@ -95,6 +95,26 @@ def linear_isa() -> str:
     return native_lib.linear_isa() if native_lib is not None else "reference"
 
 
+_CPU_AMX_BF16: bool | None = None  # the cpuinfo flag, read once
+
+
+def amx_bf16() -> bool:
+    """Whether large CPU linear calls in bfloat16 go to torch's oneDNN GEMM on the AMX matrix units (engine/ops/
+    gemm.py): KESTREL_CPU_AMX=auto (default) where the CPU has AMX-BF16 (Sapphire Rapids and later Xeons; Linux's
+    cpuinfo flag amx_bf16), on, or off (the native kernels at every size)."""
+    global _CPU_AMX_BF16
+    setting = envs.KESTREL_CPU_AMX
+    if setting != "auto":
+        return setting == "on"
+    if _CPU_AMX_BF16 is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                _CPU_AMX_BF16 = any(line.startswith("flags") and " amx_bf16" in line for line in f)
+        except OSError:
+            _CPU_AMX_BF16 = False
+    return _CPU_AMX_BF16
+
+
 # ------------------------------------------------------------------------------------------------
 # Kernel options
 

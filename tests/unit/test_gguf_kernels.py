@@ -80,16 +80,20 @@ def _decode_bound(x, truth):
     return 0.5 * dx @ truth.abs().T * 1.01 + 1e-5 * (x.abs() @ truth.abs().T) + 1e-6
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_linear_every_isa(isa, qtype):
-    rng = np.random.default_rng(int(qtype))
-    g = torch.Generator().manual_seed(int(qtype))
-    shapes = [(1, 1, 32), (1, 67, 576), (2, 5, 96), (3, 40, 160), (4, 33, 64), (5, 17, 1536), (7, 9, 224),
-              (8, 64, 288), (9, 31, 96), (16, 50, 320), (37, 70, 64)]
+# (M, N, K): decode M <= 8, prefill above
+_SHAPES = [(1, 1, 32), (1, 67, 576), (2, 5, 96), (3, 40, 160), (4, 33, 64), (5, 17, 1536), (7, 9, 224),
+           (8, 64, 288), (9, 31, 96), (16, 50, 320), (37, 70, 64)]
+
+
+def _check_linear_shapes(isa, qtype, shapes, rng, g, blocks, reference):
+    """ops.linear on random weights of ``qtype`` (``blocks``: every third "raw", the others "quantized"), random
+    x and, on every other shape, a bias, for each (M, N, K) of ``shapes`` (on the scalar ISA the small ones):
+    against ``reference(x, w, truth, bias)`` (what the kernels compute) within fp32 accumulation noise, and
+    against x W^T within the x-rounding bound."""
     if isa == "scalar":
         shapes = [s for s in shapes if s[0] * s[1] * s[2] <= 200_000]
     for i, (M, N, K) in enumerate(shapes):
-        raw = _random_blocks(rng, qtype, N, K, "raw" if i % 3 == 2 else "quantized")
+        raw = blocks(rng, qtype, N, K, "raw" if i % 3 == 2 else "quantized")
         w = ops.GGUFWeight.from_blocks(raw, int(qtype), K)
         truth = _truth(raw, qtype, N, K)
         x = torch.randn(M, K, generator=g) * torch.rand(M, 1, generator=g) * 4
@@ -100,9 +104,18 @@ def test_linear_every_isa(isa, qtype):
         exact = x @ truth.T + (0 if bias is None else bias)
         scale = x.abs() @ truth.abs().T
         what = f"{isa} {qtype.name} M={M} N={N} K={K}"
-        emulated = ref.gguf_linear(x, w.file_blocks(), int(qtype), K, bias)
-        assert ((y - emulated).abs() <= 1e-5 * scale + 1e-5).all(), what
+        expected = reference(x, w, truth, bias)
+        assert ((y.to(expected.dtype) - expected).abs() <= 1e-5 * scale + 1e-5).all(), what
         assert ((y - exact).abs() <= _decode_bound(x, truth)).all(), what
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_linear_every_isa(isa, qtype):
+    def emulated(x, w, truth, bias):
+        return ref.gguf_linear(x, w.file_blocks(), int(qtype), x.shape[1], bias)
+
+    _check_linear_shapes(isa, qtype, _SHAPES, np.random.default_rng(int(qtype)),
+                         torch.Generator().manual_seed(int(qtype)), _random_blocks, emulated)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -238,8 +251,7 @@ def test_new_types_dequantize_is_gguf_dequantize(qtype, mode):
 
 
 _NEW_SHAPES = {  # (M, N, K): decode M <= 8, prefill above; Q5_0 also takes K not a multiple of 256
-    "Q5_0": [(1, 1, 32), (1, 67, 576), (2, 5, 96), (3, 40, 160), (4, 33, 64), (5, 17, 1536), (7, 9, 224),
-             (8, 64, 288), (9, 31, 96), (16, 50, 320), (37, 70, 64)],
+    "Q5_0": _SHAPES,
     "K": [(1, 1, 256), (1, 67, 512), (2, 5, 768), (3, 40, 256), (4, 33, 1536), (5, 17, 256), (7, 9, 2304),
           (8, 64, 512), (9, 31, 256), (16, 50, 768), (37, 70, 256)],
 }
@@ -247,25 +259,12 @@ _NEW_SHAPES = {  # (M, N, K): decode M <= 8, prefill above; Q5_0 also takes K no
 
 @pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda t: t.name)
 def test_new_types_linear_every_isa(isa, qtype):
-    rng = np.random.default_rng(100 + int(qtype))
-    g = torch.Generator().manual_seed(int(qtype))
-    shapes = _NEW_SHAPES["Q5_0" if qtype == Q.Q5_0 else "K"]
-    if isa == "scalar":
-        shapes = [s for s in shapes if s[0] * s[1] * s[2] <= 200_000]
-    for i, (M, N, K) in enumerate(shapes):
-        raw = _new_blocks(rng, qtype, N, K, "raw" if i % 3 == 2 else "quantized")
-        w = ops.GGUFWeight.from_blocks(raw, int(qtype), K)
-        truth = _truth(raw, qtype, N, K)
-        x = torch.randn(M, K, generator=g) * torch.rand(M, 1, generator=g) * 4
-        bias = torch.randn(N, generator=g) if i % 2 else None
-        out = torch.full((M, N), float("nan"))
-        y = ops.linear(x, w, bias, out=out)
-        assert y is out and not torch.isnan(y).any()
-        b = 0 if bias is None else bias.double()
-        scale = x.abs() @ truth.abs().T
-        what = f"{isa} {qtype.name} M={M} N={N} K={K}"
-        assert ((y.double() - (_quantized_x_times(x, truth) + b)).abs() <= 1e-5 * scale + 1e-5).all(), what
-        assert ((y - (x @ truth.T + (0 if bias is None else bias))).abs() <= _decode_bound(x, truth)).all(), what
+    def quantized_x_times(x, w, truth, bias):  # in float64
+        return _quantized_x_times(x, truth) + (0 if bias is None else bias.double())
+
+    _check_linear_shapes(isa, qtype, _NEW_SHAPES["Q5_0" if qtype == Q.Q5_0 else "K"],
+                         np.random.default_rng(100 + int(qtype)), torch.Generator().manual_seed(int(qtype)),
+                         _new_blocks, quantized_x_times)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
