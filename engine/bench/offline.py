@@ -184,6 +184,7 @@ def _child_main() -> int:
     from engine.bench.llamacpp_peer import resident_set
     from engine.layers.linear import LinearBase
     from engine.llm import LLM
+    from engine.ops.native import amx_bf16
 
     before = resident_set()  # Python, torch and the engine imported: the baseline under the model
     llm = LLM(req["model"], **req["options"])
@@ -206,6 +207,7 @@ def _child_main() -> int:
         "kv_cache_bytes": runner.kv_bytes_per_block() * llm.core.blocks.num_blocks,
         "gguf_linear_bytes": sum(m.gguf.nbytes for m in linears if m.gguf is not None),
         "gguf_table_bytes": sum(t.gguf.nbytes for t in tables if t.gguf is not None),
+        "cpu_amx": amx_bf16(),  # bfloat16 prefill on torch's oneDNN GEMM (KESTREL_CPU_AMX)
         "float_linear_layers": sum(m.gguf is None for m in linears),
     }
     llm.close()
@@ -227,7 +229,7 @@ def _summary(result: dict | str, file_bytes: int) -> dict | str:
         model = result["rss_after_run"] - result["rss_before_load"]
         out["model_rss_mib"] = round(model / _MIB, 1)
         out["model_rss_vs_file"] = round(model / file_bytes, 3)
-    for key in ("dtype", "threads", "float_linear_layers", "n_ctx"):
+    for key in ("dtype", "threads", "float_linear_layers", "n_ctx", "cpu_amx"):
         if key in result:
             out[key] = result[key]
     return out

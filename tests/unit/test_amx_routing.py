@@ -43,7 +43,9 @@ def _weight(qtype, n, k, seed):
 
 @pytest.fixture
 def routes(monkeypatch):
-    """Counts the calls that take the oneDNN routes."""
+    """Counts the calls that take the oneDNN routes (batch invariance off: a deterministic engine's steps before
+    may have left it on, process-wide)."""
+    ops.set_batch_invariant(False)
     seen = {"float": 0, "gguf": 0}
     torch_linear, amx_linear = gemm._torch_linear, gguf_quant._dequantized_amx_linear
 
