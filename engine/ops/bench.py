@@ -1,10 +1,16 @@
 """Per-call timings of the native kernels against their pure-torch references, at decode sizes.
 
     python -m engine.ops.bench [--device cpu|cuda] [--dtype bf16|fp32|fp16|all] [--threads N] [--isa LEVEL]
+    python -m engine.ops.bench --prefill-rows 9 16 32 64 512 [--threads N]
 
 Prints one line per (kernel, shape, dtype): microseconds per call through the Python face (what the
 model pays) for the native kernel and for the reference, best of several repeats (these machines are
 noisy). Shapes default to SmolLM2-135M's (hidden 576, 9 heads / 3 kv heads of 64, intermediate 1536).
+
+``--prefill-rows``: the CPU linear calls of many rows in bfloat16 (SmolLM2's and a 1B Llama's shapes), float
+weights and Q4_0 GGUF blocks, on the native kernels (KESTREL_CPU_AMX=off) and on the route to torch's oneDNN GEMM
+(on; the AMX tiles where the CPU has them): the measurement behind engine/ops/gemm.py's and gguf_quant.py's
+AMX_MIN_M.
 """
 
 from __future__ import annotations
@@ -93,6 +99,56 @@ def _cases(dtype: torch.dtype, device: str, ctx: int, batch: int):
            (lambda: reference.paged_decode_attention(qd, kc, vc, bt, cl, hd**-0.5)))
 
 
+_PREFILL_SHAPES = (("smollm2 qkv", 960, 576), ("smollm2 gate_up", 3072, 576), ("smollm2 down", 576, 1536),
+                   ("smollm2 lm_head", 49152, 576), ("1b qkv", 3072, 2048), ("1b gate_up", 11264, 2048),
+                   ("1b down", 2048, 5632))
+
+
+def _cpu_amx() -> bool:
+    import os
+
+    saved = os.environ.pop("KESTREL_CPU_AMX", None)
+    try:
+        return ops.native.amx_bf16()
+    finally:
+        if saved is not None:
+            os.environ["KESTREL_CPU_AMX"] = saved
+
+
+def prefill_rows(rows: list[int]) -> None:
+    """Milliseconds per bfloat16 linear call of each M in ``rows``, native against the oneDNN route."""
+    import os
+
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    from engine.ops import GGUFWeight
+
+    rng = np.random.default_rng(0)
+    print(f"# {'shape (N x K)':26s} {'M':>5s} {'bf16 native':>12s} {'bf16 oneDNN':>12s} {'Q4_0 native':>12s} "
+          f"{'Q4_0 oneDNN':>12s}  (ms per call)")
+    saved = os.environ.get("KESTREL_CPU_AMX")
+    try:
+        for name, n, k in _PREFILL_SHAPES:
+            w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+            q4 = GGUFWeight.from_blocks(quants.quantize(w, GGMLQuantizationType.Q4_0), 2, k)
+            wb = q4.dequantize(torch.bfloat16).contiguous()
+            for m in rows:
+                x = torch.randn(m, k, dtype=torch.bfloat16)
+                t = {}
+                for setting in ("off", "on"):
+                    os.environ["KESTREL_CPU_AMX"] = setting
+                    t["bf16", setting] = _time_us(lambda: ops.linear(x, wb), "cpu", min_time=0.2) / 1e3
+                    t["q4", setting] = _time_us(lambda: ops.linear(x, q4), "cpu", min_time=0.2) / 1e3
+                print(f"  {name + f' ({n} x {k})':26s} {m:5d} {t['bf16', 'off']:12.3f} {t['bf16', 'on']:12.3f} "
+                      f"{t['q4', 'off']:12.3f} {t['q4', 'on']:12.3f}", flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop("KESTREL_CPU_AMX", None)
+        else:
+            os.environ["KESTREL_CPU_AMX"] = saved
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -101,10 +157,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--isa", default=None, help="force a CPU ISA level (scalar, avx2, avx512)")
     ap.add_argument("--ctx", type=int, default=512, help="context length for decode attention")
     ap.add_argument("--batch", type=int, default=1, help="sequences for decode attention")
+    ap.add_argument("--prefill-rows", type=int, nargs="+", default=None, metavar="M",
+                    help="instead: bfloat16 linear calls of these many rows, native against torch's oneDNN GEMM")
     args = ap.parse_args(argv)
     if args.threads:
         ops.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
+    if args.prefill_rows:
+        print(f"# engine.ops bench --prefill-rows: native={ops.native_available()} linear={ops.linear_isa()} "
+              f"gguf={ops.gguf_isa()} amx_bf16 on this CPU={_cpu_amx()} torch={torch.__version__} "
+              f"threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()}")
+        prefill_rows(args.prefill_rows)
+        return
     if args.isa and ops.native_available():
         from engine import _C
 
