@@ -283,26 +283,25 @@ void gguf_dequantize(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, i
         "gguf_dequantize: K must be a positive multiple of the type's block (32; 256 for the K-quants)");
   check(row_bytes == K / gguf_block_elems(qtype) * gguf_type_size(qtype),
         "gguf_dequantize: row_bytes does not match K and the type");
-  const GGUFTable& G = T();
-  const uint8_t* base = ptr<const uint8_t>(w);
-  char* o = ptr<char>(out);
-  const size_t row_out = size_t(K) * (dtype == kFloat32 ? 4 : 2);
-  // ~1 ns per weight and thread: a thread gets at least 256k weights
-  int64_t nt = std::min<int64_t>(get_num_threads(), N * K / (256 * 1024));
-#ifdef _OPENMP
-  if (omp_in_parallel()) nt = 1;
-  if (nt > 1) {
-#pragma omp parallel num_threads(int(nt))
-    {
-      const int64_t tid = omp_get_thread_num(), cnt = omp_get_num_threads();
-      const int64_t n0 = N * tid / cnt, n1 = N * (tid + 1) / cnt;
-      G.dequantize(qtype, dtype, base, row_bytes, K, n0, n1, o + size_t(n0) * row_out);
-    }
-    return;
-  }
-#endif
-  (void)nt;
-  G.dequantize(qtype, dtype, base, row_bytes, K, 0, N, o);
+  struct Job {
+    const GGUFTable* G;
+    int dtype, qtype;
+    const uint8_t* w;
+    int64_t row_bytes, N, K, rows;
+    char* out;
+    size_t row_out;
+  } job{&T(), dtype, qtype, ptr<const uint8_t>(w), row_bytes, N, K, 0, ptr<char>(out),
+        size_t(K) * (dtype == kFloat32 ? 4 : 2)};
+  // ~1 ns per weight and thread: chunks of >= 64k weights, a few per thread, on the linear pool (gemm_pool.h: the
+  // caller never waits for a worker that has not started, so a busy machine does not stall it a time slice)
+  const int64_t nt = std::min<int64_t>(get_num_threads(), std::max<int64_t>(1, N * K / (256 * 1024)));
+  job.rows = std::max<int64_t>(1, std::min<int64_t>(N, std::max<int64_t>((64 * 1024) / K, N / (4 * nt))));
+  auto chunk = [](void* ctx, int64_t c) {
+    const Job& j = *static_cast<const Job*>(ctx);
+    const int64_t n0 = c * j.rows, n1 = std::min(j.N, n0 + j.rows);
+    j.G->dequantize(j.qtype, j.dtype, j.w, j.row_bytes, j.K, n0, n1, j.out + size_t(n0) * j.row_out);
+  };
+  pool_run(int(nt), (N + job.rows - 1) / job.rows, chunk, &job);
 }
 
 void gguf_linear(int dt_flags, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_t w, int64_t row_bytes,

@@ -27,11 +27,12 @@ from engine.ops.native import (
 # Rows of x (M) from which a bfloat16 CPU call goes to torch's F.linear (oneDNN) on CPUs with AMX-BF16 (native.
 # amx_bf16(); not under set_batch_invariant). Measured side by side on the 2-core Sapphire Rapids dev machine
 # (torch 2.13, 2 threads, SmolLM2 and 1B-Llama shapes; docs/benchmarks/cpu_amx_prefill_2026-12-02.md): oneDNN on
-# the AMX tiles 1.3-3x faster than the native avx512bf16 kernels from 9 rows to 48 (the LM head's 49152 x 576 even
-# at 12), 4-9x at 64-512 rows (e.g. 11264 x 2048 at M = 512: 15.3 against 117.9 ms). Decode batches up to 16 rows
-# stay native. Without AMX (an earlier 2-core EPYC: the native kernels as fast or faster at every M and dtype) no
-# M goes to torch: torch's OpenMP regions are then the fragile ones on a loaded machine.
-AMX_MIN_M = 16
+# the AMX tiles 1.4-3x faster than the native avx512bf16 kernels at 16-32 rows, 4-9x at 64-512 (11264 x 2048 at
+# M = 512: 16.0 against 117.6 ms). The route starts above the native GEMV regime (M <= 16), which runs on the
+# kernels' own pool: torch's OpenMP regions, like the native GEMM's, stall for a time slice when another process
+# holds a core, the pool does not, so decode batches keep that robustness. Without AMX (an earlier 2-core EPYC:
+# the native kernels as fast or faster at every M and dtype) no M goes to torch.
+AMX_MIN_M = 17
 
 
 def _torch_linear(x, weight, bias, out):

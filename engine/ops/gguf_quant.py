@@ -240,8 +240,9 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight | GGUFSegments, bias: torch.
 # Rows of x from which a bfloat16 call on a CPU with AMX (native.amx_bf16) dequantizes the weight in panels and
 # multiplies them on torch's oneDNN GEMM (the AMX tiles) instead of the native panels (x quantized, avx512bf16
 # GEMM): measured on the 2-core Sapphire Rapids dev machine (docs/benchmarks/cpu_amx_prefill_2026-12-02.md), Q4_0
-# 1B-Llama and SmolLM2 shapes, even at 9-12 rows, 1.3-3x faster at 16-48 and 5-22x at 512 (2048 x 5632: 8.2
-# against 184.6 ms). x is then not quantized: a prefill computes what the dequantized model computes.
+# 1B-Llama and SmolLM2 shapes, even at 8-12 rows, 1.3-3x faster at 16-32 and 5-23x at 512 (2048 x 5632: 8.0
+# against 183.0 ms). (The native path above 8 rows is an OpenMP region too: no robustness is lost.) x is then not
+# quantized: a prefill computes what the dequantized model computes.
 AMX_MIN_M = 16
 _AMX_PANEL_ELEMS = 16 << 20  # weights dequantized per panel: 32 MiB of bfloat16, reused across calls
 _scratch = threading.local()

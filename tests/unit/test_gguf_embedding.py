@@ -118,3 +118,22 @@ def test_the_embedded_model_keeps_its_table_as_blocks(smollm2_gguf):
         assert d.core.runner.model.embed_tokens.gguf is None
     finally:
         d.close()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [0, 1, 37, 300])
+def test_whole_weight_dequantize_on_the_pool(qtype, rows):
+    """gguf_dequantize (the panels of the oneDNN prefill route): every row, split into chunks over the kernel
+    threads, equal to the lookup of all rows (the same per-row code) and to gguf's own dequantization."""
+    from engine.ops.native import dtype_code, native_lib
+
+    ops.set_num_threads(2)
+    table, truth = _table(qtype, max(rows, 1), 1024, seed=rows)
+    table = GGUFWeight(table.data[:rows], table.qtype, table.k)
+    for dtype in (torch.float32, torch.bfloat16):
+        out = torch.full((rows, 1024), float("nan"), dtype=dtype)
+        native_lib.gguf_dequantize(dtype_code(dtype), out.data_ptr(), table.data.data_ptr(), table.data.shape[1],
+                                   table.qtype, rows, 1024)
+        assert torch.equal(out, ops.gguf_embedding(torch.arange(rows), table, dtype))
+        torch.testing.assert_close(out.float(), truth[:rows].to(dtype).float(),
+                                   rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-7)
