@@ -367,8 +367,8 @@ class LoadPanel(QWidget):
         if int8:
             quant_note = " Weights are quantized to int8 while loading (about half of bfloat16's bytes per token)."
         elif gguf_blocks:
-            quant_note = (" The file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K linear weights stay as their blocks (about the file's "
-                          "size); other types are dequantized.")
+            quant_note = (" The file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K weights (linear layers, token "
+                          "table, LM head) stay as their blocks (about the file's size); other types are dequantized.")
         elif facts.quantization and not self.ctx.capabilities.keeps_quantized_weights:
             quant_note = (f" The {facts.quantization} weights are dequantized to {dtype} when loaded; int8 "
                           "quantization keeps about half of that, and a .gguf file's blocks can stay as they are "
