@@ -10,6 +10,7 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #ifdef _OPENMP
@@ -255,15 +256,23 @@ void gguf_force_isa(const std::string& name) {
 
 bool gguf_has_kernel(int qtype) { return gguf_type_size(qtype) != 0; }
 
+// The arguments gguf_get_rows and gguf_dequantize share: N rows of row_bytes GGUF bytes of qtype, K weights each,
+// dequantized to dtype.
+static void check_rows(const char* op, int dtype, int qtype, int64_t row_bytes, int64_t N, int64_t K) {
+  auto fail_if = [op](bool bad, const char* what) {
+    if (bad) throw std::invalid_argument(std::string(op) + ": " + what);
+  };
+  fail_if(dtype != kFloat32 && dtype != kBFloat16 && dtype != kFloat16, "dtype code must be 0, 1 or 2");
+  fail_if(gguf_type_size(qtype) == 0, "no kernel for this GGUF type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K have one)");
+  fail_if(N < 0 || K <= 0 || K % gguf_block_elems(qtype) != 0,
+          "K must be a positive multiple of the type's block (32; 256 for the K-quants)");
+  fail_if(row_bytes != K / gguf_block_elems(qtype) * gguf_type_size(qtype), "row_bytes does not match K and the type");
+}
+
 void gguf_get_rows(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, int qtype, uintptr_t ids, int64_t count,
                    int64_t N, int64_t K) {
-  check(dtype == kFloat32 || dtype == kBFloat16 || dtype == kFloat16, "gguf_get_rows: dtype code must be 0, 1 or 2");
-  check(gguf_type_size(qtype) != 0,
-        "gguf_get_rows: no kernel for this GGUF type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K have one)");
-  check(count >= 0 && N >= 0 && K > 0 && K % gguf_block_elems(qtype) == 0,
-        "gguf_get_rows: K must be a positive multiple of the type's block (32; 256 for the K-quants)");
-  check(row_bytes == K / gguf_block_elems(qtype) * gguf_type_size(qtype),
-        "gguf_get_rows: row_bytes does not match K and the type");
+  check(count >= 0, "gguf_get_rows: count must be >= 0");
+  check_rows("gguf_get_rows", dtype, qtype, row_bytes, N, K);
   const int64_t* id = ptr<const int64_t>(ids);
   for (int64_t t = 0; t < count; ++t)
     check(id[t] >= 0 && id[t] < N, "gguf_get_rows: a token id is out of the table's rows");
@@ -276,32 +285,30 @@ void gguf_get_rows(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, int
 }
 
 void gguf_dequantize(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, int qtype, int64_t N, int64_t K) {
-  check(dtype == kFloat32 || dtype == kBFloat16 || dtype == kFloat16, "gguf_dequantize: dtype code must be 0, 1 or 2");
-  check(gguf_type_size(qtype) != 0,
-        "gguf_dequantize: no kernel for this GGUF type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K have one)");
-  check(N >= 0 && K > 0 && K % gguf_block_elems(qtype) == 0,
-        "gguf_dequantize: K must be a positive multiple of the type's block (32; 256 for the K-quants)");
-  check(row_bytes == K / gguf_block_elems(qtype) * gguf_type_size(qtype),
-        "gguf_dequantize: row_bytes does not match K and the type");
-  struct Job {
-    const GGUFTable* G;
-    int dtype, qtype;
-    const uint8_t* w;
-    int64_t row_bytes, N, K, rows;
-    char* out;
-    size_t row_out;
-  } job{&T(), dtype, qtype, ptr<const uint8_t>(w), row_bytes, N, K, 0, ptr<char>(out),
-        size_t(K) * (dtype == kFloat32 ? 4 : 2)};
-  // ~1 ns per weight and thread: chunks of >= 64k weights, a few per thread, on the linear pool (gemm_pool.h: the
-  // caller never waits for a worker that has not started, so a busy machine does not stall it a time slice)
-  const int64_t nt = std::min<int64_t>(get_num_threads(), std::max<int64_t>(1, N * K / (256 * 1024)));
-  job.rows = std::max<int64_t>(1, std::min<int64_t>(N, std::max<int64_t>((64 * 1024) / K, N / (4 * nt))));
-  auto chunk = [](void* ctx, int64_t c) {
-    const Job& j = *static_cast<const Job*>(ctx);
-    const int64_t n0 = c * j.rows, n1 = std::min(j.N, n0 + j.rows);
-    j.G->dequantize(j.qtype, j.dtype, j.w, j.row_bytes, j.K, n0, n1, j.out + size_t(n0) * j.row_out);
-  };
-  pool_run(int(nt), (N + job.rows - 1) / job.rows, chunk, &job);
+  check_rows("gguf_dequantize", dtype, qtype, row_bytes, N, K);
+  const GGUFTable& G = T();
+  const uint8_t* base = ptr<const uint8_t>(w);
+  char* o = ptr<char>(out);
+  const size_t row_out = size_t(K) * (dtype == kFloat32 ? 4 : 2);
+  // ~1 ns per weight and thread: a thread gets at least 256k weights. An OpenMP team, like the torch GEMM that
+  // multiplies the panel next, so the same threads run both: on the linear pool instead, torch's spinning OpenMP
+  // threads took the pool's cores and the route ran ~1.5-2x slower at 16-64 rows (python -m engine.ops.bench
+  // --prefill-rows, SmolLM2 shapes).
+  int64_t nt = std::min<int64_t>(get_num_threads(), N * K / (256 * 1024));
+#ifdef _OPENMP
+  if (omp_in_parallel()) nt = 1;
+  if (nt > 1) {
+#pragma omp parallel num_threads(int(nt))
+    {
+      const int64_t tid = omp_get_thread_num(), cnt = omp_get_num_threads();
+      const int64_t n0 = N * tid / cnt, n1 = N * (tid + 1) / cnt;
+      G.dequantize(qtype, dtype, base, row_bytes, K, n0, n1, o + size_t(n0) * row_out);
+    }
+    return;
+  }
+#endif
+  (void)nt;
+  G.dequantize(qtype, dtype, base, row_bytes, K, 0, N, o);
 }
 
 void gguf_linear(int dt_flags, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintptr_t w, int64_t row_bytes,

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import ops
+from engine.layers.linear import load_gguf_blocks
 from engine.parallel.context import TPContext
 
 
@@ -27,18 +28,9 @@ class VocabParallelEmbedding(torch.nn.Module):
     gguf: ops.GGUFWeight | None = None
 
     def load(self, weights, name: str) -> None:
-        get = getattr(weights, "quantized_slice", None)
-        got = None if get is None or self.weight.device.type != "cpu" else get(
-            name, 0, self.start, self.stop, ops.GGUFWeight.KERNEL_TYPES)
-        if got is not None:
-            gguf = ops.GGUFWeight.from_blocks(*got)
-            if tuple(gguf.shape) != tuple(self.weight.shape):
-                raise ValueError(f"{name}: GGUF blocks of shape {tuple(gguf.shape)} do not fit "
-                                 f"{tuple(self.weight.shape)}")
-            self.gguf = gguf
-            self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
-            return
-        self.weight.data.copy_(weights.get_slice(name, 0, self.start, self.stop))
+        self.gguf = load_gguf_blocks(weights, [(name, 0, self.start, self.stop)], self.weight)
+        if self.gguf is None:
+            self.weight.data.copy_(weights.get_slice(name, 0, self.start, self.stop))
 
     def quantize_head_int8(self) -> bool:
         if self.gguf is None and self.head_int8 is None and ops.Int8Weight.supports(self.weight):

@@ -13,6 +13,31 @@ def _param(shape, dtype) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
 
 
+def load_gguf_blocks(weights, slices: list[tuple[str, int, int, int]], param: torch.nn.Parameter
+                     ) -> ops.GGUFWeight | GGUFSegments | None:
+    """The weight as GGUF blocks when ``param`` lives on the CPU and the source has every slice (name, dim, start,
+    stop) in a type with a kernel (``GGUFWeights.quantized_slice``); row slices are stacked in order
+    (``fuse_rows``: parts of different types become segments). ``param``'s float storage is then dropped. None:
+    the caller loads float weights as usual."""
+    get = getattr(weights, "quantized_slice", None)
+    if get is None or param.device.type != "cpu":
+        return None
+    parts = []
+    for name, dim, start, stop in slices:
+        got = get(name, dim, start, stop, ops.GGUFWeight.KERNEL_TYPES)
+        if got is None:
+            return None
+        q = ops.GGUFWeight.from_blocks(*got)
+        if parts and q.k != parts[0].k:
+            return None
+        parts.append(q)
+    w = fuse_rows(parts)
+    if tuple(w.shape) != tuple(param.shape):
+        raise ValueError(f"{slices[0][0]}: GGUF blocks of shape {tuple(w.shape)} do not fit {tuple(param.shape)}")
+    param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+    return w
+
+
 class LinearBase(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
         super().__init__()
@@ -47,29 +72,9 @@ class LinearBase(torch.nn.Module):
         return ops.linear(x, self.matmul_weight, self.bias)
 
     def _load_quantized(self, weights, slices: list[tuple[str, int, int, int]]) -> bool:
-        """Keep the weight as GGUF blocks when it lives on the CPU and the source has every slice
-        (name, dim, start, stop) in a type with a kernel (``GGUFWeights.quantized_slice``); row slices are
-        stacked in order (``fuse_rows``: parts of different types become segments). False: the caller loads
-        float weights as usual."""
-        get = getattr(weights, "quantized_slice", None)
-        if get is None or self.weight.device.type != "cpu":
-            return False
-        parts = []
-        for name, dim, start, stop in slices:
-            got = get(name, dim, start, stop, ops.GGUFWeight.KERNEL_TYPES)
-            if got is None:
-                return False
-            q = ops.GGUFWeight.from_blocks(*got)
-            if parts and q.k != parts[0].k:
-                return False
-            parts.append(q)
-        w = fuse_rows(parts)
-        if tuple(w.shape) != tuple(self.weight.shape):
-            raise ValueError(f"{slices[0][0]}: GGUF blocks of shape {tuple(w.shape)} do not fit "
-                             f"{tuple(self.weight.shape)}")
-        self.gguf = w
-        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
-        return True
+        """``load_gguf_blocks`` into this layer; False: the caller loads float weights as usual."""
+        self.gguf = load_gguf_blocks(weights, slices, self.weight)
+        return self.gguf is not None
 
     def _copy_bias_rows(self, parts: list[tuple[str, torch.Tensor]]) -> None:
         row = 0

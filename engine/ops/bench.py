@@ -16,6 +16,8 @@ AMX_MIN_M.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import platform
 import time
 
@@ -104,21 +106,27 @@ _PREFILL_SHAPES = (("smollm2 qkv", 960, 576), ("smollm2 gate_up", 3072, 576), ("
                    ("1b down", 2048, 5632))
 
 
-def _cpu_amx() -> bool:
-    import os
-
+@contextlib.contextmanager
+def _amx_setting(value: str | None):
+    """KESTREL_CPU_AMX set to ``value`` (None: unset) within, restored after."""
     saved = os.environ.pop("KESTREL_CPU_AMX", None)
+    if value is not None:
+        os.environ["KESTREL_CPU_AMX"] = value
     try:
-        return ops.native.amx_bf16()
+        yield
     finally:
+        os.environ.pop("KESTREL_CPU_AMX", None)
         if saved is not None:
             os.environ["KESTREL_CPU_AMX"] = saved
 
 
+def _amx_on_this_cpu() -> bool:
+    with _amx_setting(None):
+        return ops.native.amx_bf16()
+
+
 def prefill_rows(rows: list[int]) -> None:
     """Milliseconds per bfloat16 linear call of each M in ``rows``, native against the oneDNN route."""
-    import os
-
     import numpy as np
     from gguf import GGMLQuantizationType, quants
 
@@ -127,26 +135,19 @@ def prefill_rows(rows: list[int]) -> None:
     rng = np.random.default_rng(0)
     print(f"# {'shape (N x K)':26s} {'M':>5s} {'bf16 native':>12s} {'bf16 oneDNN':>12s} {'Q4_0 native':>12s} "
           f"{'Q4_0 oneDNN':>12s}  (ms per call)")
-    saved = os.environ.get("KESTREL_CPU_AMX")
-    try:
-        for name, n, k in _PREFILL_SHAPES:
-            w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
-            q4 = GGUFWeight.from_blocks(quants.quantize(w, GGMLQuantizationType.Q4_0), 2, k)
-            wb = q4.dequantize(torch.bfloat16).contiguous()
-            for m in rows:
-                x = torch.randn(m, k, dtype=torch.bfloat16)
-                t = {}
-                for setting in ("off", "on"):
-                    os.environ["KESTREL_CPU_AMX"] = setting
+    for name, n, k in _PREFILL_SHAPES:
+        w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+        q4 = GGUFWeight.from_blocks(quants.quantize(w, GGMLQuantizationType.Q4_0), 2, k)
+        wb = q4.dequantize(torch.bfloat16).contiguous()
+        for m in rows:
+            x = torch.randn(m, k, dtype=torch.bfloat16)
+            t = {}
+            for setting in ("off", "on"):
+                with _amx_setting(setting):
                     t["bf16", setting] = _time_us(lambda: ops.linear(x, wb), "cpu", min_time=0.2) / 1e3
                     t["q4", setting] = _time_us(lambda: ops.linear(x, q4), "cpu", min_time=0.2) / 1e3
-                print(f"  {name + f' ({n} x {k})':26s} {m:5d} {t['bf16', 'off']:12.3f} {t['bf16', 'on']:12.3f} "
-                      f"{t['q4', 'off']:12.3f} {t['q4', 'on']:12.3f}", flush=True)
-    finally:
-        if saved is None:
-            os.environ.pop("KESTREL_CPU_AMX", None)
-        else:
-            os.environ["KESTREL_CPU_AMX"] = saved
+            print(f"  {name + f' ({n} x {k})':26s} {m:5d} {t['bf16', 'off']:12.3f} {t['bf16', 'on']:12.3f} "
+                  f"{t['q4', 'off']:12.3f} {t['q4', 'on']:12.3f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if args.prefill_rows:
         print(f"# engine.ops bench --prefill-rows: native={ops.native_available()} linear={ops.linear_isa()} "
-              f"gguf={ops.gguf_isa()} amx_bf16 on this CPU={_cpu_amx()} torch={torch.__version__} "
+              f"gguf={ops.gguf_isa()} amx_bf16 on this CPU={_amx_on_this_cpu()} torch={torch.__version__} "
               f"threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()}")
         prefill_rows(args.prefill_rows)
         return

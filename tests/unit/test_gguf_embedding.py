@@ -122,9 +122,9 @@ def test_the_embedded_model_keeps_its_table_as_blocks(smollm2_gguf):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [0, 1, 37, 300])
-def test_whole_weight_dequantize_on_the_pool(qtype, rows):
-    """gguf_dequantize (the panels of the oneDNN prefill route): every row, split into chunks over the kernel
-    threads, equal to the lookup of all rows (the same per-row code) and to gguf's own dequantization."""
+def test_whole_weight_dequantize_over_the_threads(qtype, rows):
+    """gguf_dequantize (the panels of the oneDNN prefill route): every row, split over the kernel threads, equal
+    to the lookup of all rows (the same per-row code) and to gguf's own dequantization."""
     from engine.ops.native import dtype_code, native_lib
 
     ops.set_num_threads(2)

@@ -61,30 +61,42 @@ def dequantized():
     llm.close()
 
 
-def test_linear_weights_stay_the_files_blocks(quantized, dequantized, smollm2_gguf):
+def _file_bytes(path, keep) -> int:
+    """Bytes of the file's 2-D tensors whose (name, info) ``keep`` accepts."""
     from engine.loader.gguf_file import GGUFFile
+
+    gf = GGUFFile(path)
+    try:
+        return sum(t.nbytes for n, t in gf.tensors.items() if len(t.shape) == 2 and keep(n, t))
+    finally:
+        gf.close()
+
+
+def test_linear_weights_stay_the_files_blocks(quantized, dequantized, smollm2_gguf):
 
     layers = _linears(quantized)
     assert layers and all(isinstance(m.gguf, GGUFWeight) and m.weight.numel() == 0 for m in layers)
     assert all(m.gguf is None and m.weight.numel() > 0 for m in _linears(dequantized))
-    gf = GGUFFile(smollm2_gguf)
-    try:
-        linear_bytes = sum(t.nbytes for n, t in gf.tensors.items()
-                           if n.startswith("blk.") and len(t.shape) == 2)
-    finally:
-        gf.close()
+    linear_bytes = _file_bytes(smollm2_gguf, lambda n, t: n.startswith("blk."))
     assert sum(m.gguf.nbytes for m in layers) == linear_bytes  # the file's size, not 4-8x it
 
 
-def test_prefill_close_to_dequantized(quantized, dequantized):
+def _prefill_agreement(q: LLM, d: LLM, prompts: list[list[int]], bound: float) -> tuple[int, int]:
+    """Every prompt's logits scored by both engines (the prefill regime): each position's max |difference| within
+    ``bound`` of the largest |logit|; returns (positions whose argmax agrees, positions)."""
     agree = total = 0
-    for p in PROMPTS:
-        ids = quantized.tokenizer.encode(p)
+    for ids in prompts:
         assert len(ids) > 8  # the prefill regime
-        lq, ld = quantized.core.score(ids), dequantized.core.score(ids)
+        lq, ld = q.core.score(ids), d.core.score(ids)
         diff = (lq - ld).abs().max(-1).values
-        assert (diff <= 0.08 * ld.abs().max()).all(), (p, diff.max())
+        assert (diff <= bound * ld.abs().max()).all(), (ids[:4], diff.max())
         agree, total = agree + int((lq.argmax(-1) == ld.argmax(-1)).sum()), total + len(ids)
+    return agree, total
+
+
+def test_prefill_close_to_dequantized(quantized, dequantized):
+    prompts = [quantized.tokenizer.encode(p) for p in PROMPTS]
+    agree, total = _prefill_agreement(quantized, dequantized, prompts, 0.08)
     assert agree >= 0.9 * total, agree / total
 
 
@@ -196,7 +208,6 @@ def _teacher_forced(q, ref, prompts, gen_len):
 
 
 def test_kquant_model_blocks_memory_and_teacher_forced_agreement(kquant_gguf, caplog):
-    from engine.loader.gguf_file import GGUFFile
 
     ref = _kq_engine(kquant_gguf, dequantize=True, deterministic=True)
     with caplog.at_level(logging.INFO, logger="engine.loader.gguf"):
@@ -210,12 +221,7 @@ def test_kquant_model_blocks_memory_and_teacher_forced_agreement(kquant_gguf, ca
         float_layers = [m for m in layers if m.gguf is None]
         assert len(float_layers) == 1 and all(m.weight.numel() > 0 for m in float_layers)
         assert all(m.weight.numel() == 0 for m in kept)
-        gf = GGUFFile(kquant_gguf)
-        try:
-            kq_bytes = sum(t.nbytes for n, t in gf.tensors.items()
-                           if n.startswith("blk.") and len(t.shape) == 2 and t.type_name in ("Q4_K", "Q6_K"))
-        finally:
-            gf.close()
+        kq_bytes = _file_bytes(kquant_gguf, lambda n, t: n.startswith("blk.") and t.type_name in ("Q4_K", "Q6_K"))
         assert sum(m.gguf.nbytes for m in kept) == kq_bytes  # the file's size, not 7x it (float32)
 
         # decode arithmetic (integer GEMV) for every row
@@ -233,13 +239,7 @@ def test_kquant_model_prefill_close_to_dequantized(kquant_gguf):
     d = _kq_engine(kquant_gguf, dequantize=True)
     try:
         assert any(m.gguf is not None and m.gguf.type_name == "Q4_K" for m in _linears(q))
-        agree = total = 0
-        for ids in KQ_PROMPTS:
-            assert len(ids) > 8  # the prefill regime (float GEMM on dequantized panels)
-            lq, ld = q.core.score(ids), d.core.score(ids)
-            diff = (lq - ld).abs().max(-1).values
-            assert (diff <= 0.05 * ld.abs().max()).all(), diff.max()
-            agree, total = agree + int((lq.argmax(-1) == ld.argmax(-1)).sum()), total + len(ids)
+        agree, total = _prefill_agreement(q, d, KQ_PROMPTS, 0.05)
         assert agree >= 0.85 * total, agree / total
     finally:
         q.close()
@@ -274,7 +274,6 @@ def mixed_gguf(tmp_path_factory):
 
 
 def test_mixed_type_fused_weights_stay_quantized(mixed_gguf, caplog):
-    from engine.loader.gguf_file import GGUFFile
     from engine.ops.gguf_quant import GGUFSegments
 
     ref = _kq_engine(mixed_gguf, dequantize=True, deterministic=True)
@@ -291,11 +290,7 @@ def test_mixed_type_fused_weights_stay_quantized(mixed_gguf, caplog):
             assert [tuple(p.shape) for p in qkv.parts] == [(256 + 128, 256), (128, 256)]  # q+k rows, v rows
             assert isinstance(gate_up, GGUFSegments) and gate_up.type_name == "Q4_K+Q5_0"
             assert [tuple(p.shape) for p in gate_up.parts] == [(512, 256), (512, 256)]
-        gf = GGUFFile(mixed_gguf)
-        try:
-            linear_bytes = sum(t.nbytes for n, t in gf.tensors.items() if n.startswith("blk.") and len(t.shape) == 2)
-        finally:
-            gf.close()
+        linear_bytes = _file_bytes(mixed_gguf, lambda n, t: n.startswith("blk."))
         assert sum(m.gguf.nbytes for m in layers) == linear_bytes  # the file's bytes, none in float
 
         agree, total, worst = _teacher_forced(q, ref, KQ_PROMPTS, 32)  # decode arithmetic for every row
@@ -311,12 +306,7 @@ def test_mixed_type_fused_weights_prefill_close_to_dequantized(mixed_gguf):
     q = _kq_engine(mixed_gguf, dequantize=False)
     d = _kq_engine(mixed_gguf, dequantize=True)
     try:
-        agree = total = 0
-        for ids in KQ_PROMPTS:
-            lq, ld = q.core.score(ids), d.core.score(ids)  # the prefill regime (> 8 rows)
-            diff = (lq - ld).abs().max(-1).values
-            assert (diff <= 0.05 * ld.abs().max()).all(), diff.max()
-            agree, total = agree + int((lq.argmax(-1) == ld.argmax(-1)).sum()), total + len(ids)
+        agree, total = _prefill_agreement(q, d, KQ_PROMPTS, 0.05)
         assert agree >= 0.85 * total, agree / total
     finally:
         q.close()
