@@ -63,6 +63,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key_s0"), py::arg("key_s1"), py::arg("value"), py::arg("value_s0"), py::arg("value_s1"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("slot_mapping"), py::arg("T"), py::arg("num_kv_heads"),
         py::arg("head_size"), py::arg("num_slots"));
+  m.def("token_positions_and_slots", &kestrel::cpu::token_positions_and_slots, release(), py::arg("query_start"),
+        py::arg("context_lens"), py::arg("block_tables"), py::arg("bt_stride"), py::arg("width"), py::arg("S"),
+        py::arg("T"), py::arg("block_size"), py::arg("positions"), py::arg("slots"));
   m.def("linear", &kestrel::cpu::linear, release(), py::arg("dtype"), py::arg("out"), py::arg("out_stride"),
         py::arg("x"), py::arg("x_stride"), py::arg("weight"), py::arg("bias"), py::arg("M"), py::arg("N"),
         py::arg("K"), py::arg("w_scales") = 0,
@@ -106,6 +109,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_silu_and_mul", &kestrel::cuda::silu_and_mul, release());
   m.def("cuda_rotary_embedding", &kestrel::cuda::rotary_embedding, release());
   m.def("cuda_reshape_and_cache", &kestrel::cuda::reshape_and_cache, release());
+  m.def("cuda_token_positions_and_slots", &kestrel::cuda::token_positions_and_slots, release());
   m.def("cuda_paged_decode_attention_workspace", &kestrel::cuda::paged_decode_attention_workspace);
   m.def("cuda_paged_decode_attention", &kestrel::cuda::paged_decode_attention, release());
 #endif

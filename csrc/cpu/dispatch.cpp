@@ -336,6 +336,29 @@ void silu_and_mul(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, in
   });
 }
 
+void token_positions_and_slots(uintptr_t query_start, uintptr_t context_lens, uintptr_t block_tables,
+                               int64_t bt_stride, int64_t width, int64_t S, int64_t T, int64_t bs,
+                               uintptr_t positions, uintptr_t slots) {
+  check(S >= 0 && T >= 0 && bs > 0 && width >= 0, "token_positions_and_slots: need S, T, width >= 0, block_size > 0");
+  const int32_t* qs = ptr<const int32_t>(query_start);
+  const int32_t* ctx = ptr<const int32_t>(context_lens);
+  const int32_t* table = ptr<const int32_t>(block_tables);
+  int64_t* pos = ptr<int64_t>(positions);
+  int64_t* slot = ptr<int64_t>(slots);
+  check(S == 0 ? T == 0 : (qs[0] == 0 && qs[S] == T), "token_positions_and_slots: query_start must run from 0 to T");
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t q0 = qs[s], n = qs[s + 1] - q0, first = int64_t(ctx[s]) - n;
+    check(n >= 0 && first >= 0, "token_positions_and_slots: a sequence has more query tokens than context");
+    check(n == 0 || (first + n - 1) / bs < width, "token_positions_and_slots: a context is past its block table row");
+    const int32_t* row = table + s * bt_stride;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = first + i;
+      pos[q0 + i] = p;
+      slot[q0 + i] = int64_t(row[p / bs]) * bs + p % bs;
+    }
+  }
+}
+
 void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_t value, int64_t vs0, int64_t vs1,
                        uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T, int64_t nkv,
                        int64_t hd, int64_t num_slots) {

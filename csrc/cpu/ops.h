@@ -31,6 +31,14 @@ void silu_and_mul(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int
 void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uintptr_t value, int64_t v_s0,
                        int64_t v_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T,
                        int64_t num_kv_heads, int64_t head_size, int64_t num_slots);
+// Positions and KV-cache slots of a step's tokens, from its sequences (engine/layers/attention.py's layout):
+// token t of sequence s (query_start[s] <= t < query_start[s + 1]) sits at position
+// context_lens[s] - query_len(s) + (t - query_start[s]) and goes to slot
+// block_tables[s, pos / block_size] * block_size + pos % block_size. positions and slots: int64 [T];
+// query_start [S + 1], context_lens [S] and block_tables [S, width] (row stride bt_stride): int32.
+void token_positions_and_slots(uintptr_t query_start, uintptr_t context_lens, uintptr_t block_tables,
+                               int64_t bt_stride, int64_t width, int64_t S, int64_t T, int64_t block_size,
+                               uintptr_t positions, uintptr_t slots);
 void linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t weight,
             uintptr_t bias, int64_t M, int64_t N, int64_t K, uintptr_t w_scales = 0);
 void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t out_s1, uintptr_t q, int64_t q_s0,

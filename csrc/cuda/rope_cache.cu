@@ -1,4 +1,4 @@
-// Rotary embedding (in place) and KV-cache write on CUDA.
+// Rotary embedding (in place), KV-cache write and the step's token positions and cache slots on CUDA.
 #include "common.cuh"
 #include "ops.h"
 
@@ -110,7 +110,39 @@ __global__ void reshape_and_cache_vec_kernel(const T* __restrict__ key, int64_t 
   }
 }
 
+// Grid (sequences, chunks of the longest query): thread i of chunk c handles the sequence's query token
+// c * blockDim + i and the ones a grid's width of chunks further.
+__global__ void token_positions_and_slots_kernel(const int32_t* __restrict__ query_start,
+                                                 const int32_t* __restrict__ context_lens,
+                                                 const int32_t* __restrict__ block_tables, int64_t bt_stride, int bs,
+                                                 int64_t* __restrict__ positions, int64_t* __restrict__ slots) {
+  const int64_t s = blockIdx.x;
+  const int q0 = query_start[s], n = query_start[s + 1] - q0;
+  const int first = context_lens[s] - n;
+  const int32_t* row = block_tables + s * bt_stride;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < n; i += gridDim.y * blockDim.x) {
+    const int p = first + i;
+    positions[q0 + i] = p;
+    slots[q0 + i] = int64_t(row[p / bs]) * bs + p % bs;
+  }
+}
+
 }  // namespace
+
+void token_positions_and_slots(uintptr_t query_start, uintptr_t context_lens, uintptr_t block_tables,
+                               int64_t bt_stride, int64_t S, int64_t max_query_len, int64_t bs, uintptr_t positions,
+                               uintptr_t slots, int device, uintptr_t stream) {
+  if (S <= 0 || max_query_len <= 0) return;
+  if (S > 0x7fffffff) throw std::invalid_argument("token_positions_and_slots: too many sequences for one launch");
+  use_device(device);
+  const int threads = max_query_len >= 256 ? 256 : int((max_query_len + 31) / 32 * 32);
+  const unsigned chunks = unsigned(std::min<int64_t>((max_query_len + threads - 1) / threads, 64));
+  token_positions_and_slots_kernel<<<dim3(unsigned(S), chunks), threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const int32_t*>(query_start), reinterpret_cast<const int32_t*>(context_lens),
+      reinterpret_cast<const int32_t*>(block_tables), bt_stride, int(bs), reinterpret_cast<int64_t*>(positions),
+      reinterpret_cast<int64_t*>(slots));
+  check_launch("token_positions_and_slots");
+}
 
 void rotary_embedding(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uintptr_t k, int64_t ks, int64_t T_,
                       int64_t nh, int64_t nkv, int64_t hd, uintptr_t cache, int64_t rot, bool neox, int device,

@@ -218,11 +218,9 @@ class EngineCore:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
-        reqs, tokens, lps, pooled = self.runner.execute(sched)
+        reqs, tokens, lps, pooled = self.runner.execute(sched, lambda: self._advance(sched))
         n_prefill = n_decode = 0
         for s in sched.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
-            self.blocks.cache_full_blocks(s.request)
             if s.num_new_tokens == 1 and s.request.output_token_ids:
                 n_decode += 1
             else:
@@ -242,6 +240,13 @@ class EngineCore:
             d = self.executor.comm.stats.step_delta()
             self.recent_comm_steps.append(CommStepStats(now, d.calls, d.link_bytes, d.payload_bytes, d.seconds))
         return [d for d in deltas if d is not None]
+
+    def _advance(self, sched) -> None:
+        """The step's tokens count as computed and its newly full blocks join the prefix cache: called while the
+        forward runs (a later step that reads those blocks is queued behind it on the device)."""
+        for s in sched.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+            self.blocks.cache_full_blocks(s.request)
 
     def _append(self, tr: _Tracked, tok: int, lp, now: float) -> RequestDelta | None:
         req, p = tr.request, tr.request.params

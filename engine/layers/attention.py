@@ -6,15 +6,17 @@ lower-right causal mask (chunked prefill and prefix-cache hits look the same her
 
 Backends, per step:
 - CUDA, decodes only: the split-K paged decode kernel (csrc/cuda).
-- CUDA, one fresh prompt alone in its step (nothing cached, no decode): SDPA's flash backend on the step's own K/V
-  (4-D inputs, ``enable_gqa``), which measured faster than the Triton kernel there (kestrel bench gpu, H200,
-  8B shape: 8,192-token TTFT 220 ms against 240; torch's FlashAttention-2 varlen entry point was slower than both).
+- CUDA, fresh prompts of one length (nothing cached, no decode; one prompt alone is the common case): SDPA's flash
+  backend over them as a batch, on views of the step's own K/V (4-D inputs, ``enable_gqa``), which measured faster
+  than the Triton kernel there (kestrel bench gpu, H200, 8B shape: 8,192-token TTFT 220 ms against 240; per layer
+  0.95 against 1.25 ms at 1 x 8,192 and 0.44 against 0.75 ms at 64 x 512; torch's FlashAttention-2 varlen entry
+  point was slower than both, its cuDNN varlen path 100x slower).
 - CUDA, any other step with a prefill: one launch of the Triton varlen kernel (engine/ops/varlen_attention.py) for every sequence
   of the step, decodes included; it reads the prefix from the paged cache through the block table (no gathered
   copy, GQA by indexing). ``KESTREL_PREFILL_ATTENTION=sdpa`` (or no Triton) takes the SDPA path below instead;
   ``=triton`` forces the kernel on the CPU too (Triton's interpreter: tests).
-- CPU: the native paged decode kernel for decodes and SDPA (4-D, ``enable_gqa``) per prefill chunk; a chunk with
-  a cached prefix gathers it from the cache first.
+- CPU: the native paged decode kernel for decodes and SDPA (4-D, ``enable_gqa``) per prefill chunk (fresh prompts
+  of one length as one batch); a chunk with a cached prefix gathers it from the cache first.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class SeqSpan:
     context_len: int  # tokens in the cache after this step's write (prefix + query)
     block_ids: tuple[int, ...]  # the blocks holding the first context_len tokens
 
+    @property
+    def end(self) -> int:
+        return self.query_start + self.query_len
+
 
 @dataclass
 class AttentionMetadata:
@@ -52,32 +58,43 @@ class AttentionMetadata:
     plans: dict = field(default_factory=dict)  # per-step kernel plans by head size, built by the first layer
     decode_block_tables: torch.Tensor | None = None  # [num_decode, M] view of block_tables
     decode_context_lens: torch.Tensor | None = None  # [num_decode] view of seq_lens
-    all_fresh: bool = False  # no decode and no cached prefix: every sequence is a whole new prompt
+    fresh_len: int = 0  # every sequence a whole new prompt of this many tokens (no decode, no cached prefix); else 0
     decode_part_tokens: int = 0  # CUDA graphs: the decode kernel's fixed partition size (0: sized per step)
 
     @classmethod
-    def build(cls, positions: list[int], slots: list[int], seqs: list[SeqSpan], device: torch.device
-              ) -> AttentionMetadata:
-        """Device tensors of one step from its host description: one int64 and one int32 transfer."""
-        T = len(positions)
-        if T != len(slots):
-            raise ValueError("attention metadata: positions and slots disagree")
-        longs = to_device(positions + slots, torch.long, device)
-        return cls._with_seqs(longs[:T], longs[T:], seqs)
+    def build(cls, seqs: list[SeqSpan], block_size: int, device: torch.device) -> AttentionMetadata:
+        """Device tensors of one step from its sequences: one int32 transfer (block tables, context lengths,
+        query starts), then every token's position and cache slot computed on the device from them
+        (ops.token_positions_and_slots), not built as host lists."""
+        if not seqs:
+            raise ValueError("attention metadata: a step needs at least one sequence")
+        meta = cls._describe(seqs, device)
+        meta.positions, meta.slot_mapping = ops.token_positions_and_slots(
+            meta.query_start_loc, meta.seq_lens, meta.block_tables, block_size, meta.seqs[-1].end,
+            max(s.query_len for s in seqs))
+        return meta
 
     @classmethod
     def _with_seqs(cls, positions: torch.Tensor, slot_mapping: torch.Tensor, seqs: list[SeqSpan]
                    ) -> AttentionMetadata:
         """The metadata of tokens whose positions and slots are already on the device."""
+        T = positions.shape[0]
+        if seqs and seqs[-1].end != T:
+            raise ValueError("attention metadata: positions, slots and sequences disagree")
+        meta = cls._describe(seqs, positions.device)
+        meta.positions, meta.slot_mapping = positions, slot_mapping
+        return meta
+
+    @classmethod
+    def _describe(cls, seqs: list[SeqSpan], device: torch.device) -> AttentionMetadata:
+        """Everything but the positions and slots: the decode count, the packed int32 tensors, fresh_len."""
         num_decode = 0
         for s in seqs:
             if s.query_len != 1 or num_decode != s.query_start:
                 break
             num_decode += 1
-        T = positions.shape[0]
-        if seqs and seqs[-1].query_start + seqs[-1].query_len != T:
-            raise ValueError("attention metadata: positions, slots and sequences disagree")
-        meta = cls(positions=positions, slot_mapping=slot_mapping, num_decode_tokens=num_decode, seqs=list(seqs),
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        meta = cls(positions=empty, slot_mapping=empty, num_decode_tokens=num_decode, seqs=list(seqs),
                    block_tables=None, seq_lens=None, query_start_loc=None)
         if seqs:
             S = len(seqs)
@@ -88,15 +105,16 @@ class AttentionMetadata:
                 ints.extend([0] * (width - len(s.block_ids)))
             ints.extend(s.context_len for s in seqs)
             ints.extend(s.query_start for s in seqs)
-            ints.append(T)
-            packed = to_device(ints, torch.int32, positions.device)
+            ints.append(seqs[-1].end)
+            packed = to_device(ints, torch.int32, device)
             meta.block_tables = packed[:S * width].view(S, width)
             meta.seq_lens = packed[S * width:S * width + S]
             meta.query_start_loc = packed[S * width + S:]
             if num_decode:
                 meta.decode_block_tables = meta.block_tables[:num_decode]
                 meta.decode_context_lens = meta.seq_lens[:num_decode]
-        meta.all_fresh = num_decode == 0 and all(s.context_len == s.query_len for s in seqs)
+        if seqs and num_decode == 0 and all(s.context_len == s.query_len == seqs[0].query_len for s in seqs):
+            meta.fresh_len = seqs[0].query_len
         return meta
 
     @property
@@ -146,14 +164,18 @@ class Attention(torch.nn.Module):
         hd = self.head_dim
         ops.reshape_and_cache(k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
                               self.k_cache, self.v_cache, meta.slot_mapping)
-        out = torch.empty(T, self.num_heads, hd, dtype=q.dtype, device=q.device)
         q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
         if nd < T and _use_varlen(q, meta):
             cfg, plan = _varlen_plan(meta, q.device, hd)
-            ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
-                                       meta.query_start_loc, plan, self.scale, out=out, config=cfg)
+            out = ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
+                                             meta.query_start_loc, plan, self.scale, config=cfg)
             return out.view(T, self.num_heads * hd)
+        if meta.fresh_len:  # fresh prompts of one length: SDPA over them as one batch
+            return self._fresh_sdpa(q3, k, v, meta.fresh_len)
+        if nd == 0 and len(meta.seqs) == 1:  # one prefill chunk alone: SDPA's output (token-major) is the layer's
+            return self._prefill_sdpa(q3, k, v, meta, 0, meta.seqs[0]).reshape(T, self.num_heads * hd)
+        out = torch.empty(T, self.num_heads, hd, dtype=q.dtype, device=q.device)
         if nd:
             ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
                                        meta.decode_context_lens, self.scale, out=out[:nd],
@@ -162,6 +184,18 @@ class Attention(torch.nn.Module):
             s, n = seg.query_start, seg.query_len
             out[s:s + n] = self._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)
         return out.view(T, self.num_heads * hd)
+
+    def _fresh_sdpa(self, q3: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> torch.Tensor:
+        """Causal attention of T / n fresh prompts of n tokens each, over the step's own keys and values: views
+        [S, heads, n, hd] of the token-major tensors (no copy in, and the output is token-major again)."""
+        T, hd = q3.shape[0], self.head_dim
+        S = T // n
+        qs = q3.view(S, n, self.num_heads, hd).transpose(1, 2)
+        ks = k.view(S, n, self.num_kv_heads, hd).transpose(1, 2)
+        vs = v.view(S, n, self.num_kv_heads, hd).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale,
+                                           enable_gqa=self.num_kv_heads != self.num_heads)
+        return o.transpose(1, 2).reshape(T, self.num_heads * hd)
 
     def _prefill_sdpa(self, qs: torch.Tensor, k, v, meta: AttentionMetadata, i: int, seg: SeqSpan) -> torch.Tensor:
         hd, s, n = self.head_dim, seg.query_start, seg.query_len
@@ -191,8 +225,8 @@ def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
         return False
     if choice == "triton":
         return True
-    # auto: on CUDA, except for one fresh prompt alone in its step (SDPA's flash backend is faster there)
-    return q.is_cuda and not (len(meta.seqs) == 1 and meta.all_fresh)
+    # auto: on CUDA, except for steps of fresh prompts of one length (SDPA's flash backend is faster there)
+    return q.is_cuda and not meta.fresh_len
 
 
 def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int

@@ -1,5 +1,5 @@
-"""The paged KV cache: writing new keys and values into it (reshape_and_cache) and decode attention over it
-(paged_decode_attention). Dispatch as described in engine/ops/native.py."""
+"""The paged KV cache: where a step's tokens go in it (token_positions_and_slots), writing new keys and values
+into it (reshape_and_cache) and decode attention over it (paged_decode_attention). Dispatch as described in engine/ops/native.py."""
 
 from __future__ import annotations
 
@@ -43,6 +43,47 @@ def _validate_cache_write(op, key, value, k_cache, v_cache, slot_mapping) -> Non
     check_dtype(op, "slot_mapping", slot_mapping, torch.int64)
     check_shape(op, "slot_mapping", slot_mapping, (T,))
     check_contiguous(op, "slot_mapping", slot_mapping)
+
+
+def token_positions_and_slots(query_start_loc: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
+                              block_size: int, num_tokens: int, max_query_len: int
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions and KV-cache slots (int64 [T], views of one new buffer) of a step's T tokens, computed where
+    the step's metadata lives instead of as host lists: token t of sequence s (query_start_loc[s] <= t <
+    query_start_loc[s + 1]) sits at position context_lens[s] - query_len(s) + (t - query_start_loc[s]) and goes
+    to slot block_tables[s, pos // block_size] * block_size + pos % block_size.
+
+    query_start_loc [S + 1], context_lens [S], block_tables [S, M] (contiguous last dim): int32, on one device.
+    max_query_len: the longest query_len (CUDA sizes its grid by it). On CPU inconsistent arguments raise
+    ValueError; on CUDA they are not checked (they live on the device)."""
+    op = "token_positions_and_slots"
+    S = context_lens.shape[0] if context_lens.dim() == 1 else -1
+    for name, t, shape in (("query_start_loc", query_start_loc, (S + 1,)), ("context_lens", context_lens, (S,)),
+                           ("block_tables", block_tables, (S, None))):
+        check_dtype(op, name, t, torch.int32)
+        check_shape(op, name, t, shape)
+    check_contiguous(op, "query_start_loc", query_start_loc)
+    check_contiguous(op, "context_lens", context_lens)
+    check_last_contiguous(op, "block_tables", block_tables)
+    if block_size <= 0:
+        fail(op, f"block_size must be > 0, got {block_size}")
+    if native_lib is None:
+        return reference.token_positions_and_slots(query_start_loc, context_lens, block_tables, block_size)
+    out = torch.empty(2, num_tokens, dtype=torch.int64, device=context_lens.device)
+    positions, slots = out[0], out[1]
+    if context_lens.is_cuda:
+        check_cuda(op, query_start_loc, context_lens, block_tables)
+        native_lib.cuda_token_positions_and_slots(
+            query_start_loc.data_ptr(), context_lens.data_ptr(), block_tables.data_ptr(), block_tables.stride(0), S,
+            max_query_len, block_size, positions.data_ptr(), slots.data_ptr(), context_lens.get_device(),
+            raw_stream(context_lens))
+    else:
+        if not (query_start_loc.is_cpu and block_tables.is_cpu):
+            fail_not_cpu(op, query_start_loc, context_lens, block_tables)
+        native_lib.token_positions_and_slots(query_start_loc.data_ptr(), context_lens.data_ptr(),
+                                             block_tables.data_ptr(), block_tables.stride(0), block_tables.shape[1],
+                                             S, num_tokens, block_size, positions.data_ptr(), slots.data_ptr())
+    return positions, slots
 
 
 def reshape_and_cache(

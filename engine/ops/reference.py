@@ -96,6 +96,20 @@ def reshape_and_cache(
     v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = value[keep]
 
 
+def token_positions_and_slots(query_start_loc: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
+                              block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and cache slots (int64 [T]) of a step's tokens: token t of sequence s (query_start_loc[s] <= t <
+    query_start_loc[s + 1]) sits at position context_lens[s] - query_len(s) + (t - query_start_loc[s]), in slot
+    block_tables[s, pos // block_size] * block_size + pos % block_size."""
+    qsl = query_start_loc.long()
+    lens = qsl[1:] - qsl[:-1]
+    seq = torch.repeat_interleave(torch.arange(lens.numel(), device=qsl.device), lens)
+    t = torch.arange(seq.numel(), device=qsl.device)
+    positions = t - qsl[seq] + context_lens.long()[seq] - lens[seq]
+    slots = block_tables.long()[seq, positions // block_size] * block_size + positions % block_size
+    return positions, slots
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

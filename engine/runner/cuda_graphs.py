@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.layers.attention import AttentionMetadata
+from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.ops import skinny_gemm
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,10 @@ class DecodeGraphs:
     of every row); the runner passes it in, so this module knows the metadata layout but not the model."""
 
     def __init__(self, forward: Callable[[torch.Tensor, AttentionMetadata], torch.Tensor], device: torch.device,
-                 sizes: Sequence[int], max_blocks_per_seq: int, num_kv_heads: int, capture: bool = True):
+                 sizes: Sequence[int], max_blocks_per_seq: int, block_size: int, num_kv_heads: int,
+                 capture: bool = True):
         self.forward = forward
+        self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.device = device
@@ -147,10 +149,10 @@ class DecodeGraphs:
         self.ints.zero_()
 
     # -- one step ----------------------------------------------------------------------------------
-    def run(self, token_ids: Sequence[int], positions: Sequence[int], slots: Sequence[int],
-            context_lens: Sequence[int], block_ids: Sequence[Sequence[int]]) -> torch.Tensor | None:
-        """Float32 logits [n, vocab] of a decode step of n sequences (one token each), or None when n has no
-        bucket. The logits are a view of the graphs' shared output buffer: read them before the next step."""
+    def run(self, token_ids: Sequence[int], seqs: Sequence[SeqSpan]) -> torch.Tensor | None:
+        """Float32 logits [n, vocab] of a decode step of n sequences (one token each: token_ids[i] at the last
+        position of seqs[i]'s context), or None when n has no bucket. The logits are a view of the graphs' shared
+        output buffer: read them before the next step."""
         n = len(token_ids)
         b = self.bucket(n)
         if b is None:
@@ -158,17 +160,19 @@ class DecodeGraphs:
         if self._staged is not None:
             self._staged.synchronize()  # the previous step's upload has left the staging buffers
         L, I = self._longs_np, self._ints_np
+        bs = self.block_size
         L[:n] = token_ids
         L[n:b] = 0
-        L[b:b + n] = positions
         L[b + n:2 * b] = 0
-        L[2 * b:2 * b + n] = slots
         L[2 * b + n:3 * b] = -1
-        I[:n] = context_lens
         I[n:b] = 0
+        context_lens = [s.context_len for s in seqs]
+        L[b:b + n] = [c - 1 for c in context_lens]  # positions
+        L[2 * b:2 * b + n] = [s.block_ids[(c - 1) // bs] * bs + (c - 1) % bs for s, c in zip(seqs, context_lens)]
+        I[:n] = context_lens
         table = I[b:b + b * self.width].reshape(b, self.width)
-        for i, blocks in enumerate(block_ids):
-            table[i, :len(blocks)] = blocks
+        for i, s in enumerate(seqs):
+            table[i, :len(s.block_ids)] = s.block_ids
         nonblocking = self.device.type == "cuda"
         self.longs[:3 * b].copy_(self.host_longs[:3 * b], non_blocking=nonblocking)
         self.ints[:b + b * self.width].copy_(self.host_ints[:b + b * self.width], non_blocking=nonblocking)

@@ -28,11 +28,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepInputs:
-    """One step, in plain Python so it pickles cheaply to tensor-parallel workers."""
+    """One step, in plain Python so it pickles cheaply to tensor-parallel workers. The tokens' positions and cache
+    slots follow from the sequences (AttentionMetadata.build computes them on the device)."""
 
     token_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
     seqs: list[SeqSpan] = field(default_factory=list)  # decodes first, then prefill chunks
     logit_rows: list[int] | None = field(default_factory=list)  # None: logits at every position
 
@@ -153,7 +152,8 @@ class ModelRunner:
         sizes = self.graph_sizes or capture_sizes(self.config.max_num_seqs)
         width = -(-self.max_model_len // self.block_size)
         kv_heads = self.model.layers[0].self_attn.attn.num_kv_heads
-        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, width, kv_heads, capture=capture)
+        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, width, self.block_size, kv_heads,
+                                   capture=capture)
         self.graphs.capture(lambda what: progress.report("capturing", what))
 
     def _decode_forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -173,8 +173,7 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
-        inp = StepInputs(token_ids=[0] * tokens, positions=list(range(tokens)), slots=list(range(tokens)),
-                         seqs=[SeqSpan(0, tokens, tokens, tuple(range(blocks)))],
+        inp = StepInputs(token_ids=[0] * tokens, seqs=[SeqSpan(0, tokens, tokens, tuple(range(blocks)))],
                          logit_rows=list(range(tokens - min(tokens, self.config.max_num_seqs), tokens)))
         logits = self._run(inp)
         torch.softmax(logits, dim=-1)
@@ -226,11 +225,8 @@ class ModelRunner:
             start = req.num_computed_tokens
             q0 = len(inp.token_ids)
             inp.token_ids.extend(req.all_token_ids[start:start + n] if n > 1 else [req.token_at(start)])
-            inp.positions.extend(range(start, start + n))
-            table = req.block_ids
-            inp.slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             ctx = start + n
-            blocks = tuple(table[: -(-ctx // bs)])
+            blocks = tuple(req.block_ids[: -(-ctx // bs)])
             if per_token and n > 1:
                 inp.seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
             else:
@@ -245,7 +241,7 @@ class ModelRunner:
         return inp, sample_reqs, pools
 
     def _tensors(self, inp: StepInputs) -> tuple[torch.Tensor, AttentionMetadata]:
-        meta = AttentionMetadata.build(inp.positions, inp.slots, inp.seqs, self.device)
+        meta = AttentionMetadata.build(inp.seqs, self.block_size, self.device)
         return to_device(inp.token_ids, torch.long, self.device), meta
 
     @torch.inference_mode()
@@ -271,7 +267,7 @@ class ModelRunner:
         if inp.logit_rows is not None:
             if not inp.logit_rows:
                 return None
-            hidden = hidden[inp.logit_rows]
+            hidden = select_rows(hidden, inp.logit_rows)
         return self.model.compute_logits(hidden).float()
 
     def _run_graph(self, inp: StepInputs) -> torch.Tensor | None:
@@ -280,23 +276,26 @@ class ModelRunner:
         seqs = inp.seqs
         if any(s.query_len != 1 for s in seqs):
             return None
-        logits = self.graphs.run(inp.token_ids, inp.positions, inp.slots, [s.context_len for s in seqs],
-                                 [s.block_ids for s in seqs])
+        logits = self.graphs.run(inp.token_ids, seqs)
         if logits is None or len(inp.logit_rows) == len(seqs):
             return logits
         return logits[inp.logit_rows]  # a one-token prefill chunk short of its prompt's end samples nothing
 
-    def execute(self, sched: ScheduledStep
+    def execute(self, sched: ScheduledStep, while_running: Callable[[], None] | None = None
                 ) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],
                            list[tuple[SequenceState, torch.Tensor]]]:
         """Run one step; the requests that sampled (sched's own objects, in step order), their tokens and
         logprobs, and the embedding requests whose prompt this step finished, with their pooled vectors
-        (float32, on the CPU)."""
+        (float32, on the CPU). ``while_running`` is called once the forward is queued and before anything waits
+        for it: host work that a GPU step then hides (the core advances the requests' computed tokens there, so
+        nothing after it here reads the step's ScheduledStep)."""
         inp, reqs, pools = self.prepare(sched)
         if self.on_step is not None:
             self.on_step(inp)
         pooled: list[tuple[SequenceState, torch.Tensor]] = []
         logits = self.run(inp, (lambda hidden: pooled.extend(self._pool(hidden, pools))) if pools else None)
+        if while_running is not None:
+            while_running()
         if not reqs:
             return [], [], [], pooled
         gens = [self.generators.get(r.request_id) for r in reqs]
@@ -336,6 +335,15 @@ class ModelRunner:
         if self.on_step is not None:
             self.on_step(inp)
         return self.run(inp)
+
+
+def select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """hidden[rows] without a host synchronisation: a slice where the rows are consecutive, else an index that
+    goes up asynchronously (indexing with a Python list would copy it from pageable memory and wait for the GPU)."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and all(r == first + i for i, r in enumerate(rows)):
+        return hidden[first:first + len(rows)]
+    return hidden.index_select(0, to_device(rows, torch.long, hidden.device))
 
 
 def check_gguf_blocks(device: torch.device, weights) -> None:

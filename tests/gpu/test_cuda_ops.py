@@ -6,6 +6,7 @@ Run on a GPU machine with:  pytest -q tests/gpu/test_cuda_ops.py
 
 from __future__ import annotations
 
+import random
 import zlib
 
 import pytest
@@ -16,6 +17,7 @@ if not torch.cuda.is_available():
 
 from engine import ops  # noqa: E402
 from engine.ops import reference as ref  # noqa: E402
+from tests.support.varlen_cases import STEP_LAYOUTS, step_layout  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -111,6 +113,15 @@ def test_reshape_and_cache(dtype):
         ops.reshape_and_cache(key, value, kc, vc, slots)
         assert torch.equal(kc.isnan(), kc_ref.isnan()) and torch.equal(vc.isnan(), vc_ref.isnan())
         assert torch.equal(kc.nan_to_num(), kc_ref.nan_to_num()) and torch.equal(vc.nan_to_num(), vc_ref.nan_to_num())
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_token_positions_and_slots(block_size):
+    rng = random.Random(block_size)
+    for seqs in STEP_LAYOUTS:
+        (qsl, sl, bt), (positions, slots) = step_layout(rng, seqs, block_size, DEV)
+        got = ops.token_positions_and_slots(qsl, sl, bt, block_size, len(positions), max(q for q, _ in seqs))
+        assert [t.tolist() for t in got] == [positions, slots]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

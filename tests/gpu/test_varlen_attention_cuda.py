@@ -110,6 +110,44 @@ def test_gpu_greedy_equals_cpu_float32(tiny_model_dir, arch):
         assert _greedy(d, "cuda", prefix, chunk) == cpu, (arch, prefix, chunk)
 
 
+def _greedy_ids(model_dir, device: str, prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Greedy outputs of token-id prompts submitted together, and the fresh_len of every prefill step's
+    attention metadata (the batched-SDPA path when nonzero)."""
+    from engine.layers import attention
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    seen = []
+    real = attention.AttentionMetadata.build.__func__
+
+    def spy(cls, seqs, block_size, device):
+        meta = real(cls, seqs, block_size, device)
+        if meta.num_decode_tokens < meta.num_tokens:
+            seen.append(meta.fresh_len)
+        return meta
+
+    attention.AttentionMetadata.build = classmethod(spy)
+    try:
+        with LLM(str(model_dir), dtype="float32", device=device, enable_prefix_caching=False,
+                 kv_cache_memory_gib=0.25) as llm:
+            out = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    finally:
+        attention.AttentionMetadata.build = classmethod(real)
+    return [o.outputs[0].token_ids for o in out], seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fresh_prompts_of_one_length_as_one_sdpa_batch(tiny_model_dir, arch):
+    rng = random.Random(arch)
+    d = tiny_model_dir(arch)
+    prompts = [[rng.randrange(10, 1000) for _ in range(37)] for _ in range(3)]
+    gpu, steps = _greedy_ids(d, "cuda", prompts)
+    assert steps == [37]  # the three prompts in one step, on the batched path
+    assert gpu == _greedy_ids(d, "cpu", prompts)[0]
+    ragged, steps = _greedy_ids(d, "cuda", [prompts[0], prompts[1][:20]])
+    assert steps == [0] and ragged == [gpu[0], _greedy_ids(d, "cpu", [prompts[1][:20]])[0][0]]
+
+
 def test_kv_cache_sized_by_profiling(tiny_model_dir):
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams

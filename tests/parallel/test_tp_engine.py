@@ -142,15 +142,14 @@ def test_overlap_without_force_falls_back_on_cpu(tiny_model_dir, monkeypatch):
 
 
 def test_split_metadata_cuts_a_straddling_prefill():
-    pos = list(range(12))
-    meta = AttentionMetadata.build(pos, [p + 100 for p in pos], [
+    meta = AttentionMetadata.build([
         SeqSpan(0, 1, 5, (1,)), SeqSpan(1, 1, 9, (2,)), SeqSpan(2, 3, 3, (3,)), SeqSpan(5, 7, 20, (4, 5))],
-        torch.device("cpu"))
+        16, torch.device("cpu"))
     a, b = meta.split(7)
     assert a.num_decode_tokens == 2 and b.num_decode_tokens == 0 and b.decode_block_tables is None
     assert [(s.query_start, s.query_len, s.context_len) for s in a.prefills] == [(2, 3, 3), (5, 2, 15)]
     assert [(s.query_start, s.query_len, s.context_len) for s in b.prefills] == [(0, 5, 20)]
-    assert a.positions.tolist() == list(range(7)) and b.slot_mapping.tolist() == list(range(107, 112))
+    assert a.positions.tolist() == [4, 8, 0, 1, 2, 13, 14] and b.slot_mapping.tolist() == [79, 80, 81, 82, 83]
     a, b = meta.split(1)  # a cut inside the decodes
     assert a.num_decode_tokens == 1 and b.num_decode_tokens == 1
     assert b.decode_context_lens.tolist() == [9]

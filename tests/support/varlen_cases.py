@@ -61,3 +61,31 @@ def run_case(rng, nh, nkv, hd, seqs, dtype, target=None, device="cpu", block_siz
     err = (out.float() - ref).abs().max().item()
     assert err <= BOUNDS[dtype], (nh, nkv, hd, seqs, dtype, err)
     return err
+
+
+def step_layout(rng: random.Random, seqs: list[tuple[int, int]], block_size: int, device="cpu"):
+    """A step's int32 metadata for ops.token_positions_and_slots (query starts, context lengths, a block table of
+    scrambled blocks, wider than needed) and the positions and slots it must give, worked out token by token."""
+    ctxs = [q + p for q, p in seqs]
+    blocks = list(range(sum(-(-c // block_size) for c in ctxs) + 3))
+    rng.shuffle(blocks)
+    width = max(-(-c // block_size) for c in ctxs) + 2
+    tables, positions, slots, i = [], [], [], 0
+    for (q, p), c in zip(seqs, ctxs):
+        nb = -(-c // block_size)
+        row = blocks[i:i + nb]
+        i += nb
+        tables.append(row + [rng.randrange(1000, 2000) for _ in range(width - nb)])  # junk past the context
+        for pos in range(p, c):
+            positions.append(pos)
+            slots.append(row[pos // block_size] * block_size + pos % block_size)
+    qsl = torch.tensor([0, *itertools.accumulate(q for q, _ in seqs)], dtype=torch.int32, device=device)
+    sl = torch.tensor(ctxs, dtype=torch.int32, device=device)
+    bt = torch.tensor(tables, dtype=torch.int32, device=device)
+    return (qsl, sl, bt), (positions, slots)
+
+
+STEP_LAYOUTS = [  # (query_len, prefix_len) per sequence: decodes, fresh prompts, chunks on cached prefixes
+    [(1, 0)], [(1, 37)], [(5, 0)], [(1, 3), (1, 16), (1, 100), (17, 0), (300, 45)], [(4096, 0)],
+    [(1, 15), (33, 16), (2, 4095), (64, 64)], [(512, 0)] * 9,
+]

@@ -27,7 +27,7 @@ def test_capture_sizes():
 
 
 def test_bucket():
-    g = DecodeGraphs(lambda ids, meta: ids, torch.device("cpu"), [1, 2, 4, 8], 4, 8, capture=False)
+    g = DecodeGraphs(lambda ids, meta: ids, torch.device("cpu"), [1, 2, 4, 8], 4, 16, 8, capture=False)
     assert [g.bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 0)] == [1, 2, 4, 4, 8, 8, None, None]
 
 

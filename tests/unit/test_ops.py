@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import subprocess
 import sys
 import zlib
@@ -20,6 +21,7 @@ import torch
 from engine import ops
 from engine.ops import native
 from engine.ops import reference as ref
+from tests.support.varlen_cases import STEP_LAYOUTS, step_layout
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -268,6 +270,27 @@ def test_reshape_and_cache_non_contiguous_heads():
     keep = slots >= 0
     assert torch.equal(kc.view(-1, nkv, hd)[slots[keep]], key[keep])
     assert torch.equal(vc.view(-1, nkv, hd)[slots[keep]], value[keep])
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_token_positions_and_slots(block_size):
+    rng = random.Random(block_size)
+    for seqs in STEP_LAYOUTS:
+        (qsl, sl, bt), (positions, slots) = step_layout(rng, seqs, block_size)
+        T, longest = len(positions), max(q for q, _ in seqs)
+        got = ops.token_positions_and_slots(qsl, sl, bt, block_size, T, longest)
+        assert [t.tolist() for t in got] == [positions, slots]
+        assert [t.tolist() for t in ref.token_positions_and_slots(qsl, sl, bt, block_size)] == [positions, slots]
+
+
+def test_token_positions_and_slots_rejects_a_context_past_its_table():
+    (qsl, sl, bt), (positions, _) = step_layout(random.Random(0), [(3, 40)], 16)
+    with pytest.raises(ValueError, match="past its block table"):
+        ops.token_positions_and_slots(qsl, sl, bt[:, :2], 16, len(positions), 3)
+    with pytest.raises(ValueError, match="more query tokens than context"):
+        ops.token_positions_and_slots(qsl, sl - 41, bt, 16, len(positions), 3)
+    with pytest.raises(ValueError, match="int32"):
+        ops.token_positions_and_slots(qsl.long(), sl, bt, 16, len(positions), 3)
 
 
 # ---------------------------------------------------------------------------------------------------
