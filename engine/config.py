@@ -136,8 +136,8 @@ class EngineConfig:
     comm_strategy: str = _opt("All-reduce strategy for tensor parallelism", default="auto",
                               choices=list(COMM_STRATEGIES))
     num_threads: int | None = _opt("CPU threads (default: physical cores)")
-    enforce_eager: bool = _opt("Run every step eagerly: no CUDA graphs for decode steps (a faster start, slower "
-                               "decode; GPU)", default=False)
+    enforce_eager: bool = _opt("Run every step eagerly: no CUDA graphs for decode steps on a GPU (a faster "
+                               "start, slower decode), no recorded decode tapes on the CPU", default=False)
     seed: int = _opt("Seed of the default random generator", default=0)
     pooling: str = _opt("How /v1/embeddings pools the final hidden states of a model without a "
                         "sentence-transformers pooling configuration: the last token or the mean of all tokens "

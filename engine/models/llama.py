@@ -105,8 +105,11 @@ class LlamaForCausalLM(torch.nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Returns the final hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
-        if self.tp.overlaps(input_ids.shape[0]):  # TP, comm strategy overlap: two micro-batches
+        return self.hidden_states(self.embed_tokens(input_ids), meta)
+
+    def hidden_states(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The decoder layers and the final norm over token embeddings x [T, hidden]."""
+        if self.tp.overlaps(x.shape[0]):  # TP, comm strategy overlap: two micro-batches
             return overlap.overlapped_layers(self.layers, self.norm, x, meta, self.tp.comm)
         residual = None
         for layer in self.layers:

@@ -157,6 +157,12 @@ class DecodeGraphs:
         b = self.bucket(n)
         if b is None:
             return None
+        self._stage(token_ids, seqs, b)
+        return self._forward_bucket(n, b)
+
+    def _stage(self, token_ids: Sequence[int], seqs: Sequence[SeqSpan], b: int) -> None:
+        """The step's inputs into the static buffers of bucket b (padding rows past the live ones)."""
+        n = len(token_ids)
         if self._staged is not None:
             self._staged.synchronize()  # the previous step's upload has left the staging buffers
         L, I = self._longs_np, self._ints_np
@@ -180,6 +186,8 @@ class DecodeGraphs:
             if self._staged is None:
                 self._staged = torch.cuda.Event()
             self._staged.record()
+
+    def _forward_bucket(self, n: int, b: int) -> torch.Tensor:
         graph = self.graphs.get(b)
         if graph is None:  # capture=False: the same padded forward, eagerly
             ids, meta = self._inputs(b)

@@ -19,6 +19,7 @@ from engine.models.registry import model_class
 from engine.ops.transfer import to_device
 from engine.outputs import TokenLogprobs
 from engine.parallel.context import SINGLE, TPContext
+from engine.runner.cpu_tape import DecodeTapes
 from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes, reserve_bytes
 from engine.runner.device import default_block_size, physical_cores, resolve_device, resolve_dtype
 from engine.runner.step import ScheduledStep, SequenceState
@@ -47,6 +48,7 @@ class PoolSpan:
     start: int
 
 CPU_DEFAULT_KV_GIB = 2.0
+CPU_TAPE_MAX = 16  # decode tapes for batches of up to 16 (larger ones: Python is a small share of their step)
 ACTIVATION_MARGIN_BYTES = 256 << 20  # allocator fragmentation, cuBLAS workspaces
 
 
@@ -85,10 +87,14 @@ class ModelRunner:
                                    "--quantization none")
             n, total = self.model.quantize_int8()
             log.info("int8 weights: %d of %d linear layers (the others have K not a multiple of 32)", n, total)
-        # decode CUDA graphs: one GPU, not --enforce-eager (tensor parallelism waits for capturable all-reduces)
-        self.graph_sizes = (capture_sizes(config.max_num_seqs)
-                            if self.device.type == "cuda" and tp.size == 1 and not config.enforce_eager else [])
+        # decode CUDA graphs: one GPU, not --enforce-eager (tensor parallelism waits for capturable all-reduces);
+        # on the CPU, decode tapes of the native calls (engine/runner/cpu_tape.py), recorded by each bucket's first step
+        replays = tp.size == 1 and not config.enforce_eager
+        self.graph_sizes = capture_sizes(config.max_num_seqs) if self.device.type == "cuda" and replays else []
         self.graphs: DecodeGraphs | None = None
+        self.tapes: DecodeTapes | None = None
+        if self.device.type == "cpu" and replays and ops.native_available():
+            self.tapes = self._decode_tapes(capture_sizes(config.max_num_seqs, CPU_TAPE_MAX))
         if not defer_kv:  # TP: the executor decides the number of blocks for all ranks (allocate_kv)
             self.num_blocks = self.num_kv_blocks_that_fit()
             self._allocate_kv_cache()
@@ -159,6 +165,16 @@ class ModelRunner:
     def _decode_forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model.compute_logits(self.model(input_ids, meta)).float()
 
+    def _decode_tapes(self, sizes: list[int], capture: bool = True) -> DecodeTapes:
+        width = -(-self.max_model_len // self.block_size)
+        kv_heads = self.model.layers[0].self_attn.attn.num_kv_heads
+        tapes = DecodeTapes(self.model.embed_tokens,
+                            lambda x, meta: self.model.compute_logits(self.model.hidden_states(x, meta)),
+                            sizes, width, self.block_size, kv_heads, self.model_config.hidden_size, self.dtype,
+                            capture=capture)
+        tapes.capture()
+        return tapes
+
     @torch.inference_mode()
     def profile_activation_peak(self) -> int:
         """Bytes above the weights that the largest step allocates at its peak: one forward of
@@ -190,6 +206,8 @@ class ModelRunner:
         self._allocate_kv_cache()
 
     def _allocate_kv_cache(self) -> None:
+        if self.tapes is not None:
+            self.tapes.reset()  # their recorded pointers are the old cache's
         attn0 = self.model.layers[0].self_attn.attn
         shape = (self.num_blocks, self.block_size, attn0.num_kv_heads, attn0.head_dim)
         for attn in self.model.attention_layers():
@@ -256,7 +274,8 @@ class ModelRunner:
 
     def _run(self, inp: StepInputs, on_hidden: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor | None:
         ops.set_batch_invariant(self.deterministic)  # process-wide: another engine here may differ
-        if self.graphs is not None and inp.logit_rows and on_hidden is None and len(inp.seqs) == len(inp.token_ids):
+        if ((self.graphs is not None or self.tapes is not None) and inp.logit_rows and on_hidden is None
+                and len(inp.seqs) == len(inp.token_ids)):
             logits = self._run_graph(inp)
             if logits is not None:
                 return logits
@@ -276,7 +295,7 @@ class ModelRunner:
         seqs = inp.seqs
         if any(s.query_len != 1 for s in seqs):
             return None
-        logits = self.graphs.run(inp.token_ids, seqs)
+        logits = (self.graphs if self.graphs is not None else self.tapes).run(inp.token_ids, seqs)
         if logits is None or len(inp.logit_rows) == len(seqs):
             return logits
         return logits[inp.logit_rows]  # a one-token prefill chunk short of its prompt's end samples nothing
