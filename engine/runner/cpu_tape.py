@@ -10,9 +10,9 @@ arguments); later steps replay the recorded calls in order, one Python loop of ~
 wrappers, checks or allocations: the CPU's counterpart of a CUDA graph.
 
 A recording is only valid if the layers did nothing but native calls, views and allocations: every other torch
-operation (a copy, an arithmetic op, torch's own GEMM on the AMX route) would not be replayed. A dispatch mode watches
-the recording: any such operation refuses the tape (that bucket stays eager, with a debug log line), and every tensor
-allocated during the recording is kept alive with the tape, so that the recorded pointers stay valid.
+operation (a copy, an arithmetic op, torch's own GEMM on the AMX route) would not be replayed. A torch function mode
+watches the recording: any such operation refuses the tape (that bucket stays eager, with a log line), and every
+tensor made during the recording is kept alive with the tape, so that the recorded pointers stay valid.
 
 The embedding lookup runs eagerly into a static buffer before the replay, and the float32 logits are converted
 after it; both are one torch call each. The recorded pointers include the KV cache and the weights: the runner
@@ -28,15 +28,13 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from engine.runner.cuda_graphs import DecodeGraphs
 
 log = logging.getLogger(__name__)
 
-aten = torch.ops.aten
-_ALLOCATIONS = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
-                aten.new_empty.default, aten.new_empty_strided.default}
+_ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
 
 class NotRecordable(RuntimeError):
@@ -53,31 +51,32 @@ def _tensors(tree) -> list[torch.Tensor]:
     return []
 
 
-def _is_view(func, args, kwargs, out) -> bool:
-    """A view: the schema says every output aliases an input without writing it, and each output's storage is in
-    fact an input's (aten.reshape, for one, may alias and copies when the strides do not allow a view)."""
-    returns = func._schema.returns
-    if not returns or not all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
-        return False
-    storages = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
-    return all(t.untyped_storage().data_ptr() in storages for t in _tensors(out))
-
-
-class _Watch(TorchDispatchMode):
-    """Keeps every tensor made during the recording, and notes the first operation that is neither a view nor an
-    allocation."""
+class _Watch(TorchFunctionMode):
+    """Sees every torch function the recorded forward calls (a function mode: a dispatch mode would import ~900
+    modules, 145 MiB, on first use); keeps every tensor they make, and notes the first call that a replay would
+    miss: one that writes into a tensor (an in-place method, item assignment, ``out=``) or returns a tensor with
+    storage of its own other than an allocation (arithmetic, a copy, a ``reshape`` whose strides allow no view)."""
 
     def __init__(self):
         super().__init__()
         self.keep: list = []
         self.refused: str | None = None
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.refused is None and func not in _ALLOCATIONS and not _is_view(func, args, kwargs, out):
-            self.refused = str(func)
-        self.keep.append(out)
+        if self.refused is None:
+            name = getattr(func, "__name__", str(func))
+            made = _tensors(out)
+            if (name.endswith("_") and not name.endswith("__")) or name.startswith("__i") or name == "__setitem__" \
+                    or "out" in kwargs:
+                self.refused = name
+            elif made and name not in _ALLOCATIONS:
+                storages = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
+                if any(t.untyped_storage().data_ptr() not in storages for t in made):
+                    self.refused = name
+            if made:
+                self.keep.append(out)
         return out
 
 
