@@ -39,7 +39,7 @@ LABELS = {
     "enable_prefix_caching": "Prefix caching", "tensor_parallel_size": "Tensor-parallel size",
     "comm_strategy": "Communication strategy", "block_size": "KV block size", "num_kv_blocks": "KV blocks",
     "max_num_seqs": "Max concurrent requests", "max_num_batched_tokens": "Token budget per step",
-    "num_threads": "CPU threads", "seed": "Seed", "enforce_eager": "Eager decode (no CUDA graphs / CPU tapes)",
+    "num_threads": "CPU threads", "seed": "Seed", "enforce_eager": "No decode graphs or tapes",
 }
 CHOICE_LABELS = {
     "comm_strategy": {"auto": "Auto (measured at start-up)", "nccl": "NCCL", "int8": "Int8-quantized all-reduce",
