@@ -149,9 +149,9 @@ def record(forward: Callable[[], torch.Tensor]) -> Tape:
 class DecodeTapes(DecodeGraphs):
     """DecodeGraphs' buckets and static input buffers on the CPU, each bucket's forward recorded as a Tape on its
     first step (lazily: a chat at batch 1 records one tape; the recording step runs the forward for real) and
-    replayed by the later ones. ``embed(ids)`` is the token-embedding lookup, ``body(x, meta)`` the decoder layers, final norm
-    and LM head over embeddings x (logits in the model's dtype). capture=False runs every bucket eagerly (the
-    reference the tests compare replays with)."""
+    replayed by the later ones. ``embed(ids)`` is the token-embedding lookup, ``body(x, meta)`` the decoder layers,
+    final norm and LM head over embeddings x (logits in the model's dtype). capture=False runs every bucket eagerly
+    (the reference the tests compare replays with)."""
 
     def __init__(self, embed: Callable, body: Callable, sizes, max_blocks_per_seq: int, block_size: int,
                  num_kv_heads: int, hidden_size: int, dtype: torch.dtype, capture: bool = True):

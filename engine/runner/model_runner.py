@@ -156,22 +156,21 @@ class ModelRunner:
         """Capture the decode graphs (engine/runner/cuda_graphs.py) over the allocated KV cache; start-up's last
         step, timed and reported. ``capture=False`` sets up the same bucketed path to run eagerly (tests)."""
         sizes = self.graph_sizes or capture_sizes(self.config.max_num_seqs)
-        width = -(-self.max_model_len // self.block_size)
-        kv_heads = self.model.layers[0].self_attn.attn.num_kv_heads
-        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, width, self.block_size, kv_heads,
-                                   capture=capture)
+        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, *self._decode_table(), capture=capture)
         self.graphs.capture(lambda what: progress.report("capturing", what))
 
     def _decode_forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model.compute_logits(self.model(input_ids, meta)).float()
 
+    def _decode_table(self) -> tuple[int, int, int]:
+        """The static decode buffers' block-table width (the longest context's blocks), block size and KV heads."""
+        return (-(-self.max_model_len // self.block_size), self.block_size,
+                self.model.layers[0].self_attn.attn.num_kv_heads)
+
     def _decode_tapes(self, sizes: list[int], capture: bool = True) -> DecodeTapes:
-        width = -(-self.max_model_len // self.block_size)
-        kv_heads = self.model.layers[0].self_attn.attn.num_kv_heads
         tapes = DecodeTapes(self.model.embed_tokens,
                             lambda x, meta: self.model.compute_logits(self.model.hidden_states(x, meta)),
-                            sizes, width, self.block_size, kv_heads, self.model_config.hidden_size, self.dtype,
-                            capture=capture)
+                            sizes, *self._decode_table(), self.model_config.hidden_size, self.dtype, capture=capture)
         tapes.capture()
         return tapes
 
@@ -298,7 +297,8 @@ class ModelRunner:
         logits = (self.graphs if self.graphs is not None else self.tapes).run(inp.token_ids, seqs)
         if logits is None or len(inp.logit_rows) == len(seqs):
             return logits
-        return logits[inp.logit_rows]  # a one-token prefill chunk short of its prompt's end samples nothing
+        # a one-token prefill chunk short of its prompt's end samples nothing
+        return select_rows(logits, inp.logit_rows)
 
     def execute(self, sched: ScheduledStep, while_running: Callable[[], None] | None = None
                 ) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],
