@@ -109,6 +109,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_silu_and_mul", &kestrel::cuda::silu_and_mul, release());
   m.def("cuda_rotary_embedding", &kestrel::cuda::rotary_embedding, release());
   m.def("cuda_reshape_and_cache", &kestrel::cuda::reshape_and_cache, release());
+  m.def("cuda_rotary_and_cache", &kestrel::cuda::rotary_and_cache, release());
   m.def("cuda_token_positions_and_slots", &kestrel::cuda::token_positions_and_slots, release());
   m.def("cuda_paged_decode_attention_workspace", &kestrel::cuda::paged_decode_attention_workspace);
   m.def("cuda_paged_decode_attention", &kestrel::cuda::paged_decode_attention, release());

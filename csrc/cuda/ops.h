@@ -24,6 +24,12 @@ void rotary_embedding(int dtype, uintptr_t positions, uintptr_t q, int64_t q_str
 void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uintptr_t value, int64_t v_s0,
                        int64_t v_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T,
                        int64_t num_kv_heads, int64_t head_size, int device, uintptr_t stream);
+// rotary_embedding on q and k, then reshape_and_cache of k and v (rows of T tokens, nkv heads of head_size with
+// strides k_stride / v_stride per token), as one kernel where the vectorised path applies.
+void rotary_and_cache(int dtype, uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
+                      uintptr_t v, int64_t v_stride, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping,
+                      int64_t T, int64_t num_heads, int64_t num_kv_heads, int64_t head_size, uintptr_t cos_sin_cache,
+                      int64_t rot_dim, bool is_neox, int device, uintptr_t stream);
 // As kestrel::cpu::token_positions_and_slots (cpu/ops.h), without its checks; max_query_len bounds the grid.
 void token_positions_and_slots(uintptr_t query_start, uintptr_t context_lens, uintptr_t block_tables,
                                int64_t bt_stride, int64_t S, int64_t max_query_len, int64_t block_size,

@@ -1,4 +1,4 @@
-// Rotary embedding (in place), KV-cache write and the step's token positions and cache slots on CUDA.
+// Rotary embedding (in place), KV-cache write, both fused, and the step's token positions and cache slots on CUDA.
 #include "common.cuh"
 #include "ops.h"
 
@@ -110,6 +110,77 @@ __global__ void reshape_and_cache_vec_kernel(const T* __restrict__ key, int64_t 
   }
 }
 
+// Rotary embedding of q and k (in place) and the cache write of k and v in one kernel (decode steps run one layer's
+// rope and cache write as one launch instead of two). One block per token; the 16-byte packs of rotary_vec_kernel;
+// each rotated pack of k also goes to the cache, then v (and k's dims past rot_dim) are copied there. A negative
+// slot rotates and writes nothing to the cache.
+template <class T>
+__global__ void rotary_and_cache_vec_kernel(const int64_t* __restrict__ positions, T* __restrict__ q, int64_t qs,
+                                            T* __restrict__ k, int64_t ks, const T* __restrict__ v, int64_t vs,
+                                            T* __restrict__ kc, T* __restrict__ vc,
+                                            const int64_t* __restrict__ slots, int nh, int nkv, int hd, int rot,
+                                            const float* __restrict__ cache, bool neox) {
+  constexpr int V = Pack<T>::N;
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  const int half = rot / 2;
+  const float* c = cache + positions[t] * rot;
+  const float* s = c + half;
+  T* kd = kc + slot * nkv * hd;  // used only when slot >= 0
+  const int per_head = neox ? half / V : rot / V;
+  const int n = (nh + nkv) * per_head;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const int h = j / per_head, e0 = (j % per_head) * V;
+    const bool is_k = h >= nh;
+    T* x = is_k ? k + t * ks + int64_t(h - nh) * hd : q + t * qs + int64_t(h) * hd;
+    T* dst = is_k && slot >= 0 ? kd + int64_t(h - nh) * hd : nullptr;
+    if (neox) {
+      auto* p1 = reinterpret_cast<Pack<T>*>(x + e0);
+      auto* p2 = reinterpret_cast<Pack<T>*>(x + e0 + half);
+      const Pack<T> a = *p1, b = *p2;
+      Pack<T> oa, ob;
+#pragma unroll
+      for (int u = 0; u < V; ++u) {
+        const float fa = ld(&a.v[u]), fb = ld(&b.v[u]), cv = c[e0 + u], sv = s[e0 + u];
+        oa.v[u] = from_f<T>(fa * cv - fb * sv);
+        ob.v[u] = from_f<T>(fb * cv + fa * sv);
+      }
+      *p1 = oa;
+      *p2 = ob;
+      if (dst) {
+        *reinterpret_cast<Pack<T>*>(dst + e0) = oa;
+        *reinterpret_cast<Pack<T>*>(dst + e0 + half) = ob;
+      }
+    } else {
+      auto* p = reinterpret_cast<Pack<T>*>(x + e0);
+      const Pack<T> a = *p;
+      Pack<T> o;
+#pragma unroll
+      for (int u = 0; u < V / 2; ++u) {
+        const int i = e0 / 2 + u;
+        const float fa = ld(&a.v[2 * u]), fb = ld(&a.v[2 * u + 1]), cv = c[i], sv = s[i];
+        o.v[2 * u] = from_f<T>(fa * cv - fb * sv);
+        o.v[2 * u + 1] = from_f<T>(fb * cv + fa * sv);
+      }
+      *p = o;
+      if (dst) *reinterpret_cast<Pack<T>*>(dst + e0) = o;
+    }
+  }
+  if (slot < 0) return;
+  const int per_v = hd / V, tail = (hd - rot) / V;  // v's packs; k's packs past rot_dim
+  for (int j = threadIdx.x; j < nkv * (per_v + tail); j += blockDim.x) {
+    if (j < nkv * per_v) {
+      const int h = j / per_v, d = (j % per_v) * V;
+      *reinterpret_cast<Pack<T>*>(vc + slot * nkv * hd + int64_t(h) * hd + d) =
+          *reinterpret_cast<const Pack<T>*>(v + t * vs + int64_t(h) * hd + d);
+    } else {
+      const int i = j - nkv * per_v, h = i / tail, d = rot + (i % tail) * V;
+      *reinterpret_cast<Pack<T>*>(kd + int64_t(h) * hd + d) =
+          *reinterpret_cast<const Pack<T>*>(k + t * ks + int64_t(h) * hd + d);
+    }
+  }
+}
+
 // Grid (sequences, chunks of the longest query): thread i of chunk c handles the sequence's query token
 // c * blockDim + i and the ones a grid's width of chunks further.
 __global__ void token_positions_and_slots_kernel(const int32_t* __restrict__ query_start,
@@ -195,6 +266,30 @@ void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_
                                     vs0, vs1, reinterpret_cast<T*>(k_cache), reinterpret_cast<T*>(v_cache),
                                     reinterpret_cast<const int64_t*>(slot_mapping), int(nkv), int(hd)));
   check_launch("reshape_and_cache");
+}
+
+void rotary_and_cache(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uintptr_t k, int64_t ks, uintptr_t v,
+                      int64_t vs, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T_,
+                      int64_t nh, int64_t nkv, int64_t hd, uintptr_t cache, int64_t rot, bool neox, int device,
+                      uintptr_t stream) {
+  if (T_ <= 0) return;
+  const int64_t vec = dt == 0 ? 4 : 8;
+  if (T_ > 0x7fffffff || rot % (2 * vec) || !vec_ok(dt, hd, {q, k, v, k_cache, v_cache}, {qs, ks, vs})) {
+    rotary_embedding(dt, positions, q, qs, k, ks, T_, nh, nkv, hd, cache, rot, neox, device, stream);
+    reshape_and_cache(dt, k, ks, hd, v, vs, hd, k_cache, v_cache, slot_mapping, T_, nkv, hd, device, stream);
+    return;
+  }
+  use_device(device);
+  const int64_t packs = (nh + nkv) * (rot / vec) / (neox ? 2 : 1);
+  const int threads = packs >= 256 ? 256 : int((packs + 31) / 32 * 32);
+  KESTREL_CUDA_DTYPE_SWITCH(dt, rotary_and_cache_vec_kernel<T><<<unsigned(T_), threads, 0,
+                                                                 reinterpret_cast<cudaStream_t>(stream)>>>(
+                                    reinterpret_cast<const int64_t*>(positions), reinterpret_cast<T*>(q), qs,
+                                    reinterpret_cast<T*>(k), ks, reinterpret_cast<const T*>(v), vs,
+                                    reinterpret_cast<T*>(k_cache), reinterpret_cast<T*>(v_cache),
+                                    reinterpret_cast<const int64_t*>(slot_mapping), int(nh), int(nkv), int(hd),
+                                    int(rot), reinterpret_cast<const float*>(cache), neox));
+  check_launch("rotary_and_cache");
 }
 
 }  // namespace kestrel::cuda

@@ -80,8 +80,8 @@ def measure_skinny(cfg, rows_list=(1, 8, 16), dtype=torch.bfloat16) -> dict:
 
 def decode_breakdown(core, rng, batch: int, prompt: int = 512, steps: int = 16) -> dict:
     """One batch's decode step: the whole step (median, graphs as configured), the graph replay alone on the GPU
-    (its bucket, the inputs of the last step), the host's share (their difference: the step does not overlap them
-    yet), and the same step eager (graphs set aside)."""
+    (its bucket, the inputs of the last step) and its kernels by group (profile_replay), the host's share (their
+    difference: the step does not overlap them yet), and the same step eager (graphs set aside)."""
     runner = core.runner
     out: dict = {}
     step = statistics.median(decode_step_times(core, batch, prompt, steps, rng).step_seconds)
@@ -91,10 +91,113 @@ def decode_breakdown(core, rng, batch: int, prompt: int = 512, steps: int = 16) 
     if bucket is not None and bucket in graphs.graphs:
         gpu = cuda_time(graphs.graphs[bucket].replay, 20, warmups=2)
         out.update(bucket=bucket, replay_gpu_ms=gpu * 1e3, host_ms=(step - gpu) * 1e3)
+        out["replay_profile"] = profile_replay(graphs.graphs[bucket])
     runner.graphs = None
     try:
         eager = statistics.median(decode_step_times(core, batch, prompt, steps, rng).step_seconds)
     finally:
         runner.graphs = graphs
     out["eager_step_ms"] = eager * 1e3
+    return out
+
+
+KERNEL_GROUPS = (  # (group, substrings of the kernel names it takes), first match wins
+    ("gemv (Triton)", ("gemv_kernel",)),
+    ("GEMM (cuBLAS)", ("nvjet", "gemm", "cutlass", "xmma", "gemv")),
+    ("decode attention", ("paged_decode", "decode_attention", "merge")),
+    ("rope + cache write", ("rotary", "cache")),
+    ("norm", ("rms_norm",)),
+    ("silu_and_mul", ("silu",)),
+)
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    for group, keys in KERNEL_GROUPS:
+        if any(k in low for k in keys):
+            return group
+    return "other"
+
+
+def profile_replay(graph, replays: int = 5) -> dict:
+    """Where a graph replay's GPU time goes (torch.profiler; the kernels of a replay are reported one by one): per
+    replay, the time from its first kernel's start to its last kernel's end, the kernels' summed time by group and
+    by name (top 12), their count, and the gaps between consecutive kernels (launch latency and the ramps that a
+    graph of small dependent kernels pays at every edge)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+            torch.cuda.synchronize()
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if getattr(e, "device_type", None) == DeviceType.CUDA)
+    if not kernels:
+        return {"error": "the profiler saw no kernels of the replays"}
+    # replays are separated by a host synchronisation: split at gaps much longer than any inside a replay
+    runs, cur = [], [kernels[0]]
+    for k in kernels[1:]:
+        if k[0] - cur[-1][1] > 200:  # microseconds
+            runs.append(cur)
+            cur = []
+        cur.append(k)
+    runs.append(cur)
+    n = len(runs)
+    span = sum(r[-1][1] - r[0][0] for r in runs) / n
+    busy = sum(e - s for s, e, _ in kernels) / n
+    by_group: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for s, e, name in kernels:
+        by_group[kernel_group(name)] = by_group.get(kernel_group(name), 0.0) + (e - s) / n
+        by_name[name[:80]] = by_name.get(name[:80], 0.0) + (e - s) / n
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {"replays": n, "span_us": round(span, 1), "kernels_us": round(busy, 1),
+            "gaps_us": round(span - busy, 1), "kernels_per_replay": round(len(kernels) / n, 1),
+            "by_group_us": {k: round(v, 1) for k, v in sorted(by_group.items(), key=lambda kv: -kv[1])},
+            "top_kernels_us": {k: round(v, 1) for k, v in top}}
+
+
+DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py)
+    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_DECODE_FUSION": "off", "KESTREL_PDL": "off"},
+    "gemv": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_DECODE_FUSION": "off", "KESTREL_PDL": "off"},
+    "gemv+fused": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_DECODE_FUSION": "auto", "KESTREL_PDL": "off"},
+    "gemv+fused+pdl": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_DECODE_FUSION": "auto", "KESTREL_PDL": "auto"},
+}
+
+
+def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, variants=None) -> dict:
+    """TPOT and the graph replay's GPU time at each batch size with the decode graphs captured again under each
+    variant's settings (the GEMV against cuBLAS, the fused norms and activation, programmatic dependent launch),
+    side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
+    import os
+
+    runner = core.runner
+    if runner.graphs is None:
+        return {}
+    saved = {k: os.environ.get(k) for v in DECODE_VARIANTS.values() for k in v}
+    out: dict = {}
+    try:
+        for name, env in (variants or DECODE_VARIANTS).items():
+            os.environ.update(env)
+            runner.graphs = None
+            torch.cuda.empty_cache()
+            runner.capture_decode_graphs()
+            res = out[name] = {}
+            for b in batches:
+                step = statistics.median(decode_step_times(core, b, prompt, steps, rng).step_seconds)
+                bucket = runner.graphs.bucket(b)
+                gpu = cuda_time(runner.graphs.graphs[bucket].replay, 20, warmups=2)
+                res[str(b)] = {"tpot_ms": round(step * 1e3, 3), "replay_gpu_ms": round(gpu * 1e3, 3)}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        runner.graphs = None
+        torch.cuda.empty_cache()
+        runner.capture_decode_graphs()
     return out

@@ -232,12 +232,25 @@ def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) 
     for _ in range(n):
         core.add_request(f"x{time.monotonic_ns()}", None, params, prompt_token_ids=random_ids(rng, prompt, vocab))
     steps = 0
+    kinds = {"decode": [0, 0.0, 0], "mixed": [0, 0.0, 0]}  # steps, seconds, decode rows
+    last = core.recent_steps[-1] if core.recent_steps else None
     while core.has_unfinished():
         core.step()
         steps += 1
+        st = core.recent_steps[-1] if core.recent_steps else None
+        if st is not None and st is not last:  # a step that ran (an empty one records nothing)
+            last = st
+            k = kinds["mixed" if st.num_prefill_tokens else "decode"]
+            k[0] += 1
+            k[1] += st.duration
+            k[2] += st.num_decode_tokens
     dt = time.perf_counter() - t0
     return {"seconds": dt, "output_tok_s": n * output / dt, "total_tok_s": n * (prompt + output) / dt,
-            "steps": steps, "preemptions": core.scheduler.num_preemptions}
+            "steps": steps, "preemptions": core.scheduler.num_preemptions,
+            # where the time went: steps with a prefill chunk (and the decodes beside it) against decode-only steps
+            "by_step_kind": {name: {"steps": c, "seconds": round(sec, 3), "mean_ms": round(1e3 * sec / max(1, c), 2),
+                                    "mean_decode_batch": round(rows / max(1, c), 1)}
+                             for name, (c, sec, rows) in kinds.items()}}
 
 
 def gpu_idle(prof, wall_start_us: float | None = None) -> dict:
@@ -550,6 +563,20 @@ def run(args) -> dict:
                 print(f"decode batch {b}: step {d['step_ms']:.2f} ms, graph replay on the GPU "
                       f"{d.get('replay_gpu_ms', float('nan')):.2f} ms, host {d.get('host_ms', float('nan')):.2f} ms; "
                       f"eager step {d['eager_step_ms']:.2f} ms", flush=True)
+                prof = d.get("replay_profile", {})
+                if "span_us" in prof:
+                    print(f"  replay b{b}: {prof['span_us']:.0f} us first to last kernel, {prof['kernels_per_replay']:.0f} "
+                          f"kernels, gaps {prof['gaps_us']:.0f} us; " + ", ".join(
+                              f"{g} {us:.0f}" for g, us in prof["by_group_us"].items()), flush=True)
+            if "variants" not in args.skip:
+                from engine.bench.decode import decode_variants
+
+                k["decode_variants"] = decode_variants(core, rng, args.batch)
+                save()
+                for name, res in k["decode_variants"].items():
+                    print(f"decode variant {name}: " + ", ".join(
+                        f"b{b} TPOT {r['tpot_ms']:.2f} ms (replay {r['replay_gpu_ms']:.2f})" for b, r in res.items()),
+                        flush=True)
             if "profile" not in args.skip:
                 k["profile"] = profile_cases(core, rng, vocab, trace_dir=args.trace_dir)
                 k["linear_rates_8192"] = linear_rates(cfg)
@@ -559,7 +586,9 @@ def run(args) -> dict:
             if args.throughput_requests:
                 k["throughput"] = kestrel_throughput(core, rng, vocab, args.throughput_requests, 512, 256)
                 save()
-                print(f"Kestrel throughput: {k['throughput']['output_tok_s']:.0f} output tok/s", flush=True)
+                print(f"Kestrel throughput: {k['throughput']['output_tok_s']:.0f} output tok/s; " + ", ".join(
+                    f"{name} steps {v['steps']} x {v['mean_ms']:.1f} ms (decode batch {v['mean_decode_batch']:.0f})"
+                    for name, v in k["throughput"]["by_step_kind"].items()), flush=True)
         finally:
             core.shutdown()
             del core
@@ -630,7 +659,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=32768)
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip", nargs="*", default=[], choices=["kernels", "skinny", "kestrel", "hf", "profile"])
+    p.add_argument("--skip", nargs="*", default=[],
+                   choices=["kernels", "skinny", "kestrel", "hf", "profile", "variants"])
     p.add_argument("--trace-dir", default=None, help="write a Chrome trace of each profiled case there")
 
 

@@ -22,12 +22,16 @@ Backends, per step:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from engine import envs, ops
 from engine.ops.transfer import to_device
+
+if TYPE_CHECKING:
+    from engine.layers.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -158,12 +162,17 @@ class Attention(torch.nn.Module):
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, n_kv, head_dim], bound by the runner
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q [T, nh*hd], k and v [T, nkv*hd] (row-strided views are fine); returns [T, nh*hd]."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
+                rotary: RotaryEmbedding | None = None) -> torch.Tensor:
+        """q [T, nh*hd], k and v [T, nkv*hd] (row-strided views are fine); returns [T, nh*hd]. With ``rotary``,
+        q and k are rotated (in place) at the step's positions first, together with the cache write."""
         T = q.shape[0]
         hd = self.head_dim
-        ops.reshape_and_cache(k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
-                              self.k_cache, self.v_cache, meta.slot_mapping)
+        if rotary is not None:
+            rotary.with_cache(meta.positions, q, k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        else:
+            ops.reshape_and_cache(k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
+                                  self.k_cache, self.v_cache, meta.slot_mapping)
         q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
         if nd < T and _use_varlen(q, meta):

@@ -45,3 +45,9 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
         ops.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, True)
+
+    def with_cache(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """forward(positions, q, k), then k and v written into the caches at slot_mapping (one CUDA kernel)."""
+        ops.rotary_and_cache(positions, q, k, v, k_cache, v_cache, slot_mapping, self.head_dim, self.cos_sin_cache,
+                             True)

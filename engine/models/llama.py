@@ -7,6 +7,7 @@ import torch
 
 from engine import ops
 from engine.config import ModelConfig
+from engine.layers import fused
 from engine.layers.attention import Attention, AttentionMetadata
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -33,14 +34,17 @@ class LlamaAttention(torch.nn.Module):
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, hd, index)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, reduce: bool = True) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
+        return self.attend(self.qkv_proj(x), meta, reduce)
+
+    def attend(self, qkv: torch.Tensor, meta: AttentionMetadata, reduce: bool = True) -> torch.Tensor:
+        """Attention from the QKV projection's output on: q/k norms, rotary, the cache write, attention and
+        the output projection."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
-            T = x.shape[0]
+            T = qkv.shape[0]
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(T, self.q_size)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(T, self.kv_size)
-        self.rotary(meta.positions, q, k)
-        return self.o_proj(self.attn(q, k, v, meta), reduce)
+        return self.o_proj(self.attn(q, k, v, meta, self.rotary), reduce)
 
 
 class LlamaMLP(torch.nn.Module):
@@ -68,17 +72,13 @@ class LlamaDecoderLayer(torch.nn.Module):
     def attention_half(self, x, residual, meta: AttentionMetadata, reduce: bool = True):
         """(input norm with the residual add) -> self-attention. Returns (output, residual); with
         reduce=False the output is this rank's partial sum."""
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        return self.self_attn(x, meta, reduce), residual
+        qkv, residual = fused.norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
+        return self.self_attn.attend(qkv, meta, reduce), residual
 
     def mlp_half(self, x, residual, reduce: bool = True):
         """(post-attention norm with the residual add) -> MLP. Returns (output, residual)."""
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x, reduce), residual
+        gate_up, residual = fused.norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, x, residual)
+        return fused.silu_linear(self.mlp.down_proj, gate_up, reduce), residual
 
     def forward(self, x, residual, meta: AttentionMetadata):
         x, residual = self.attention_half(x, residual, meta)

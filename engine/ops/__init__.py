@@ -19,7 +19,8 @@ CUDA tensors need a build with the CUDA toolkit (``engine._C.has_cuda``); ``line
 each row the same way whatever else is in the call.
 
 Modules: ``native`` (loading engine._C, and the dispatch and validation every op shares), ``norm`` (rms_norm,
-fused_add_rms_norm, silu_and_mul), ``rotary`` (rotary_embedding), ``attention`` (token_positions_and_slots,
+fused_add_rms_norm, silu_and_mul), ``rotary`` (rotary_embedding; rotary_and_cache: rope and the cache write, one
+CUDA kernel), ``attention`` (token_positions_and_slots,
 reshape_and_cache, paged_decode_attention), ``gemm`` (linear), ``int8`` (Int8Weight), ``gguf_quant`` (GGUFWeight: GGUF Q4_0 /
 Q4_1 / Q5_0 / Q8_0 / K-quant blocks kept quantized, gguf_linear, gguf_embedding), ``reference`` (the pure-torch
 references), ``bench`` (``python -m engine.ops.bench``), ``varlen_attention`` (the paged varlen attention of steps with a
@@ -43,7 +44,7 @@ from engine.ops.native import (
     set_num_threads,
 )
 from engine.ops.norm import fused_add_rms_norm, rms_norm, silu_and_mul
-from engine.ops.rotary import rotary_embedding
+from engine.ops.rotary import rotary_and_cache, rotary_embedding
 from engine.ops.varlen_attention import SHORT_QUERY as VARLEN_SHORT_QUERY
 from engine.ops.varlen_attention import KernelConfig as VarlenKernelConfig
 from engine.ops.varlen_attention import VarlenPlan, varlen_paged_attention
@@ -54,6 +55,7 @@ __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
     "rotary_embedding",
+    "rotary_and_cache",
     "silu_and_mul",
     "linear",
     "Int8Weight",

@@ -80,3 +80,44 @@ def rotary_embedding(
         native_lib.rotary_embedding(dt, positions.data_ptr(), q.data_ptr(), qs[0], k.data_ptr(), ks[0], T,
                                     qshape[1] // head_size, kshape[1] // head_size, head_size,
                                     cos_sin_cache.data_ptr(), cshape[0], cshape[1], bool(is_neox))
+
+
+def rotary_and_cache(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    """``rotary_embedding(positions, q, k, ...)`` then ``reshape_and_cache`` of k and v [T, nkv*hd] (row-strided
+    views fine) into the caches at slot_mapping: one kernel on CUDA (a decode layer's rope and cache write in one
+    launch), the two ops elsewhere and for any input the fused kernel does not take (which they then check)."""
+    T = q.shape[0]
+    cs = k_cache.shape
+    if (native_lib is not None and q.is_cuda and q.dim() == 2 and k.dim() == 2 and v.shape == k.shape
+            and k.shape[0] == T and head_size > 0 and q.shape[1] % head_size == 0 and k.shape[1] % head_size == 0
+            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and dtype_code(q.dtype) is not None
+            and q.stride(1) == 1 and k.stride(1) == 1 and v.stride(1) == 1
+            and len(cs) == 4 and v_cache.shape == cs and cs[2] * cs[3] == k.shape[1] and cs[3] == head_size
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and positions.dtype == torch.int64 and positions.shape == (T,) and positions.is_contiguous()
+            and slot_mapping.dtype == torch.int64 and slot_mapping.shape == (T,) and slot_mapping.is_contiguous()
+            and cos_sin_cache.dtype == torch.float32 and cos_sin_cache.dim() == 2 and cos_sin_cache.is_contiguous()
+            and 0 < cos_sin_cache.shape[1] <= head_size and cos_sin_cache.shape[1] % 2 == 0):
+        check_cuda("rotary_and_cache", q, k, v, k_cache, v_cache, positions, slot_mapping, cos_sin_cache)
+        native_lib.cuda_rotary_and_cache(dtype_code(q.dtype), positions.data_ptr(), q.data_ptr(), q.stride(0),
+                                         k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
+                                         v_cache.data_ptr(), slot_mapping.data_ptr(), T, q.shape[1] // head_size,
+                                         k.shape[1] // head_size, head_size, cos_sin_cache.data_ptr(),
+                                         cos_sin_cache.shape[1], bool(is_neox), q.get_device(), raw_stream(q))
+        return
+    from engine.ops.attention import reshape_and_cache
+
+    rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
+    nkv = k.shape[1] // head_size if head_size > 0 else 0
+    reshape_and_cache(k.view(T, nkv, head_size), v.view(T, nkv, head_size), k_cache, v_cache, slot_mapping)

@@ -115,6 +115,36 @@ def test_reshape_and_cache(dtype):
         assert torch.equal(kc.nan_to_num(), kc_ref.nan_to_num()) and torch.equal(vc.nan_to_num(), vc_ref.nan_to_num())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_and_cache(dtype, is_neox):
+    """The fused rope + cache write equals rotary_embedding then reshape_and_cache bit for bit (the fused kernel on
+    the 16-byte path: partial rotary, padding slots of -1 that rotate but write nothing; the two kernels on the
+    others: a head size of 20)."""
+    for T, nh, nkv, hd, rot, bs, nb in [(1, 32, 8, 128, 128, 64, 4), (13, 32, 8, 128, 128, 16, 4),
+                                        (5, 12, 3, 64, 32, 16, 2), (3, 4, 1, 80, 80, 5, 4), (4, 6, 2, 20, 20, 4, 4)]:
+        g = gen("rope_cache", str(dtype), is_neox, T, nh, hd)
+        qkv = randn(g, T, (nh + 2 * nkv) * hd, dtype=dtype, scale=2)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+        freqs = torch.outer(torch.arange(4096, dtype=torch.float32), inv)
+        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(DEV)
+        pos = torch.randint(0, 4096, (T,), generator=g).to(DEV)
+        slots = torch.randperm(nb * bs, generator=g)[:T]
+        slots[torch.rand(T, generator=g) < 0.3] = -1
+        slots = slots.to(DEV)
+        want = qkv.clone()
+        kc_want, vc_want = poisoned((nb, bs, nkv, hd), dtype), poisoned((nb, bs, nkv, hd), dtype)
+        kc, vc = kc_want.clone(), vc_want.clone()
+        q, k, v = want.split([nh * hd, nkv * hd, nkv * hd], dim=1)
+        ops.rotary_embedding(pos, q, k, hd, cache, is_neox)
+        ops.reshape_and_cache(k.view(T, nkv, hd), v.view(T, nkv, hd), kc_want, vc_want, slots)
+        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=1)
+        ops.rotary_and_cache(pos, q, k, v, kc, vc, slots, hd, cache, is_neox)
+        assert torch.equal(qkv, want), (T, nh, hd, rot)
+        for got, exp in ((kc, kc_want), (vc, vc_want)):
+            assert torch.equal(got.isnan(), exp.isnan()) and torch.equal(got.nan_to_num(), exp.nan_to_num())
+
+
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 def test_token_positions_and_slots(block_size):
     rng = random.Random(block_size)

@@ -234,6 +234,31 @@ def test_rotary_embedding_llama3_scaled_cache_matches_hf_formula():
     torch.testing.assert_close(q.view(T, nh, hd), q_hf, rtol=1e-5, atol=1e-5)
 
 
+def test_rotary_and_cache_is_the_two_ops(isa):
+    """On the CPU, rotary_and_cache runs rotary_embedding then reshape_and_cache (the fused CUDA kernel is checked
+    in tests/gpu/test_cuda_ops.py): the same q, k and caches as the reference ops."""
+    T, nh, nkv, hd, bs, nb = 5, 8, 2, 64, 16, 2
+    g = gen("rope_cache", isa)
+    qkv = randn(g, T, (nh + 2 * nkv) * hd, dtype=torch.bfloat16, scale=2.0)
+    cache = _cos_sin_cache(4096, hd)
+    pos = torch.randint(0, 4096, (T,), generator=g)
+    slots = torch.tensor([3, -1, 17, 0, 30])
+    want = qkv.clone()
+    kc_ref, vc_ref = poisoned((nb, bs, nkv, hd), torch.bfloat16), poisoned((nb, bs, nkv, hd), torch.bfloat16)
+    kc, vc = kc_ref.clone(), vc_ref.clone()
+    q, k, v = want.split([nh * hd, nkv * hd, nkv * hd], dim=1)
+    ref.rotary_embedding(pos, q, k, hd, cache, True)
+    ref.reshape_and_cache(k.view(T, nkv, hd), v.view(T, nkv, hd), kc_ref, vc_ref, slots)
+    q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=1)
+    ops.rotary_and_cache(pos, q, k, v, kc, vc, slots, hd, cache, True)
+    close(qkv, want, torch.bfloat16)
+    close(kc.nan_to_num(), kc_ref.nan_to_num(), torch.bfloat16)
+    close(vc.nan_to_num(), vc_ref.nan_to_num(), torch.bfloat16)
+    assert torch.equal(kc.isnan(), kc_ref.isnan())
+    with pytest.raises(ValueError):
+        ops.rotary_and_cache(pos, q, k, v, kc, vc, slots[:3], hd, cache, True)
+
+
 # ---------------------------------------------------------------------------------------------------
 # reshape_and_cache
 
