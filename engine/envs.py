@@ -78,14 +78,10 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         ("Linear layers of one row inside the decode CUDA graphs: auto (the Triton GEMV kernel) or off (cuBLAS) "
          "(engine/ops/skinny_gemm.py).")),
     "KESTREL_DECODE_FUSION": (
-        "auto", _choice("auto", "off"),
-        ("Inside the decode CUDA graphs at one row: auto (each RMSNorm with its residual add computed by the "
-         "next GEMV, SiLU-and-mul by the down projection's GEMV) or off (their own kernels) "
+        "off", _choice("on", "off"),
+        ("Inside the decode CUDA graphs at one row: on (each RMSNorm with its residual add computed by the next "
+         "GEMV, SiLU-and-mul by the down projection's GEMV) or off (their own kernels: measured faster on the H200) "
          "(engine/ops/skinny_gemm.py, engine/layers/fused.py).")),
-    "KESTREL_PDL": (
-        "auto", _choice("auto", "off"),
-        ("Programmatic dependent launch of the decode GEMV kernels: auto (on sm_90 and later, each one starts "
-         "while the previous kernel drains, prefetching its weights) or off (engine/ops/skinny_gemm.py).")),
     # -- tensor parallelism: start-up and workers ------------------------------------------------------------
     "KESTREL_TP_STARTUP_TIMEOUT_S": (
         1800.0, float,

@@ -7,8 +7,16 @@
 // through shared memory. With one split the block writes the output; with several, each writes its
 // partial (max, sum, acc[hd]) to a workspace and a second kernel merges the partitions.
 // The number of splits depends only on host-known sizes (B, heads, block table capacity, and the partition
-// size when the caller fixes it), so the launch can be captured in a CUDA graph; partitions past a sequence's
-// context exit at once without writing, and the merge reads only the partitions its context covers.
+// size or count when the caller fixes it), so the launch can be captured in a CUDA graph; partitions past a
+// sequence's context exit at once without writing, and the merge reads only the partitions its context covers.
+// Partitions are either of a fixed length (part_tokens > 0) or, with part_tokens = -splits (CUDA graphs), each
+// sequence's context cut into that many equal partitions of at least kMinDynPart tokens on the device (a graph's
+// table is as wide as the longest possible context: fixed partitions over it launched mostly empty blocks).
+//
+// paged_decode_vec_kernel (bf16 / fp16, fp32 up to head size 128; head sizes 64, 128, 256): 16-byte loads, a
+// lane group of head_dim / 8 lanes per token (two tokens per warp load at head size 128), the keys and values
+// of U tokens per lane group loaded together before any use; the scalar kernel (2-byte loads, keys before
+// values) takes the other shapes. H200, Llama-3-8B shape, 512-token contexts: measured in kestrel bench gpu.
 #include <type_traits>
 
 #include "common.cuh"
@@ -21,6 +29,15 @@ constexpr int kWarps = 4;
 constexpr int kTokensPerWarpStep = 4;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMinPartition = 64;  // tokens
+constexpr int kMinDynPart = 32;    // tokens: the shortest partition of a context cut into -part_tokens pieces
+
+// The partition length of a sequence with `ctx` tokens: fixed (part_tokens > 0) or its context over the grid's
+// splits, rounded up to 16 tokens, at least kMinDynPart (part_tokens < 0).
+__device__ __forceinline__ int part_len(int ctx, int splits, int part_tokens) {
+  if (part_tokens > 0) return part_tokens;
+  const int p = ((ctx + splits - 1) / splits + 15) / 16 * 16;
+  return p > kMinDynPart ? p : kMinDynPart;
+}
 
 // G query heads per block: the query heads that share one KV head (GQA) read each key and value once for all of
 // them (G = num_heads / num_kv_heads when it is 2, 4 or 8 and the registers allow; grid.x = KV heads). G = 1: one
@@ -38,8 +55,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int kvh = G == 1 ? h0 / (nh / nkv) : int(blockIdx.x);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int ctx = ctx_lens[b];
-  const int t_begin = part * part_tokens;
-  const int t_end = min(ctx, t_begin + part_tokens);
+  const int plen = part_len(ctx, splits, part_tokens);
+  const int t_begin = part * plen;
+  const int t_end = min(ctx, t_begin + plen);
   if (splits > 1 && t_begin >= ctx) return;  // past the context: the merge does not read this partition
   const int32_t* bt = block_tables + b * bts;
   const int64_t tok_stride = int64_t(nkv) * hd;
@@ -178,6 +196,181 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// The output of one (query head, sequence) from the per-warp (max, sum, acc) in shared memory: written to `out`
+// with one split, to the workspace with several.
+template <class T, int G, int HDS>
+__device__ __forceinline__ void finish_block(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
+                                             const float (&sm_m)[kWarps][G], const float (&sm_l)[kWarps][G],
+                                             const float (&sm_acc)[kWarps][G][HDS], int b, int h0, int nh, int hd,
+                                             int part, int splits) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      if (sm_l[w][g] > 0.f) M = fmaxf(M, sm_m[w][g]);
+    float L = 0.f, f[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      f[w] = sm_l[w][g] > 0.f ? expf(sm_m[w][g] - M) : 0.f;
+      L += sm_l[w][g] * f[w];
+    }
+    const int h = h0 + g;
+    if (splits == 1) {
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
+        out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
+      }
+    } else {
+      float* wp = ws + ((int64_t(b) * nh + h) * splits + part) * (2 + hd);
+      if (threadIdx.x == 0) {
+        wp[0] = M;
+        wp[1] = L;
+      }
+      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
+        wp[2 + d] = o;
+      }
+    }
+  }
+}
+
+// 16-byte loads: LPT = HD / E lanes hold one token's head vector (E elements each), TPW = 32 / LPT tokens per
+// warp load; each lane group walks its own tokens with its own online softmax, merged across the warp's groups
+// by shuffles and across warps through shared memory. U token loads (keys and values) in flight per lane.
+template <class T, int HD, int G, int U>
+__global__ void __launch_bounds__(kWarps * 32)
+    paged_decode_vec_kernel(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
+                            const T* __restrict__ q, int64_t qs0, int64_t qs1, const T* __restrict__ kc,
+                            const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
+                            const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
+                            int part_tokens) {
+  constexpr int E = Pack<T>::N, LPT = HD / E, TPW = 32 / LPT;
+  static_assert(LPT >= 1 && LPT <= 32 && (32 % LPT) == 0, "head size / vector width must divide a warp");
+  const int b = blockIdx.y, part = blockIdx.z, splits = gridDim.z;
+  const int h0 = G == 1 ? int(blockIdx.x) : int(blockIdx.x) * G;
+  const int kvh = G == 1 ? h0 / (nh / nkv) : int(blockIdx.x);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane / LPT, li = lane % LPT;
+  const int ctx = ctx_lens[b];
+  const int plen = part_len(ctx, splits, part_tokens);
+  const int t_begin = part * plen;
+  const int t_end = min(ctx, t_begin + plen);
+  if (splits > 1 && t_begin >= ctx) return;
+  const int32_t* bt = block_tables + b * bts;
+  const int64_t tok_stride = int64_t(nkv) * HD;
+  const int64_t head_off = int64_t(kvh) * HD + li * E;
+
+  float qr[G][E], acc[G][E], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const Pack<T> qp = *reinterpret_cast<const Pack<T>*>(q + b * qs0 + (h0 + g) * qs1 + li * E);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      qr[g][e] = ld(&qp.v[e]) * scale;
+      acc[g][e] = 0.f;
+    }
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+  }
+
+  constexpr int kStep = kWarps * U * TPW;
+  for (int t0 = t_begin + warp * U * TPW; t0 < t_end; t0 += kStep) {
+    Pack<T> kp[U], vp[U];
+    int tok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      tok[u] = t0 + u * TPW + sub;
+      const int t = min(tok[u], t_end - 1);  // clamp: out-of-range tokens are masked below
+      const int64_t base = (int64_t(bt[t / bs]) * bs + t % bs) * tok_stride + head_off;
+      kp[u] = *reinterpret_cast<const Pack<T>*>(kc + base);
+      vp[u] = *reinterpret_cast<const Pack<T>*>(vc + base);
+    }
+    float s[G][U];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float p = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) p += qr[g][e] * ld(&kp[u].v[e]);
+        s[g][u] = p;
+      }
+#pragma unroll
+    for (int o = LPT / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int u = 0; u < U; ++u) s[g][u] += __shfl_xor_sync(0xffffffffu, s[g][u], o);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float mn = m[g];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (tok[u] >= t_end) s[g][u] = -INFINITY;
+        mn = fmaxf(mn, s[g][u]);
+      }
+      const float ms = mn == -INFINITY ? 0.f : mn;  // a lane group with no token yet keeps l = acc = 0
+      const float alpha = expf(m[g] - ms);
+      float p[U];
+      float lg = l[g] * alpha;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        p[u] = expf(s[g][u] - ms);
+        lg += p[u];
+      }
+      l[g] = lg;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        float a = acc[g][e] * alpha;
+#pragma unroll
+        for (int u = 0; u < U; ++u) a += p[u] * ld(&vp[u].v[e]);
+        acc[g][e] = a;
+      }
+      m[g] = mn;
+    }
+  }
+  // the warp's lane groups into one (max, sum, acc) per head
+#pragma unroll
+  for (int o = LPT; o < 32; o <<= 1)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+      const float M = fmaxf(m[g], mo);
+      const float fa = l[g] > 0.f ? expf(m[g] - M) : 0.f, fb = lo > 0.f ? expf(mo - M) : 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float ao = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+        acc[g][e] = acc[g][e] * fa + ao * fb;
+      }
+      l[g] = l[g] * fa + lo * fb;
+      m[g] = M;
+    }
+
+  __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
+  __shared__ float sm_acc[kWarps][G][HD];
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      sm_m[warp][g] = m[g];
+      sm_l[warp][g] = l[g];
+    }
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int e = 0; e < E; ++e) sm_acc[warp][g][li * E + e] = acc[g][e];
+  }
+  __syncthreads();
+  finish_block<T, G, HD>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits);
+}
+
 // Merge the partitions of one (head, sequence) that its context covers: one thread per output element.
 template <class T>
 __global__ void paged_decode_reduce_kernel(T* __restrict__ out, int64_t os0, int64_t os1,
@@ -185,7 +378,8 @@ __global__ void paged_decode_reduce_kernel(T* __restrict__ out, int64_t os0, int
                                            int nh, int hd, int splits, int part_tokens) {
   const int h = blockIdx.x, b = blockIdx.y;
   const float* wp = ws + (int64_t(b) * nh + h) * splits * (2 + hd);
-  const int parts = min(splits, (ctx_lens[b] + part_tokens - 1) / part_tokens);
+  const int plen = part_len(ctx_lens[b], splits, part_tokens);
+  const int parts = min(splits, (ctx_lens[b] + plen - 1) / plen);
   float M = -INFINITY;
   for (int p = 0; p < parts; ++p)
     if (wp[p * (2 + hd) + 1] > 0.f) M = fmaxf(M, wp[p * (2 + hd)]);
@@ -230,6 +424,10 @@ int group_for(int64_t nh, int64_t nkv, int64_t hd) {
 // size (rounded up to a warp step, at most 4096 of them) over the whole capacity. `base`: blocks per partition.
 Plan plan(int64_t base, int64_t max_tokens, int64_t part_tokens, int device) {
   const int64_t step = kWarps * kTokensPerWarpStep;
+  if (part_tokens < 0) {  // -splits: each context cut on the device into that many partitions (part_len)
+    const int64_t most = std::max<int64_t>(1, (max_tokens + kMinDynPart - 1) / kMinDynPart);
+    return Plan{int(std::max<int64_t>(1, std::min<int64_t>({-part_tokens, most, 1024}))), int(part_tokens)};
+  }
   if (part_tokens > 0) {
     int64_t part = std::max<int64_t>({(part_tokens + step - 1) / step * step, (max_tokens + 4095) / 4096, step});
     part = (part + step - 1) / step * step;
@@ -263,6 +461,18 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
                                          int(hd), int(bs), scale, p.part_tokens);
   };
   const int G = group_for(nh, nkv, hd);
+  constexpr int E = Pack<T>::N;
+  const bool vec = (hd == 64 || hd == 128 || (hd == 256 && E == 8)) && q % 16 == 0 && k_cache % 16 == 0 &&
+                   v_cache % 16 == 0 && qs0 % E == 0 && qs1 % E == 0;
+  auto pick_vec = [&](auto hd_c) {
+    constexpr int HD = decltype(hd_c)::value;
+    if constexpr (HD / E <= 32) {
+      if (G == 8) return run(paged_decode_vec_kernel<T, HD, 8, 2>);
+      if (G == 4) return run(paged_decode_vec_kernel<T, HD, 4, 4>);
+      if (G == 2) return run(paged_decode_vec_kernel<T, HD, 2, 4>);
+      return run(paged_decode_vec_kernel<T, HD, 1, 4>);
+    }
+  };
   auto pick = [&](auto vpl_c) {
     constexpr int V = decltype(vpl_c)::value;
     if constexpr (8 * V <= 32)
@@ -272,7 +482,10 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
     if (G == 2) return run(paged_decode_kernel<T, V, 2>);
     run(paged_decode_kernel<T, V, 1>);
   };
-  if (vpl <= 2) pick(std::integral_constant<int, 2>{});
+  if (vec && hd == 64) pick_vec(std::integral_constant<int, 64>{});
+  else if (vec && hd == 128) pick_vec(std::integral_constant<int, 128>{});
+  else if (vec && hd == 256) pick_vec(std::integral_constant<int, 256>{});
+  else if (vpl <= 2) pick(std::integral_constant<int, 2>{});
   else if (vpl <= 4) pick(std::integral_constant<int, 4>{});
   else pick(std::integral_constant<int, 8>{});
   if (p.splits > 1)

@@ -39,8 +39,9 @@ void token_positions_and_slots(uintptr_t query_start, uintptr_t context_lens, ui
 int64_t paged_decode_attention_workspace(int64_t B, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                                          int64_t max_tokens, int64_t part_tokens, int device);
 // part_tokens: 0 = partitions sized to fill the GPU at the table's capacity (eager steps, where the capacity is
-// the step's longest context); > 0 = partitions of that many tokens over the whole capacity (CUDA graphs, whose
-// table has the width of the longest possible context: the partitions past a sequence's context exit at once).
+// the step's longest context); > 0 = partitions of that many tokens over the whole capacity (the partitions past
+// a sequence's context exit at once); < 0 = -splits: each sequence's context cut on the device into that many
+// partitions of >= 32 tokens (CUDA graphs, whose table has the width of the longest possible context).
 void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t out_s1, uintptr_t q, int64_t q_s0,
                             int64_t q_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables,
                             int64_t bt_stride, int64_t max_blocks_per_seq, uintptr_t context_lens, int64_t B,

@@ -4,6 +4,7 @@ so the host's share shows as the difference; the same step eager)."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 import torch
@@ -161,16 +162,15 @@ def profile_replay(graph, replays: int = 5) -> dict:
 
 
 DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py)
-    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_DECODE_FUSION": "off", "KESTREL_PDL": "off"},
-    "gemv": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_DECODE_FUSION": "off", "KESTREL_PDL": "off"},
-    "gemv+fused": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_DECODE_FUSION": "auto", "KESTREL_PDL": "off"},
-    "gemv+fused+pdl": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_DECODE_FUSION": "auto", "KESTREL_PDL": "auto"},
+    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_DECODE_FUSION": "off"},
+    "gemv": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_DECODE_FUSION": "off"},
+    "gemv+fused": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_DECODE_FUSION": "on"},
 }
 
 
 def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, variants=None) -> dict:
     """TPOT and the graph replay's GPU time at each batch size with the decode graphs captured again under each
-    variant's settings (the GEMV against cuBLAS, the fused norms and activation, programmatic dependent launch),
+    variant's settings (the GEMV against cuBLAS, the norms and activation fused into the GEMVs),
     side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
     import os
 
@@ -200,4 +200,45 @@ def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, vari
         runner.graphs = None
         torch.cuda.empty_cache()
         runner.capture_decode_graphs()
+    return out
+
+
+def measure_decode_attention(cfg, batches=(1, 64), contexts=(512, 4096, 16384), block_size: int = 64,
+                             width_tokens: int = 16384, dtype=torch.bfloat16) -> dict:
+    """GB/s of the paged decode attention kernel (keys and values read once) at each batch and context, as the
+    decode graphs call it (a table ``width_tokens`` wide, the graphs' partitions) and as an eager step calls it
+    (partitions sized to the step): graph-timed over disjoint copies of the caches (>= 256 MiB in all, past the
+    L2 cache), scrambled block tables."""
+    from engine import ops
+    from engine.runner.cuda_graphs import partition_tokens
+
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out: dict = {}
+    for b in batches:
+        for ctx in contexts:
+            blocks = b * -(-ctx // block_size)
+            nbytes = 2 * b * ctx * nkv * hd * 2
+            copies = max(1, min(16, -(-(256 << 20) // nbytes)))
+            kc = torch.randn(copies * blocks, block_size, nkv, hd, dtype=dtype, device="cuda")
+            vc = torch.randn_like(kc)
+            width = -(-width_tokens // block_size)
+            tables = []
+            for c in range(copies):
+                perm = torch.randperm(blocks, device="cuda", dtype=torch.int32) + c * blocks
+                t = torch.zeros(b, width, dtype=torch.int32, device="cuda")
+                t[:, :blocks // b] = perm.view(b, -1)
+                tables.append(t)
+            lens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+            q = torch.randn(b, nh, hd, dtype=dtype, device="cuda")
+            o = torch.empty_like(q)
+            res = {}
+            for mode, part, tabs in (("graphs", partition_tokens(b, nkv, sms), tables),
+                                     ("eager", 0, [t[:, :blocks // b].contiguous() for t in tables])):
+                sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
+                                                     out=o, part_tokens=part) for t in tabs])
+                res[mode] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
+            out[f"b{b}_ctx{ctx}"] = {"bytes": nbytes, **res}
+            del kc, vc, tables
+            torch.cuda.empty_cache()
     return out

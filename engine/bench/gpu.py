@@ -496,6 +496,15 @@ def run(args) -> dict:
         for name, r in report["skinny_gemm_gb_s"].items():
             print(f"linear {name}: cuBLAS {r['cublas']:.0f}, GEMV {r.get('default', float('nan')):.0f} GB/s, best "
                   f"{r['best']} {r[r['best']]:.0f}", flush=True)
+    if "attention" not in args.skip:
+        from engine.bench.decode import measure_decode_attention
+
+        report["decode_attention"] = measure_decode_attention(cfg)
+        save()
+        for name, r in report["decode_attention"].items():
+            print(f"decode attention {name}: graphs {r['graphs']['us']:.1f} us {r['graphs']['gb_s']:.0f} GB/s, eager "
+                  f"{r['eager']['us']:.1f} us {r['eager']['gb_s']:.0f} GB/s "
+                  f"({100 * r['graphs']['gb_s'] * 1e9 / lim['copy_bytes_per_s']:.0f}% of copy)", flush=True)
     nums = model_numbers(cfg)
     vocab = cfg.vocab_size
     gemm, copy = lim["bf16_gemm_flop_per_s"], lim["copy_bytes_per_s"]
@@ -660,7 +669,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", nargs="*", default=[],
-                   choices=["kernels", "skinny", "kestrel", "hf", "profile", "variants"])
+                   choices=["kernels", "skinny", "attention", "kestrel", "hf", "profile", "variants"])
     p.add_argument("--trace-dir", default=None, help="write a Chrome trace of each profiled case there")
 
 

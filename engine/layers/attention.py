@@ -63,7 +63,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # [num_decode, M] view of block_tables
     decode_context_lens: torch.Tensor | None = None  # [num_decode] view of seq_lens
     fresh_len: int = 0  # every sequence a whole new prompt of this many tokens (no decode, no cached prefix); else 0
-    decode_part_tokens: int = 0  # CUDA graphs: the decode kernel's fixed partition size (0: sized per step)
+    decode_part_tokens: int = 0  # CUDA graphs: -(the decode kernel's partitions per context) (0: sized per step)
 
     @classmethod
     def build(cls, seqs: list[SeqSpan], block_size: int, device: torch.device) -> AttentionMetadata:

@@ -166,8 +166,9 @@ def paged_decode_attention(
 
     part_tokens (CUDA): 0 sizes the split-K partitions to fill the GPU at the table's capacity (block_tables'
     width x block size: an eager step's longest context); > 0 fixes them at that many tokens over the whole
-    capacity (CUDA graphs: their table is as wide as the longest possible context, and the partitions past each
-    sequence's context exit at once)."""
+    capacity (the partitions past each sequence's context exit at once); < 0 cuts each sequence's context on the
+    device into -part_tokens partitions of at least 32 tokens (CUDA graphs: their table is as wide as the longest
+    possible context)."""
     if native_lib is None:
         y = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
         return y if out is None else out.copy_(y)

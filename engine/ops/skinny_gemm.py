@@ -8,8 +8,7 @@ The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at th
 
 Fused prologues (``KESTREL_DECODE_FUSION``): ``norm_linear`` computes the RMSNorm with its residual add inside the
 GEMV that reads it (the QKV and gate/up projections), ``silu_linear`` the SiLU-and-mul inside the down projection's,
-so a decode layer at one row runs 6 kernels where it ran 10. On sm_90 the kernels launch with programmatic dependent
-launch (``KESTREL_PDL``): each starts while the previous kernel drains and prefetches its first weight tiles.
+so a decode layer at one row runs 6 kernels where it ran 10.
 
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
@@ -33,13 +32,11 @@ class SkinnyConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    prefetch_tiles: int = 2  # with PDL: tiles of each program's weight rows prefetched into L2 before the wait
 
 
 GEMV_CONFIG = SkinnyConfig(8, 512, 4, 3)  # within 2% of the best candidate on every 8B shape (H200)
 
 _depth = 0  # for_graphs() nesting with the kernels enabled
-_pdl_devices: dict[int, bool] = {}
 
 
 @contextlib.contextmanager
@@ -67,18 +64,7 @@ def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 def fusing() -> bool:
     """Whether the decode layers fuse their norms and activation into the GEMVs (KESTREL_DECODE_FUSION)."""
-    return envs.KESTREL_DECODE_FUSION != "off"
-
-
-def _pdl(x: torch.Tensor) -> bool:
-    """Programmatic dependent launch for a kernel on x's device: CUDA on sm_90+ unless KESTREL_PDL=off."""
-    if not x.is_cuda or envs.KESTREL_PDL == "off":
-        return False
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    found = _pdl_devices.get(index)
-    if found is None:
-        found = _pdl_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return found
+    return envs.KESTREL_DECODE_FUSION == "on"
 
 
 def _launch(x, weight, bias, out, prologue: int, residual=None, norm_weight=None, residual_out=None,
@@ -87,16 +73,13 @@ def _launch(x, weight, bias, out, prologue: int, residual=None, norm_weight=None
 
     N, K = weight.shape
     cfg = config or GEMV_CONFIG
-    pdl = _pdl(x)
     grid = (-(-N // cfg.block_n),)
-    extra = {"launch_pdl": True} if pdl else {}
     kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out,
                            residual if residual is not None else x, norm_weight if norm_weight is not None else x,
                            residual_out if residual_out is not None else out, N, K, float(eps),
                            PROLOGUE=prologue, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
-                           PREFETCH_TILES=cfg.prefetch_tiles if pdl else 0,
-                           num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+                           EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _new_out(x: torch.Tensor, N: int, out: torch.Tensor | None) -> torch.Tensor:

@@ -7,12 +7,7 @@ output, which then needs no kernel of its own:
 - 0: x as it is;
 - 1: RMSNorm with the residual add: h = T(x + residual) (h = x without a residual), x = T(T(h * inv_rms(h)) * nw),
   the rounding of engine.ops.fused_add_rms_norm; program 0 stores h into ``r_out`` (the layer's next residual);
-- 2: SiLU-and-mul of a [2K] gate|up row: x = T(T(silu(gate)) * up), engine.ops.silu_and_mul's rounding.
-
-PDL (programmatic dependent launch, sm_90): the program prefetches the first PREFETCH_TILES tiles of its weight rows
-into L2 (they do not depend on the previous kernel), then waits for the previous kernel (griddepcontrol.wait) before
-reading any activation or writing anything, and lets the next kernel launch. Launched with ``launch_pdl``, the kernel
-then starts while the previous one drains instead of after it."""
+- 2: SiLU-and-mul of a [2K] gate|up row: x = T(T(silu(gate)) * up), engine.ops.silu_and_mul's rounding."""
 
 from __future__ import annotations
 
@@ -23,14 +18,8 @@ PLAIN, ADD_RMSNORM, SILU_MUL = 0, 1, 2
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """prefetch.global.L2 of each pointer's 128-byte line (a result the compiler keeps: the asm is not pure)."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _input_tile(x_ptr, r_ptr, nw_ptr, kk, kmask, inv, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, K):
+def _input_tile(x_ptr, r_ptr, nw_ptr, kk, kmask, inv, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, K,
+                EVEN_K: tl.constexpr):
     """The tile kk of the GEMV's input row in fp32 (after the prologue, rounded as the unfused kernels round)."""
     dt = x_ptr.dtype.element_ty
     if PROLOGUE == 1:
@@ -44,6 +33,8 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, kk, kmask, inv, PROLOGUE: tl.constexpr, HA
         u = tl.load(x_ptr + K + kk, mask=kmask, other=0.0).to(tl.float32)
         s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
         return (s * u).to(dt).to(tl.float32)
+    elif EVEN_K:
+        return tl.load(x_ptr + kk).to(tl.float32)
     else:
         return tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
 
@@ -51,7 +42,7 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, kk, kmask, inv, PROLOGUE: tl.constexpr, HA
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, N, K, eps,
                 PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_TILES: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One row of x (batch-1 decode): elementwise products accumulated in a [BLOCK_N, BLOCK_K] fp32 tile, reduced
     over K once at the end (no shuffle per tile)."""
     pid = tl.program_id(0)
@@ -59,14 +50,6 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, N, K, eps,
     nmask = rn < N
     rk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * K
-    if PDL:
-        if PREFETCH_TILES > 0:
-            # one pointer per 128-byte line of 2-byte elements, kept inside the weight
-            lines = tl.minimum(tl.arange(0, PREFETCH_TILES * BLOCK_K // 64) * 64, K - 1)
-            rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * K
-            _prefetch_l2(rows + lines[None, :])
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     inv = 0.0
     if PROLOGUE == 1:  # the statistics of h over the whole row, then the tiles normalised on the fly
         ss = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -85,11 +68,11 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, N, K, eps,
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
-            x = _input_tile(x_ptr, r_ptr, nw_ptr, kk, kk < K, inv, PROLOGUE, HAS_RES, K)
+            x = _input_tile(x_ptr, r_ptr, nw_ptr, kk, kk < K, inv, PROLOGUE, HAS_RES, K, EVEN_K)
             w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
         else:
             kmask = kk < K
-            x = _input_tile(x_ptr, r_ptr, nw_ptr, kk, kmask, inv, PROLOGUE, HAS_RES, K)
+            x = _input_tile(x_ptr, r_ptr, nw_ptr, kk, kmask, inv, PROLOGUE, HAS_RES, K, EVEN_K)
             w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)

@@ -14,10 +14,11 @@ A graph bakes in the addresses and shapes of everything it touches, so:
   slots] and one int32 buffer [context lengths | block table rows of the maximum width], each bucket reading its
   own prefix of them, so that a step's inputs go up in two copies from pinned host staging (non-blocking);
 - the block table has the width of the longest context (max_model_len / block_size blocks); the decode kernel
-  then splits every context into partitions of a size fixed per bucket (``partition_tokens``: small for small
-  batches, so that a short context still spreads over the GPU), and the partitions past a sequence's context
-  exit at once. (Planned for the table's width instead, a batch-1 step at a 512-token context ran one partition
-  per head: 4.2 ms of attention per step on the H200 where eager steps took 1.1.)
+  then cuts every sequence's context on the device into a number of partitions fixed per bucket
+  (``partition_tokens`` returns it as -splits: many for small batches, so that a short context still spreads over
+  the GPU; one from 64 sequences of the 8B shape on). (Fixed partition sizes over the table's width launched
+  mostly empty blocks: 128 per sequence at 16k tokens of table, 0.5 ms of a batch-1 step on the H200; planned for
+  the table's width instead, a batch-1 step at a 512-token context ran one partition per head: 4.2 ms.)
 
 Prefill and mixed steps stay eager. The sampler runs eagerly on the graph's logits (its shapes change with the
 requests' parameters). Tensor parallelism stays eager until its all-reduces are capturable.
@@ -198,10 +199,11 @@ class DecodeGraphs:
 
 
 def partition_tokens(batch: int, num_kv_heads: int, sm_count: int) -> int:
-    """The decode kernel's partition size in a graph of ``batch`` sequences: 64 tokens while the (sequence, KV head)
-    pairs (the kernel's blocks per partition: each takes the query heads of one KV head) fill the GPU less than
-    twice, growing with the batch so that the blocks working on a typical context stay about twice the SM count."""
-    return 64 * max(1, -(-batch * num_kv_heads // (2 * sm_count)))
+    """The decode kernel's partitions in a graph of ``batch`` sequences, as ``-splits`` (ops.paged_decode_attention:
+    each context cut on the device into that many partitions of at least 32 tokens): enough that the (sequence, KV
+    head) pairs times the partitions (the kernel's blocks: each takes the query heads of one KV head) make about
+    four blocks per SM."""
+    return -max(1, -(-4 * sm_count // max(1, batch * num_kv_heads)))
 
 
 def reserve_bytes(max_size: int, vocab_size: int, hidden_size: int, intermediate_size: int, dtype_bytes: int) -> int:

@@ -106,10 +106,11 @@ def test_gemv_on_the_8b_shapes():
         assert (err <= 2 ** -7 * ref.abs() + 2e-3).all(), (N, K, err.max().item())
 
 
-@pytest.mark.parametrize("part", [64, 512])
+@pytest.mark.parametrize("part", [64, 512, -1, -66])
 def test_decode_attention_with_fixed_partitions(part):
     """The decode kernel as the graphs call it: a table as wide as the longest context, partitions of a fixed
-    size, most of them past the sequences' contexts (context 0 gives zeros)."""
+    size (most of them past the sequences' contexts) or each context cut into -part partitions on the device
+    (context 0 gives zeros)."""
     from engine import ops
     from engine.ops import reference as ref
 

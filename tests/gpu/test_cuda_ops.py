@@ -168,7 +168,9 @@ def test_paged_decode_attention(dtype):
         (2, 16, 2, 64, 16, [129, 2000]),
         (2, 8, 2, 256, 16, [300, 17]),
     ]
-    for (B, nh, nkv, hd, bs, ctx), part in ((c, p) for c in cases for p in (0, 64)):
+    # partitions sized per call (0), fixed (64) and each context cut into 1, 7 or 33 on the device (-splits); the
+    # 16-byte kernel takes bf16 / fp16 at head sizes 64, 128, 256 and fp32 up to 128, the scalar one the rest
+    for (B, nh, nkv, hd, bs, ctx), part in ((c, p) for c in cases for p in (0, 64, -1, -7, -33)):
         g = gen("attn", str(dtype), B, nh, nkv, hd, bs, tuple(ctx))
         max_blocks = max(1, max((c + bs - 1) // bs for c in ctx))
         nb = B * max_blocks + 2
@@ -179,6 +181,10 @@ def test_paged_decode_attention(dtype):
         out = poisoned((B, nh, hd), dtype)
         ops.paged_decode_attention(q, kc, vc, bt, cl, hd**-0.5, out=out, part_tokens=part)
         close(out, ref.paged_decode_attention(q, kc, vc, bt, cl, hd**-0.5), dtype, f"{B, nh, nkv, hd, bs, ctx, part}")
+        if part == -7:  # q as a view whose rows are not 16-byte aligned: the scalar kernel
+            qv = randn(g, B, nh * hd + 1, dtype=dtype)[:, 1:].view(B, nh, hd)
+            ops.paged_decode_attention(qv, kc, vc, bt, cl, hd**-0.5, out=out, part_tokens=part)
+            close(out, ref.paged_decode_attention(qv, kc, vc, bt, cl, hd**-0.5), dtype, f"view {B, nh, hd, ctx}")
 
 
 def test_side_stream_and_cuda_graph_capture():
