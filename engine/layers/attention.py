@@ -4,6 +4,9 @@ A step's tokens are laid out decodes first (one query token each), then prefill 
 step is a ``SeqSpan``: its query tokens attend to the sequence's cached prefix plus themselves with a
 lower-right causal mask (chunked prefill and prefix-cache hits look the same here).
 
+The cache write comes first, with the rotary embedding in one CUDA kernel (``RotaryEmbedding.with_cache``,
+ops.rotary_and_cache) when the caller passes its rotary.
+
 Backends, per step:
 - CUDA, decodes only: the split-K paged decode kernel (csrc/cuda).
 - CUDA, fresh prompts of one length (nothing cached, no decode; one prompt alone is the common case): SDPA's flash
@@ -11,9 +14,10 @@ Backends, per step:
   than the Triton kernel there (kestrel bench gpu, H200, 8B shape: 8,192-token TTFT 220 ms against 240; per layer
   0.95 against 1.25 ms at 1 x 8,192 and 0.44 against 0.75 ms at 64 x 512; torch's FlashAttention-2 varlen entry
   point was slower than both, its cuDNN varlen path 100x slower).
-- CUDA, any other step with a prefill: one launch of the Triton varlen kernel (engine/ops/varlen_attention.py) for every sequence
-  of the step, decodes included; it reads the prefix from the paged cache through the block table (no gathered
-  copy, GQA by indexing). ``KESTREL_PREFILL_ATTENTION=sdpa`` (or no Triton) takes the SDPA path below instead;
+- CUDA, any other step with a prefill: one launch of the Triton varlen kernel (engine/ops/varlen_attention.py) for the
+  step's prefill chunks, reading their prefixes from the paged cache through the block table (no gathered copy, GQA
+  by indexing), and the paged decode kernel for its decodes (alone in a varlen query tile, a decode row wasted the
+  tile: mixed steps of 1,024 x (512, 256) took ~1 s). ``KESTREL_PREFILL_ATTENTION=sdpa`` (or no Triton) takes the SDPA path below instead;
   ``=triton`` forces the kernel on the CPU too (Triton's interpreter: tests).
 - CPU: the native paged decode kernel for decodes and SDPA (4-D, ``enable_gqa``) per prefill chunk (fresh prompts
   of one length as one batch); a chunk with a cached prefix gathers it from the cache first.
@@ -176,9 +180,16 @@ class Attention(torch.nn.Module):
         q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
         if nd < T and _use_varlen(q, meta):
+            # the decodes on the paged decode kernel (a decode row alone in a varlen tile wastes the tile), the
+            # prefill chunks on the varlen kernel, into one output
             cfg, plan = _varlen_plan(meta, q.device, hd)
+            out = None
+            if nd:
+                out = torch.empty(T, self.num_heads, hd, dtype=q.dtype, device=q.device)
+                ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
+                                           meta.decode_context_lens, self.scale, out=out[:nd])
             out = ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
-                                             meta.query_start_loc, plan, self.scale, config=cfg)
+                                             meta.query_start_loc, plan, self.scale, out=out, config=cfg)
             return out.view(T, self.num_heads * hd)
         if meta.fresh_len:  # fresh prompts of one length: SDPA over them as one batch
             return self._fresh_sdpa(q3, k, v, meta.fresh_len)
@@ -240,13 +251,14 @@ def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
 
 def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int
                  ) -> tuple[ops.VarlenKernelConfig, ops.VarlenPlan]:
-    """The kernel configuration for this device and step (smaller tiles for decodes and short chunks) and the
-    step's query tiles for it: built by the first layer, reused."""
+    """The kernel configuration for this device and step (smaller tiles for short chunks) and the step's query
+    tiles of its prefill chunks (the decodes take the decode kernel): built by the first layer, reused."""
     found = meta.plans.get(head_dim)
     if found is None:
-        short = meta.num_decode_tokens > 0 or max(s.query_len for s in meta.seqs) <= ops.VARLEN_SHORT_QUERY
+        nd = meta.num_decode_tokens
+        query_lens = [0] * nd + [s.query_len for s in meta.seqs[nd:]]  # no tiles for the decodes
+        short = max(query_lens) <= ops.VARLEN_SHORT_QUERY
         cfg = ops.varlen_config(device, head_dim, short=short)
-        plan = ops.VarlenPlan.build([s.query_len for s in meta.seqs], [s.context_len for s in meta.seqs],
-                                    cfg.block_m, device)
+        plan = ops.VarlenPlan.build(query_lens, [s.context_len for s in meta.seqs], cfg.block_m, device)
         found = meta.plans[head_dim] = (cfg, plan)
     return found
