@@ -77,11 +77,6 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         "auto", _choice("auto", "off"),
         ("Linear layers of one row inside the decode CUDA graphs: auto (the Triton GEMV kernel) or off (cuBLAS) "
          "(engine/ops/skinny_gemm.py).")),
-    "KESTREL_DECODE_FUSION": (
-        "off", _choice("on", "off"),
-        ("Inside the decode CUDA graphs at one row: on (each RMSNorm with its residual add computed by the next "
-         "GEMV, SiLU-and-mul by the down projection's GEMV) or off (their own kernels: measured faster on the H200) "
-         "(engine/ops/skinny_gemm.py, engine/layers/fused.py).")),
     # -- tensor parallelism: start-up and workers ------------------------------------------------------------
     "KESTREL_TP_STARTUP_TIMEOUT_S": (
         1800.0, float,

@@ -170,8 +170,5 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """This rank's partial product, summed over the ranks unless ``reduce`` is False (then the caller
         reduces it: micro-batch overlap issues the all-reduce itself, asynchronously)."""
-        return self.finish(ops.linear(x, self.matmul_weight), reduce)
-
-    def finish(self, partial: torch.Tensor, reduce: bool = True) -> torch.Tensor:
-        """This rank's partial product summed over the ranks (unless ``reduce`` is False)."""
+        partial = ops.linear(x, self.matmul_weight)
         return self.tp.all_reduce(partial) if reduce else partial

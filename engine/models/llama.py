@@ -7,7 +7,6 @@ import torch
 
 from engine import ops
 from engine.config import ModelConfig
-from engine.layers import fused
 from engine.layers.attention import Attention, AttentionMetadata
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -34,11 +33,7 @@ class LlamaAttention(torch.nn.Module):
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, hd, index)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, reduce: bool = True) -> torch.Tensor:
-        return self.attend(self.qkv_proj(x), meta, reduce)
-
-    def attend(self, qkv: torch.Tensor, meta: AttentionMetadata, reduce: bool = True) -> torch.Tensor:
-        """Attention from the QKV projection's output on: q/k norms, rotary, the cache write, attention and
-        the output projection."""
+        qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
             T = qkv.shape[0]
@@ -72,13 +67,17 @@ class LlamaDecoderLayer(torch.nn.Module):
     def attention_half(self, x, residual, meta: AttentionMetadata, reduce: bool = True):
         """(input norm with the residual add) -> self-attention. Returns (output, residual); with
         reduce=False the output is this rank's partial sum."""
-        qkv, residual = fused.norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
-        return self.self_attn.attend(qkv, meta, reduce), residual
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        return self.self_attn(x, meta, reduce), residual
 
     def mlp_half(self, x, residual, reduce: bool = True):
         """(post-attention norm with the residual add) -> MLP. Returns (output, residual)."""
-        gate_up, residual = fused.norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, x, residual)
-        return fused.silu_linear(self.mlp.down_proj, gate_up, reduce), residual
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x, reduce), residual
 
     def forward(self, x, residual, meta: AttentionMetadata):
         x, residual = self.attention_half(x, residual, meta)

@@ -6,10 +6,6 @@ shapes, weights read from memory (not L2): 3.63 against 3.33 TB/s (qkv 6144 x 40
 
 The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at the end (no shuffle per tile).
 
-Fused prologues (``KESTREL_DECODE_FUSION``): ``norm_linear`` computes the RMSNorm with its residual add inside the
-GEMV that reads it (the QKV and gate/up projections), ``silu_linear`` the SiLU-and-mul inside the down projection's,
-so a decode layer at one row runs 6 kernels where it ran 10.
-
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
 ``KESTREL_SKINNY_GEMM=off`` keeps cuBLAS there too.
@@ -62,65 +58,21 @@ def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
                                       and bias.shape == (weight.shape[0],))))
 
 
-def fusing() -> bool:
-    """Whether the decode layers fuse their norms and activation into the GEMVs (KESTREL_DECODE_FUSION)."""
-    return envs.KESTREL_DECODE_FUSION == "on"
-
-
-def _launch(x, weight, bias, out, prologue: int, residual=None, norm_weight=None, residual_out=None,
-            eps: float = 0.0, config: SkinnyConfig | None = None) -> None:
-    from engine.ops import skinny_gemm_kernel as kern
-
-    N, K = weight.shape
-    cfg = config or GEMV_CONFIG
-    grid = (-(-N // cfg.block_n),)
-    kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out,
-                           residual if residual is not None else x, norm_weight if norm_weight is not None else x,
-                           residual_out if residual_out is not None else out, N, K, float(eps),
-                           PROLOGUE=prologue, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-
-def _new_out(x: torch.Tensor, N: int, out: torch.Tensor | None) -> torch.Tensor:
-    return torch.empty(1, N, dtype=x.dtype, device=x.device) if out is None else out
-
-
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias for x [1, K] (last dim contiguous), weight [N, K] contiguous; returns ``out`` ([1, N],
     contiguous) or a new tensor. Triton (CUDA, or the interpreter on the CPU in tests)."""
-    if x.shape[0] != 1:
-        raise ValueError(f"skinny_linear: x has {x.shape[0]} rows; the GEMV takes one")
-    out = _new_out(x, weight.shape[0], out)
-    _launch(x, weight, bias, out, 0, config=config)
-    return out
+    from engine.ops import skinny_gemm_kernel as kern
 
-
-def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                weight: torch.Tensor, bias: torch.Tensor | None = None, config: SkinnyConfig | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(h) @ weight^T + bias, h) in one kernel, h = x + residual (x alone without a residual), rounded as
-    engine.ops.fused_add_rms_norm rounds; x and residual [1, K] contiguous, left as they are (h is a new tensor:
-    other programs of the kernel still read the old residual while program 0 writes h)."""
-    if x.shape[0] != 1 or not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
-        raise ValueError("norm_linear: x (and residual) must be one contiguous row")
-    out = _new_out(x, weight.shape[0], None)
-    if residual is None:
-        _launch(x, weight, bias, out, 1, norm_weight=norm_weight, eps=eps, config=config)
-        return out, x
-    h = torch.empty_like(x)
-    _launch(x, weight, bias, out, 1, residual=residual, norm_weight=norm_weight, residual_out=h, eps=eps,
-            config=config)
-    return out, h
-
-
-def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                config: SkinnyConfig | None = None) -> torch.Tensor:
-    """SiLU(gate) * up (engine.ops.silu_and_mul's rounding) @ weight^T + bias in one kernel, gate_up [1, 2K]
-    contiguous (gate then up), weight [N, K]."""
-    if gate_up.shape[0] != 1 or not gate_up.is_contiguous() or gate_up.shape[1] != 2 * weight.shape[1]:
-        raise ValueError("silu_linear: gate_up must be one contiguous row of twice the weight's K")
-    out = _new_out(gate_up, weight.shape[0], None)
-    _launch(gate_up, weight, bias, out, 2, config=config)
+    M, K = x.shape
+    N = weight.shape[0]
+    if M != 1:
+        raise ValueError(f"skinny_linear: x has {M} rows; the GEMV takes one")
+    if out is None:
+        out = torch.empty(1, N, dtype=x.dtype, device=x.device)
+    cfg = config or GEMV_CONFIG
+    grid = (-(-N // cfg.block_n),)
+    kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out, N, K, HAS_BIAS=bias is not None,
+                           EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
