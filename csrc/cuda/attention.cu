@@ -29,6 +29,7 @@ constexpr int kWarps = 4;
 constexpr int kTokensPerWarpStep = 4;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMinPartition = 64;  // tokens
+constexpr int kMaxSplits = 1024;   // partitions per context at most (plan)
 constexpr int kMinDynPart = 32;    // tokens: the shortest partition of a context cut into -part_tokens pieces
 
 // The partition length of a sequence with `ctx` tokens: fixed (part_tokens > 0) or its context over the grid's
@@ -371,29 +372,54 @@ __global__ void __launch_bounds__(kWarps * 32)
   finish_block<T, G, HD>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits);
 }
 
-// Merge the partitions of one (head, sequence) that its context covers: one thread per output element.
+// Max over the block (blockDim.x a multiple of 32); every thread gets the result.
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  v = warp_max(v);
+  if (lane == 0) partial[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    float m = lane < int(blockDim.x >> 5) ? partial[lane] : -INFINITY;
+    m = warp_max(m);
+    if (lane == 0) total = m;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Merge the partitions of one (head, sequence) that its context covers. The partitions' maxima and weights are
+// found by the block together (threads over partitions), the weights kept in shared memory, then one thread per
+// output element sums its column with loads that depend on nothing before them (a loop that tested each
+// partition's sum before loading its column took 8.8 us per layer at batch 1 over 17 partitions on the H200).
 template <class T>
 __global__ void paged_decode_reduce_kernel(T* __restrict__ out, int64_t os0, int64_t os1,
                                            const float* __restrict__ ws, const int32_t* __restrict__ ctx_lens,
                                            int nh, int hd, int splits, int part_tokens) {
+  __shared__ float weight[kMaxSplits];
   const int h = blockIdx.x, b = blockIdx.y;
-  const float* wp = ws + (int64_t(b) * nh + h) * splits * (2 + hd);
+  const int64_t stride = 2 + hd;
+  const float* wp = ws + (int64_t(b) * nh + h) * splits * stride;
   const int plen = part_len(ctx_lens[b], splits, part_tokens);
   const int parts = min(splits, (ctx_lens[b] + plen - 1) / plen);
-  float M = -INFINITY;
-  for (int p = 0; p < parts; ++p)
-    if (wp[p * (2 + hd) + 1] > 0.f) M = fmaxf(M, wp[p * (2 + hd)]);
+  float m = -INFINITY;
+  for (int p = threadIdx.x; p < parts; p += blockDim.x)
+    if (wp[p * stride + 1] > 0.f) m = fmaxf(m, wp[p * stride]);
+  const float M = block_max(m);
+  float l = 0.f;
+  for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+    const float lp = wp[p * stride + 1];
+    const float f = lp > 0.f ? expf(wp[p * stride] - M) : 0.f;  // a partition with no token wrote zeros
+    weight[p] = f;
+    l += lp * f;
+  }
+  const float L = block_sum(l);  // synchronises the block: the weights are visible below
+  const float inv = L > 0.f ? 1.f / L : 0.f;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float L = 0.f, o = 0.f;
-    for (int p = 0; p < parts; ++p) {
-      const float* w = wp + p * (2 + hd);
-      if (w[1] > 0.f) {
-        const float f = expf(w[0] - M);
-        L += w[1] * f;
-        o += w[2 + d] * f;
-      }
-    }
-    out[b * os0 + h * os1 + d] = from_f<T>(L > 0.f ? o / L : 0.f);
+    float o = 0.f;
+    for (int p = 0; p < parts; ++p) o += weight[p] * wp[p * stride + 2 + d];
+    out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
   }
 }
 
@@ -421,22 +447,24 @@ int group_for(int64_t nh, int64_t nkv, int64_t hd) {
 }
 
 // Enough blocks to fill the GPU about twice, partitions of >= kMinPartition tokens; or partitions of the given
-// size (rounded up to a warp step, at most 4096 of them) over the whole capacity. `base`: blocks per partition.
+// size (rounded up to a warp step, at most kMaxSplits of them) over the whole capacity. `base`: blocks per partition.
 Plan plan(int64_t base, int64_t max_tokens, int64_t part_tokens, int device) {
   const int64_t step = kWarps * kTokensPerWarpStep;
   if (part_tokens < 0) {  // -splits: each context cut on the device into that many partitions (part_len)
     const int64_t most = std::max<int64_t>(1, (max_tokens + kMinDynPart - 1) / kMinDynPart);
-    return Plan{int(std::max<int64_t>(1, std::min<int64_t>({-part_tokens, most, 1024}))), int(part_tokens)};
+    return Plan{int(std::max<int64_t>(1, std::min<int64_t>({-part_tokens, most, int64_t(kMaxSplits)}))),
+                int(part_tokens)};
   }
   if (part_tokens > 0) {
-    int64_t part = std::max<int64_t>({(part_tokens + step - 1) / step * step, (max_tokens + 4095) / 4096, step});
+    int64_t part = std::max<int64_t>({(part_tokens + step - 1) / step * step,
+                                      (max_tokens + kMaxSplits - 1) / kMaxSplits, step});
     part = (part + step - 1) / step * step;
     return Plan{int((max_tokens + part - 1) / part), int(part)};
   }
   const int64_t target = 2 * int64_t(sm_count(device));
   int64_t splits = base >= target ? 1 : (target + base - 1) / base;
   const int64_t max_splits = (max_tokens + kMinPartition - 1) / kMinPartition;
-  splits = std::max<int64_t>(1, std::min<int64_t>({splits, max_splits, 1024}));
+  splits = std::max<int64_t>(1, std::min<int64_t>({splits, max_splits, int64_t(kMaxSplits)}));
   int64_t part = (max_tokens + splits - 1) / splits;
   part = (part + step - 1) / step * step;
   if (part <= 0) part = step;
