@@ -16,9 +16,10 @@ A graph bakes in the addresses and shapes of everything it touches, so:
 - the block table has the width of the longest context (max_model_len / block_size blocks); the decode kernel
   then cuts every sequence's context on the device into a number of partitions fixed per bucket
   (``partition_tokens`` returns it as -splits: many for small batches, so that a short context still spreads over
-  the GPU; one from 64 sequences of the 8B shape on). (Fixed partition sizes over the table's width launched
-  mostly empty blocks: 128 per sequence at 16k tokens of table, 0.5 ms of a batch-1 step on the H200; planned for
-  the table's width instead, a batch-1 step at a 512-token context ran one partition per head: 4.2 ms.)
+  the GPU; two at 64 sequences of the 8B shape on the H200). (Fixed partition sizes over the table's width launched
+  mostly empty blocks: 256 per KV head at batch 1 over a 16k-token table, 9 of them with work at a 512-token
+  context; planned for the table's width instead, a batch-1 step at a 512-token context ran one partition per
+  head: 4.2 ms.)
 
 Prefill and mixed steps stay eager. The sampler runs eagerly on the graph's logits (its shapes change with the
 requests' parameters). Tensor parallelism stays eager until its all-reduces are capturable.
