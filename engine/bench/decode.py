@@ -169,8 +169,8 @@ DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (e
 
 def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, variants=None) -> dict:
     """TPOT and the graph replay's GPU time at each batch size with the decode graphs captured again under each
-    variant's settings (the one-row GEMV against cuBLAS),
-    side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
+    variant's settings (the one-row GEMV against cuBLAS), side by side in one run; the engine's own settings are
+    restored (and its graphs captured again) at the end."""
     import os
 
     runner = core.runner
