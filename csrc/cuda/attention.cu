@@ -40,6 +40,50 @@ __device__ __forceinline__ int part_len(int ctx, int splits, int part_tokens) {
   return p > kMinDynPart ? p : kMinDynPart;
 }
 
+// The output of one (query head, sequence) from the per-warp (max, sum, acc) in shared memory: written to `out`
+// with one split, to the workspace with several.
+template <class T, int G, int HDS>
+__device__ __forceinline__ void finish_block(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
+                                             const float (&sm_m)[kWarps][G], const float (&sm_l)[kWarps][G],
+                                             const float (&sm_acc)[kWarps][G][HDS], int b, int h0, int nh, int hd,
+                                             int part, int splits) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      if (sm_l[w][g] > 0.f) M = fmaxf(M, sm_m[w][g]);
+    float L = 0.f, f[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      f[w] = sm_l[w][g] > 0.f ? expf(sm_m[w][g] - M) : 0.f;
+      L += sm_l[w][g] * f[w];
+    }
+    const int h = h0 + g;
+    if (splits == 1) {
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
+        out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
+      }
+    } else {
+      float* wp = ws + ((int64_t(b) * nh + h) * splits + part) * (2 + hd);
+      if (threadIdx.x == 0) {
+        wp[0] = M;
+        wp[1] = L;
+      }
+      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
+        wp[2 + d] = o;
+      }
+    }
+  }
+}
+
 // G query heads per block: the query heads that share one KV head (GQA) read each key and value once for all of
 // them (G = num_heads / num_kv_heads when it is 2, 4 or 8 and the registers allow; grid.x = KV heads). G = 1: one
 // query head per block (grid.x = query heads), any ratio.
@@ -160,85 +204,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (d < hd) sm_acc[warp][g][d] = acc[g][v];
     }
   __syncthreads();
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-      if (sm_l[w][g] > 0.f) M = fmaxf(M, sm_m[w][g]);
-    float L = 0.f, f[kWarps];
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      f[w] = sm_l[w][g] > 0.f ? expf(sm_m[w][g] - M) : 0.f;
-      L += sm_l[w][g] * f[w];
-    }
-    const int h = h0 + g;
-    if (splits == 1) {
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
-        out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
-      }
-    } else {
-      float* wp = ws + ((int64_t(b) * nh + h) * splits + part) * (2 + hd);
-      if (threadIdx.x == 0) {
-        wp[0] = M;
-        wp[1] = L;
-      }
-      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
-        wp[2 + d] = o;
-      }
-    }
-  }
-}
-
-// The output of one (query head, sequence) from the per-warp (max, sum, acc) in shared memory: written to `out`
-// with one split, to the workspace with several.
-template <class T, int G, int HDS>
-__device__ __forceinline__ void finish_block(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
-                                             const float (&sm_m)[kWarps][G], const float (&sm_l)[kWarps][G],
-                                             const float (&sm_acc)[kWarps][G][HDS], int b, int h0, int nh, int hd,
-                                             int part, int splits) {
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-      if (sm_l[w][g] > 0.f) M = fmaxf(M, sm_m[w][g]);
-    float L = 0.f, f[kWarps];
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      f[w] = sm_l[w][g] > 0.f ? expf(sm_m[w][g] - M) : 0.f;
-      L += sm_l[w][g] * f[w];
-    }
-    const int h = h0 + g;
-    if (splits == 1) {
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
-        out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
-      }
-    } else {
-      float* wp = ws + ((int64_t(b) * nh + h) * splits + part) * (2 + hd);
-      if (threadIdx.x == 0) {
-        wp[0] = M;
-        wp[1] = L;
-      }
-      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
-        wp[2 + d] = o;
-      }
-    }
-  }
+  finish_block<T, G>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits);
 }
 
 // 16-byte loads: LPT = HD / E lanes hold one token's head vector (E elements each), TPW = 32 / LPT tokens per
@@ -369,24 +335,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < E; ++e) sm_acc[warp][g][li * E + e] = acc[g][e];
   }
   __syncthreads();
-  finish_block<T, G, HD>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits);
-}
-
-// Max over the block (blockDim.x a multiple of 32); every thread gets the result.
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  __shared__ float total;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  v = warp_max(v);
-  if (lane == 0) partial[wid] = v;
-  __syncthreads();
-  if (wid == 0) {
-    float m = lane < int(blockDim.x >> 5) ? partial[lane] : -INFINITY;
-    m = warp_max(m);
-    if (lane == 0) total = m;
-  }
-  __syncthreads();
-  return total;
+  finish_block<T, G>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits);
 }
 
 // Merge the partitions of one (head, sequence) that its context covers. The partitions' maxima and weights are

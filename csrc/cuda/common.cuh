@@ -77,6 +77,23 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// Max over the block (blockDim.x a multiple of 32); every thread gets the result.
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  v = warp_max(v);
+  if (lane == 0) partial[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    float m = lane < int(blockDim.x >> 5) ? partial[lane] : -INFINITY;
+    m = warp_max(m);
+    if (lane == 0) total = m;
+  }
+  __syncthreads();
+  return total;
+}
+
 // 16 bytes of T (8 bf16 / fp16, 4 fp32): one vector load or store.
 template <class T>
 struct alignas(16) Pack {

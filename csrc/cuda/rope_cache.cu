@@ -27,6 +27,45 @@ __global__ void rotary_kernel(const int64_t* __restrict__ positions, T* __restri
   }
 }
 
+// One 16-byte pack of a head rotated in place at element e0 (NeoX: with its partner pack rot_dim/2 further;
+// GPT-J: pairs inside the pack); with `dst`, the rotated packs are also stored there at the same offsets.
+template <class T>
+__device__ __forceinline__ void rotate_pack(T* x, T* dst, int e0, int half, const float* c, const float* s,
+                                            bool neox) {
+  constexpr int V = Pack<T>::N;
+  if (neox) {
+    auto* p1 = reinterpret_cast<Pack<T>*>(x + e0);
+    auto* p2 = reinterpret_cast<Pack<T>*>(x + e0 + half);
+    const Pack<T> a = *p1, b = *p2;
+    Pack<T> oa, ob;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float fa = ld(&a.v[v]), fb = ld(&b.v[v]), cv = c[e0 + v], sv = s[e0 + v];
+      oa.v[v] = from_f<T>(fa * cv - fb * sv);
+      ob.v[v] = from_f<T>(fb * cv + fa * sv);
+    }
+    *p1 = oa;
+    *p2 = ob;
+    if (dst) {
+      *reinterpret_cast<Pack<T>*>(dst + e0) = oa;
+      *reinterpret_cast<Pack<T>*>(dst + e0 + half) = ob;
+    }
+  } else {
+    auto* p = reinterpret_cast<Pack<T>*>(x + e0);
+    const Pack<T> a = *p;
+    Pack<T> o;
+#pragma unroll
+    for (int u = 0; u < V / 2; ++u) {
+      const int i = e0 / 2 + u;
+      const float fa = ld(&a.v[2 * u]), fb = ld(&a.v[2 * u + 1]), cv = c[i], sv = s[i];
+      o.v[2 * u] = from_f<T>(fa * cv - fb * sv);
+      o.v[2 * u + 1] = from_f<T>(fb * cv + fa * sv);
+    }
+    *p = o;
+    if (dst) *reinterpret_cast<Pack<T>*>(dst + e0) = o;
+  }
+}
+
 // 16-byte version: each thread rotates one pack of V elements of one head. NeoX pairs (i, i + rot/2): a pack from
 // each half; GPT-J pairs (2i, 2i + 1): V/2 pairs inside one pack. Used when rot, the head size and the row strides
 // are multiples of 2V and the bases 16-byte aligned (the scalar kernel moves 2 bytes per access: a third of the copy
@@ -45,32 +84,7 @@ __global__ void rotary_vec_kernel(const int64_t* __restrict__ positions, T* __re
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     const int h = j / per_head, e0 = (j % per_head) * V;
     T* x = h < nh ? q + t * qs + int64_t(h) * hd : k + t * ks + int64_t(h - nh) * hd;
-    if (neox) {
-      auto* p1 = reinterpret_cast<Pack<T>*>(x + e0);
-      auto* p2 = reinterpret_cast<Pack<T>*>(x + e0 + half);
-      const Pack<T> a = *p1, b = *p2;
-      Pack<T> oa, ob;
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        const float fa = ld(&a.v[v]), fb = ld(&b.v[v]), cv = c[e0 + v], sv = s[e0 + v];
-        oa.v[v] = from_f<T>(fa * cv - fb * sv);
-        ob.v[v] = from_f<T>(fb * cv + fa * sv);
-      }
-      *p1 = oa;
-      *p2 = ob;
-    } else {
-      auto* p = reinterpret_cast<Pack<T>*>(x + e0);
-      const Pack<T> a = *p;
-      Pack<T> o;
-#pragma unroll
-      for (int u = 0; u < V / 2; ++u) {
-        const int i = e0 / 2 + u;
-        const float fa = ld(&a.v[2 * u]), fb = ld(&a.v[2 * u + 1]), cv = c[i], sv = s[i];
-        o.v[2 * u] = from_f<T>(fa * cv - fb * sv);
-        o.v[2 * u + 1] = from_f<T>(fb * cv + fa * sv);
-      }
-      *p = o;
-    }
+    rotate_pack(x, static_cast<T*>(nullptr), e0, half, c, s, neox);
   }
 }
 
@@ -134,37 +148,7 @@ __global__ void rotary_and_cache_vec_kernel(const int64_t* __restrict__ position
     const bool is_k = h >= nh;
     T* x = is_k ? k + t * ks + int64_t(h - nh) * hd : q + t * qs + int64_t(h) * hd;
     T* dst = is_k && slot >= 0 ? kd + int64_t(h - nh) * hd : nullptr;
-    if (neox) {
-      auto* p1 = reinterpret_cast<Pack<T>*>(x + e0);
-      auto* p2 = reinterpret_cast<Pack<T>*>(x + e0 + half);
-      const Pack<T> a = *p1, b = *p2;
-      Pack<T> oa, ob;
-#pragma unroll
-      for (int u = 0; u < V; ++u) {
-        const float fa = ld(&a.v[u]), fb = ld(&b.v[u]), cv = c[e0 + u], sv = s[e0 + u];
-        oa.v[u] = from_f<T>(fa * cv - fb * sv);
-        ob.v[u] = from_f<T>(fb * cv + fa * sv);
-      }
-      *p1 = oa;
-      *p2 = ob;
-      if (dst) {
-        *reinterpret_cast<Pack<T>*>(dst + e0) = oa;
-        *reinterpret_cast<Pack<T>*>(dst + e0 + half) = ob;
-      }
-    } else {
-      auto* p = reinterpret_cast<Pack<T>*>(x + e0);
-      const Pack<T> a = *p;
-      Pack<T> o;
-#pragma unroll
-      for (int u = 0; u < V / 2; ++u) {
-        const int i = e0 / 2 + u;
-        const float fa = ld(&a.v[2 * u]), fb = ld(&a.v[2 * u + 1]), cv = c[i], sv = s[i];
-        o.v[2 * u] = from_f<T>(fa * cv - fb * sv);
-        o.v[2 * u + 1] = from_f<T>(fb * cv + fa * sv);
-      }
-      *p = o;
-      if (dst) *reinterpret_cast<Pack<T>*>(dst + e0) = o;
-    }
+    rotate_pack(x, dst, e0, half, c, s, neox);
   }
   if (slot < 0) return;
   const int per_v = hd / V, tail = (hd - rot) / V;  // v's packs; k's packs past rot_dim
