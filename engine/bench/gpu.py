@@ -217,6 +217,35 @@ def kestrel_batch_prefill(core, rng, vocab: int, n: int, length: int, repeats: i
     return statistics.median(times[1:])
 
 
+def prefill_ablation(core, rng, vocab: int, repeats: int, row) -> dict:
+    """Prefill figures again with one of this engine's optimisations off, side by side in the same run: a long
+    chunk over a cached prefix on the Triton kernel alone (no cuDNN over its own keys: layers.attention.
+    RESUME_MIN_QUERY out of reach), and the residual add as its own kernel (no fold into the row-parallel GEMMs:
+    ops.gemm.FOLD_MIN_ROWS out of reach). ``row(seconds, query_lens, context_lens)`` makes each entry."""
+    from engine.layers import attention
+    from engine.ops import gemm
+
+    out = {}
+    saved = attention.RESUME_MIN_QUERY
+    attention.RESUME_MIN_QUERY = 1 << 62
+    try:
+        out["no_resume_8192_with_4096_cached"] = row(kestrel_prefix_hit(core, rng, vocab, 8192, 4096, repeats),
+                                                     [4096], [8192])
+        out["no_resume_8192_chunked_2048"] = row(
+            kestrel_ttft(core, rng, vocab, [8192], repeats, chunk=2048)["8192"], [8192], [8192])
+    finally:
+        attention.RESUME_MIN_QUERY = saved
+    saved = gemm.FOLD_MIN_ROWS
+    gemm.FOLD_MIN_ROWS = 1 << 62
+    try:
+        out["no_fold_8192"] = row(kestrel_ttft(core, rng, vocab, [8192], repeats)["8192"], [8192], [8192])
+        out["no_fold_64x512"] = row(kestrel_batch_prefill(core, rng, vocab, 64, 512, repeats), [512] * 64,
+                                    [512] * 64)
+    finally:
+        gemm.FOLD_MIN_ROWS = saved
+    return out
+
+
 def kestrel_tpot(core, rng, vocab: int, batch: int, prompt: int, steps: int) -> float:
     """Median seconds of a decode step with every one of ``batch`` requests decoding."""
     return statistics.median(decode_step_times(core, batch, prompt, steps, rng).step_seconds)
@@ -556,6 +585,12 @@ def run(args) -> dict:
             s = kestrel_batch_prefill(core, rng, vocab, 64, 512, args.repeats)
             k["prefill_64x512"] = prefill_row(s, [512] * 64, [512] * 64)
             save()
+            if "ablation" not in args.skip:
+                k["prefill_ablation"] = prefill_ablation(core, rng, vocab, args.repeats, prefill_row)
+                save()
+                print("Kestrel prefill with one optimisation off: " + ", ".join(
+                    f"{name} {r['ms']:.1f} ms ({100 * r['share_of_limit']:.1f}%)"
+                    for name, r in k["prefill_ablation"].items()), flush=True)
             print(f"Kestrel: 8192 with 4096 cached {k['ttft_8192_with_4096_cached']['ms']:.1f} ms, chunked "
                   f"{k['ttft_8192_chunked_2048']['ms']:.1f} ms, 64x512 {k['prefill_64x512']['ms']:.1f} ms", flush=True)
             k["tpot"] = {}
@@ -646,13 +681,15 @@ def print_table(report: dict) -> None:
     rows.append(("TTFT 8192, 4096 cached", k.get("ttft_8192_with_4096_cached"), None, None))
     rows.append(("TTFT 8192, chunks of 2048", k.get("ttft_8192_chunked_2048"), None, None))
     rows.append(("64 x 512 prefill", k.get("prefill_64x512"), None, hf.get("prefill_64x512")))
+    for name, r in k.get("prefill_ablation", {}).items():
+        rows.append((f"  {name}", r, None, None))
     for b in report["args"]["batch"]:
         rows.append((f"TPOT batch {b}", k.get("tpot", {}).get(str(b)), None, hf.get("tpot", {}).get(str(b))))
     for b, d in k.get("decode_breakdown", {}).items():
         rows.append((f"TPOT batch {b}, eager", d.get("eager"), None, None))
-    print(f"{'':28s} {'Kestrel (Triton)':>20s} {'Kestrel (SDPA)':>20s} {'HF transformers':>20s}   (share of limit)")
+    print(f"{'':34s} {'Kestrel (Triton)':>20s} {'Kestrel (SDPA)':>20s} {'HF transformers':>20s}   (share of limit)")
     for name, a, b, c in rows:
-        print(f"{name:28s} {cell(a):>20s} {cell(b):>20s} {cell(c):>20s}")
+        print(f"{name:34s} {cell(a):>20s} {cell(b):>20s} {cell(c):>20s}")
     if k.get("throughput"):
         t = k["throughput"]
         print(f"throughput 1024 x (512 in, 256 out): {t['output_tok_s']:.0f} output tok/s in {t['seconds']:.1f} s")
@@ -669,7 +706,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", nargs="*", default=[],
-                   choices=["kernels", "skinny", "attention", "kestrel", "hf", "profile", "variants"])
+                   choices=["kernels", "skinny", "attention", "kestrel", "hf", "profile", "variants", "ablation"])
     p.add_argument("--trace-dir", default=None, help="write a Chrome trace of each profiled case there")
 
 

@@ -191,8 +191,8 @@ class EngineCore:
         if not ids:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         vocab = self.model_config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
+        if min(ids) < 0 or max(ids) >= vocab:  # C-speed scans; the loop below only names the culprit
+            bad = next(t for t in ids if not 0 <= t < vocab)
             raise InvalidRequestError(f"Token id {bad} is out of the vocabulary (0..{vocab - 1}).", param="prompt")
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)

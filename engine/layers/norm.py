@@ -13,10 +13,13 @@ class RMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor | None, residual: torch.Tensor | None = None):
         """Without residual: returns norm(x). With residual: residual += x, x = norm(residual),
-        both in place; returns (x, residual)."""
+        both in place; returns (x, residual). x None: the previous layer already added its output into the
+        residual (RowParallelLinear's fold); returns (norm(residual), residual)."""
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps)
+        if x is None:
+            return ops.rms_norm(residual, self.weight, self.eps), residual
         ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
         return x, residual

@@ -32,14 +32,15 @@ class LlamaAttention(torch.nn.Module):
         self.rotary = rotary
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, hd, index)
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, reduce: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, reduce: bool = True,
+                residual: torch.Tensor | None = None) -> torch.Tensor | None:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
             T = qkv.shape[0]
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(T, self.q_size)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(T, self.kv_size)
-        return self.o_proj(self.attn(q, k, v, meta, self.rotary), reduce)
+        return self.o_proj(self.attn(q, k, v, meta, self.rotary), reduce, residual)
 
 
 class LlamaMLP(torch.nn.Module):
@@ -49,8 +50,9 @@ class LlamaMLP(torch.nn.Module):
                                                        ["gate_proj", "up_proj"], dtype, tp)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, dtype, tp, "intermediate size")
 
-    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)), reduce)
+    def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | None:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)), reduce, residual)
 
 
 class LlamaDecoderLayer(torch.nn.Module):
@@ -63,7 +65,9 @@ class LlamaDecoderLayer(torch.nn.Module):
 
     # The layer in two halves, each ending in a row-parallel all-reduce. The plain forward runs them back to
     # back; micro-batch overlap (engine/models/overlap.py) interleaves two micro-batches' halves with
-    # reduce=False and issues the all-reduces itself. One decoder either way.
+    # reduce=False and issues the all-reduces itself. One decoder either way. A half's output is None when its
+    # last GEMM added it into the residual itself (one rank, a prefill: RowParallelLinear.forward); the next
+    # norm then reads the residual alone.
     def attention_half(self, x, residual, meta: AttentionMetadata, reduce: bool = True):
         """(input norm with the residual add) -> self-attention. Returns (output, residual); with
         reduce=False the output is this rank's partial sum."""
@@ -72,12 +76,12 @@ class LlamaDecoderLayer(torch.nn.Module):
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        return self.self_attn(x, meta, reduce), residual
+        return self.self_attn(x, meta, reduce, residual), residual
 
     def mlp_half(self, x, residual, reduce: bool = True):
         """(post-attention norm with the residual add) -> MLP. Returns (output, residual)."""
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x, reduce), residual
+        return self.mlp(x, reduce, residual), residual
 
     def forward(self, x, residual, meta: AttentionMetadata):
         x, residual = self.attention_half(x, residual, meta)

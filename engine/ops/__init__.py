@@ -30,7 +30,7 @@ CUDA graphs, reached through ``gemm.linear``). This file only re-exports their p
 
 from engine.ops import reference
 from engine.ops.attention import paged_decode_attention, reshape_and_cache, token_positions_and_slots
-from engine.ops.gemm import linear
+from engine.ops.gemm import linear, linear_into
 from engine.ops.gguf_quant import GGUFSegments, GGUFWeight, gguf_embedding, gguf_isa, gguf_isas, gguf_linear
 from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
@@ -47,7 +47,7 @@ from engine.ops.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 from engine.ops.rotary import rotary_and_cache, rotary_embedding
 from engine.ops.varlen_attention import SHORT_QUERY as VARLEN_SHORT_QUERY
 from engine.ops.varlen_attention import KernelConfig as VarlenKernelConfig
-from engine.ops.varlen_attention import VarlenPlan, varlen_paged_attention
+from engine.ops.varlen_attention import VarlenPlan, chunk_self_attention, varlen_paged_attention
 from engine.ops.varlen_attention import available as varlen_attention_available
 from engine.ops.varlen_attention import config_for as varlen_config
 
@@ -69,6 +69,7 @@ __all__ = [
     "token_positions_and_slots",
     "paged_decode_attention",
     "varlen_paged_attention",
+    "chunk_self_attention",
     "varlen_attention_available",
     "varlen_config",
     "VarlenKernelConfig",
@@ -79,6 +80,7 @@ __all__ = [
     "cpu_isa",
     "available_isas",
     "linear_isa",
+    "linear_into",
     "set_num_threads",
     "set_batch_invariant",
     "batch_invariant",

@@ -228,6 +228,23 @@ def test_linear_cuda_goes_to_torch():
     torch.testing.assert_close(ops.linear(x, w, b), torch.nn.functional.linear(x, w, b))
 
 
+def test_linear_into_folds_only_cuda_prefill_sizes():
+    """acc += x @ w^T in the GEMM itself only on CUDA at FOLD_MIN_ROWS rows or more; elsewhere False, acc untouched."""
+    from engine.ops import gemm
+
+    x, w = torch.randn(gemm.FOLD_MIN_ROWS, 64), torch.randn(10, 64)
+    acc = torch.randn(gemm.FOLD_MIN_ROWS, 10)
+    before = acc.clone()
+    assert not ops.linear_into(x, w, acc)
+    assert torch.equal(acc, before)
+    if torch.cuda.is_available():
+        xc, wc, ac = x.cuda(), w.cuda(), acc.cuda()
+        assert ops.linear_into(xc, wc, ac)
+        torch.testing.assert_close(ac.cpu(), before + x @ w.t(), rtol=1e-4, atol=1e-4)
+        assert not ops.linear_into(xc[:-1], wc, ac[:-1])  # below FOLD_MIN_ROWS: the GEMV / graphs' sizes
+        assert not ops.linear_into(xc, wc.half(), ac)  # dtypes differ
+
+
 # -- int8 weights (engine/ops/int8.py): the same kernels, weights widened and scaled per group of 32 --------------
 
 def test_int8_quantize_round_trip():
