@@ -218,27 +218,18 @@ def kestrel_batch_prefill(core, rng, vocab: int, n: int, length: int, repeats: i
 
 
 def prefill_ablation(core, rng, vocab: int, repeats: int, row) -> dict:
-    """Prefill figures again with one of this engine's optimisations off, side by side in the same run: a long
-    chunk over a cached prefix on the Triton kernel alone (no cuDNN over its own keys: layers.attention.
-    RESUME_MIN_QUERY out of reach), and the residual add as its own kernel (no fold into the row-parallel GEMMs:
-    ops.gemm.FOLD_MIN_ROWS out of reach). ``row(seconds, query_lens, context_lens)`` makes each entry."""
-    from engine.layers import attention
+    """Prefill figures again with the residual add as its own kernel (not folded into the row-parallel GEMMs:
+    ops.gemm.FOLD_MIN_ROWS out of reach), side by side in the same run. ``row(seconds, query_lens,
+    context_lens)`` makes each entry."""
     from engine.ops import gemm
 
     out = {}
-    saved = attention.RESUME_MIN_QUERY
-    attention.RESUME_MIN_QUERY = 1 << 62
-    try:
-        out["no_resume_8192_with_4096_cached"] = row(kestrel_prefix_hit(core, rng, vocab, 8192, 4096, repeats),
-                                                     [4096], [8192])
-        out["no_resume_8192_chunked_2048"] = row(
-            kestrel_ttft(core, rng, vocab, [8192], repeats, chunk=2048)["8192"], [8192], [8192])
-    finally:
-        attention.RESUME_MIN_QUERY = saved
     saved = gemm.FOLD_MIN_ROWS
     gemm.FOLD_MIN_ROWS = 1 << 62
     try:
         out["no_fold_8192"] = row(kestrel_ttft(core, rng, vocab, [8192], repeats)["8192"], [8192], [8192])
+        out["no_fold_8192_with_4096_cached"] = row(kestrel_prefix_hit(core, rng, vocab, 8192, 4096, repeats),
+                                                   [4096], [8192])
         out["no_fold_64x512"] = row(kestrel_batch_prefill(core, rng, vocab, 64, 512, repeats), [512] * 64,
                                     [512] * 64)
     finally:

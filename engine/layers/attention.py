@@ -14,9 +14,6 @@ Backends, per step:
   than the Triton kernel there (kestrel bench gpu, H200, 8B shape: 8,192-token TTFT 220 ms against 240; per layer
   0.95 against 1.25 ms at 1 x 8,192 and 0.44 against 0.75 ms at 64 x 512; torch's FlashAttention-2 varlen entry
   point was slower than both, its cuDNN varlen path 100x slower).
-- CUDA, one chunk of more than 512 tokens over a cached prefix (chat turns, prefix-cache hits, chunked prefill):
-  cuDNN (SDPA's private entry point, with the log-sum-exp) over the chunk's own keys, then the Triton kernel
-  resumes from that state over the prefix in the paged cache (``_chunk_over_prefix``).
 - CUDA, any other step with a prefill: one launch of the Triton varlen kernel (engine/ops/varlen_attention.py) for the
   step's prefill chunks, reading their prefixes from the paged cache through the block table (no gathered copy, GQA
   by indexing), and the paged decode kernel for its decodes (alone in a varlen query tile, a decode row wasted the
@@ -182,10 +179,6 @@ class Attention(torch.nn.Module):
                                   self.k_cache, self.v_cache, meta.slot_mapping)
         q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
-        if nd == 0 and len(meta.seqs) == 1 and _resumes(q, meta):
-            out = self._chunk_over_prefix(q3, k, v, meta)
-            if out is not None:
-                return out
         if nd < T and _use_varlen(q, meta):
             # the decodes on the paged decode kernel (a decode row alone in a varlen tile wastes the tile), the
             # prefill chunks on the varlen kernel, into one output
@@ -211,22 +204,6 @@ class Attention(torch.nn.Module):
             s, n = seg.query_start, seg.query_len
             out[s:s + n] = self._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)
         return out.view(T, self.num_heads * hd)
-
-    def _chunk_over_prefix(self, q3: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
-                           ) -> torch.Tensor | None:
-        """One long chunk over a cached prefix: cuDNN over the chunk's own keys (causal, with the log-sum-exp),
-        then the Triton kernel resumes from that state over the prefix in the paged cache (no copy of it). None
-        where cuDNN cannot run it (the caller takes the Triton kernel for everything)."""
-        T, hd = q3.shape[0], self.head_dim
-        got = ops.chunk_self_attention(q3, k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
-                                       self.scale)
-        if got is None:
-            return None
-        out, lse = got
-        cfg, plan = _varlen_plan(meta, q3.device, hd)
-        ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
-                                   meta.query_start_loc, plan, self.scale, out=out, config=cfg, lse=lse)
-        return out.reshape(T, self.num_heads * hd)
 
     def _fresh_sdpa(self, q3: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> torch.Tensor:
         """Causal attention of T / n fresh prompts of n tokens each, over the step's own keys and values: views
@@ -270,20 +247,6 @@ def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
         return True
     # auto: on CUDA, except for steps of fresh prompts of one length (SDPA's flash backend is faster there)
     return q.is_cuda and not meta.fresh_len
-
-
-# Query tokens from which one chunk over a cached prefix takes cuDNN for its own keys (``_resumes``): past the
-# short chunks, whose own keys are a small part of the work (an extra launch per layer is not worth it there).
-RESUME_MIN_QUERY = ops.VARLEN_SHORT_QUERY + 1
-
-
-def _resumes(q: torch.Tensor, meta: AttentionMetadata) -> bool:
-    """A step of one prefill chunk of at least RESUME_MIN_QUERY tokens over a cached prefix (a chat turn after
-    the first, a prefix-cache hit, chunked prefill), on CUDA with the kernel chosen automatically: cuDNN for the
-    chunk's own keys, the Triton kernel resuming over the prefix (``Attention._chunk_over_prefix``)."""
-    seg = meta.seqs[0]
-    return (q.is_cuda and envs.KESTREL_PREFILL_ATTENTION == "auto" and seg.context_len > seg.query_len
-            and seg.query_len >= RESUME_MIN_QUERY and ops.varlen_attention_available())
 
 
 def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int
