@@ -70,9 +70,11 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
          "compare) (engine/ops/gemm.py, engine/ops/gguf_quant.py).")),
     "KESTREL_PREFILL_ATTENTION": (
         "auto", _choice("auto", "triton", "sdpa"),
-        ("Attention of steps with a prefill chunk: auto (CUDA: the Triton varlen kernel when Triton is "
-         "there; CPU: SDPA), triton (the Triton kernel everywhere; on the CPU through Triton's interpreter, "
-         "for tests) or sdpa (torch SDPA per chunk) (engine/layers/attention.py).")),
+        ("Attention of steps with a prefill chunk: auto (CUDA: cuDNN through SDPA for fresh prompts of one "
+         "length, cuDNN over a long chunk's own keys with the Triton kernel adding its cached prefix, the "
+         "Triton varlen kernel for every other step when Triton is there; CPU: SDPA), triton (the Triton kernel "
+         "for every step with a prefill; on the CPU through Triton's interpreter, for tests) or sdpa (torch SDPA "
+         "per chunk) (engine/layers/attention.py).")),
     "KESTREL_SKINNY_GEMM": (
         "auto", _choice("auto", "off"),
         ("Linear layers of one row inside the decode CUDA graphs: auto (the Triton GEMV kernel) or off (cuBLAS) "

@@ -14,6 +14,10 @@ Backends, per step:
   than the Triton kernel there (kestrel bench gpu, H200, 8B shape: 8,192-token TTFT 220 ms against 240; per layer
   0.95 against 1.25 ms at 1 x 8,192 and 0.44 against 0.75 ms at 64 x 512; torch's FlashAttention-2 varlen entry
   point was slower than both, its cuDNN varlen path 100x slower).
+- CUDA, one chunk of more than 512 tokens over a cached prefix (chat turns, prefix-cache hits, chunked prefill):
+  cuDNN (SDPA's private entry point, with the log-sum-exp) over the chunk's own keys, then the Triton kernel over
+  the prefix in the paged cache, merging cuDNN's result in by log-sum-exp (``_chunk_over_prefix``; on the H200 6-8%
+  faster than the one launch at 2,048-4,096-token chunks; a specialisation that does not compile falls back).
 - CUDA, any other step with a prefill: one launch of the Triton varlen kernel (engine/ops/varlen_attention.py) for the
   step's prefill chunks, reading their prefixes from the paged cache through the block table (no gathered copy, GQA
   by indexing), and the paged decode kernel for its decodes (alone in a varlen query tile, a decode row wasted the
@@ -25,6 +29,7 @@ Backends, per step:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -36,6 +41,8 @@ from engine.ops.transfer import to_device
 
 if TYPE_CHECKING:
     from engine.layers.rotary import RotaryEmbedding
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,10 @@ class Attention(torch.nn.Module):
                                   self.k_cache, self.v_cache, meta.slot_mapping)
         q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
+        if nd == 0 and len(meta.seqs) == 1 and _resumes(q, meta, hd):
+            out = self._chunk_over_prefix(q3, k, v, meta)
+            if out is not None:
+                return out
         if nd < T and _use_varlen(q, meta):
             # the decodes on the paged decode kernel (a decode row alone in a varlen tile wastes the tile), the
             # prefill chunks on the varlen kernel, into one output
@@ -204,6 +215,35 @@ class Attention(torch.nn.Module):
             s, n = seg.query_start, seg.query_len
             out[s:s + n] = self._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)
         return out.view(T, self.num_heads * hd)
+
+    def _chunk_over_prefix(self, q3: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+                           ) -> torch.Tensor | None:
+        """One long chunk over a cached prefix: cuDNN over the chunk's own keys (causal, with the log-sum-exp),
+        then the Triton kernel over the prefix in the paged cache (no copy of it), merging that state in. None
+        where cuDNN cannot run it or the kernel does not compile (the caller takes the one-launch kernel)."""
+        T, hd = q3.shape[0], self.head_dim
+        cfg, plan = _varlen_plan(meta, q3.device, hd)
+        key = (q3.device, q3.dtype, hd, cfg)
+        compiled = _RESUME_COMPILES.get(key)
+        if compiled is False:
+            return None
+        got = ops.chunk_self_attention(q3, k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
+                                       self.scale)
+        if got is None:
+            return None
+        out, lse = got
+        try:
+            ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
+                                       meta.query_start_loc, plan, self.scale, out=out, config=cfg, lse=lse)
+        except Exception as e:  # the first launch compiles this specialisation: Triton 3.6's ptxas dies on some
+            if compiled:
+                raise
+            _RESUME_COMPILES[key] = False
+            log.warning("The resuming attention kernel did not compile here (%s: %s); chunks over a cached prefix "
+                        "take the one-launch Triton kernel.", type(e).__name__, str(e).splitlines()[0][:200])
+            return None
+        _RESUME_COMPILES[key] = True
+        return out.reshape(T, self.num_heads * hd)
 
     def _fresh_sdpa(self, q3: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> torch.Tensor:
         """Causal attention of T / n fresh prompts of n tokens each, over the step's own keys and values: views
@@ -247,6 +287,30 @@ def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
         return True
     # auto: on CUDA, except for steps of fresh prompts of one length (SDPA's flash backend is faster there)
     return q.is_cuda and not meta.fresh_len
+
+
+# (device, dtype, head size, KernelConfig) -> whether the resuming kernel compiled there (its first launch compiles
+# it; a failure sends those chunks to the one-launch kernel for the process's life).
+_RESUME_COMPILES: dict[tuple, bool] = {}
+
+# Query tokens from which one chunk over a cached prefix takes cuDNN for its own keys (``_resumes``): past the
+# short chunks, whose own keys are a small part of the work (an extra launch per layer is not worth it there).
+RESUME_MIN_QUERY = ops.VARLEN_SHORT_QUERY + 1
+
+
+# Head sizes the merging kernel runs at: on the H200 (Triton 3.6) its TMA specialisation compiled at 128 and made
+# ptxas die with SIGSEGV at 64, where chunks keep the one launch.
+RESUME_HEAD_DIMS = (128,)
+
+
+def _resumes(q: torch.Tensor, meta: AttentionMetadata, head_dim: int) -> bool:
+    """A step of one prefill chunk of at least RESUME_MIN_QUERY tokens over a cached prefix (a chat turn after
+    the first, a prefix-cache hit, chunked prefill), on CUDA with the kernel chosen automatically: cuDNN for the
+    chunk's own keys, the Triton kernel over the prefix merging it in (``Attention._chunk_over_prefix``)."""
+    seg = meta.seqs[0]
+    return (q.is_cuda and envs.KESTREL_PREFILL_ATTENTION == "auto" and seg.context_len > seg.query_len
+            and seg.query_len >= RESUME_MIN_QUERY and head_dim in RESUME_HEAD_DIMS
+            and ops.varlen_attention_available())
 
 
 def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int

@@ -47,7 +47,7 @@ from engine.ops.norm import fused_add_rms_norm, rms_norm, silu_and_mul
 from engine.ops.rotary import rotary_and_cache, rotary_embedding
 from engine.ops.varlen_attention import SHORT_QUERY as VARLEN_SHORT_QUERY
 from engine.ops.varlen_attention import KernelConfig as VarlenKernelConfig
-from engine.ops.varlen_attention import VarlenPlan, varlen_paged_attention
+from engine.ops.varlen_attention import VarlenPlan, chunk_self_attention, varlen_paged_attention
 from engine.ops.varlen_attention import available as varlen_attention_available
 from engine.ops.varlen_attention import config_for as varlen_config
 
@@ -69,6 +69,7 @@ __all__ = [
     "token_positions_and_slots",
     "paged_decode_attention",
     "varlen_paged_attention",
+    "chunk_self_attention",
     "varlen_attention_available",
     "varlen_config",
     "VarlenKernelConfig",

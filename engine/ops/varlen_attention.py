@@ -165,12 +165,16 @@ def _fail(msg: str):
 def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                            plan: VarlenPlan, scale: float, out: torch.Tensor | None = None,
-                           config: KernelConfig | None = None) -> torch.Tensor:
+                           config: KernelConfig | None = None, lse: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of every query token of a step over the paged cache (module docstring).
 
     q [T, nh, hd] (last dim contiguous; strided heads/rows fine); k_cache, v_cache [num_blocks, block_size,
     nkv, hd] (last dim contiguous); block_tables [S, M] int32; seq_lens [S] int32 (context lengths);
-    query_start_loc [S + 1] int32; plan: the step's tiles for config.block_m. Returns out [T, nh, hd]."""
+    query_start_loc [S + 1] int32; plan: the step's tiles for config.block_m. Returns out [T, nh, hd].
+
+    With ``lse`` [T, nh] float32 (any strides), ``out`` already holds each query's attention over its own chunk
+    (normalised, causal) and lse its natural log-sum-exp of the scaled scores: the kernel adds the cached prefix
+    and merges (``chunk_self_attention`` computes that state; engine/layers/attention.py ``_chunk_over_prefix``)."""
     if not available():
         _fail("Triton is not installed")
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
@@ -189,6 +193,8 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             _fail(f"{name} must be int32, got {t.dtype}")
     if block_tables.dim() != 2 or block_tables.stride(1) != 1:
         _fail("block_tables must be [S, M] with a contiguous last dimension")
+    if lse is not None and (out is None or lse.shape != (T, nh) or lse.dtype != torch.float32):
+        _fail(f"resuming needs out and lse [{T}, {nh}] float32, got lse {list(lse.shape)} {lse.dtype}")
     if out is None:
         out = torch.empty(T, nh, hd, dtype=q.dtype, device=q.device)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
@@ -204,19 +210,52 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     descriptors = tma_descriptors(k_cache, v_cache, cfg, hd)
     k_desc, v_desc = descriptors or (k_cache, v_cache)  # unused without TMA
     _kernel()[(plan.num_tiles, nh)](
-        q, k_cache, v_cache, k_desc, v_desc, out, block_tables, seq_lens, query_start_loc, plan.tile_seq, plan.tile_start,
+        q, k_cache, v_cache, k_desc, v_desc, out, out if lse is None else lse, block_tables, seq_lens,
+        query_start_loc, plan.tile_seq, plan.tile_start,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        0 if lse is None else lse.stride(0), 0 if lse is None else lse.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=nh // nkv, CACHE_BLOCK=k_cache.shape[1], HEAD_DIM=hd,
         BLOCK_D=max(16, _pow2(hd)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PRECISION=precision, DOT_F32=q.device.type == "cpu" and q.dtype == torch.bfloat16,
         WIDE=max(k_cache.shape[0] * k_cache.stride(0), v_cache.shape[0] * v_cache.stride(0)) >= 2 ** 31,
-        TMA=descriptors is not None,
+        TMA=descriptors is not None, RESUME=lse is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+_CUDNN_REFUSED: set[tuple] = set()  # (device, dtype, heads, kv heads, head size) cuDNN raised on: not tried again
+
+
+def chunk_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Causal attention of one prefill chunk over its own keys, with each row's log-sum-exp: q [n, nh, hd],
+    k and v [n, nkv, hd] (strided rows fine). Returns (out [n, nh, hd], lse [n, nh] float32, natural log of the
+    scaled scores), the state ``varlen_paged_attention(..., out=out, lse=lse)`` merges with the cached
+    prefix; or None where cuDNN's flash attention cannot run it (not CUDA, fp32, no cuDNN attention, a head size
+    over 128, a shape it refused).
+
+    Why: on the H200 cuDNN's kernel (SDPA's private entry point, the one F.scaled_dot_product_attention picks for
+    fresh prompts there) runs causal attention at ~500-600 TFLOP/s, the Triton kernel at ~400-450; a chunk over a
+    cached prefix spends a third of its attention FLOPs (for a chunk as long as its prefix) on its own keys."""
+    n, nh, hd = q.shape
+    nkv = k.shape[1]
+    key = (q.device, q.dtype, nh, nkv, hd)
+    op = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
+    if (op is None or not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16) or hd > 128 or hd % 8
+            or not torch.backends.cuda.cudnn_sdp_enabled() or key in _CUDNN_REFUSED):
+        return None
+    qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, n, hd] views
+    try:
+        res = op(qs, ks, vs, None, True, 0.0, True, False, scale=scale)
+    except RuntimeError:  # a cuDNN build or GPU without this configuration: the Triton kernel does it all
+        _CUDNN_REFUSED.add(key)
+        return None
+    out, lse = res[0], res[1]
+    return out[0].transpose(0, 1), lse.reshape(nh, n).transpose(0, 1)
 
 
 def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: list[list[int]],
@@ -258,6 +297,7 @@ __all__ = [
     "SHORT_QUERY",
     "VarlenPlan",
     "available",
+    "chunk_self_attention",
     "config_for",
     "flops",
     "reference",

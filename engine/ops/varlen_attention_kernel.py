@@ -7,7 +7,14 @@ diagonal tiles inside the context (causal mask), and at most one tile that cross
 (causal and length masks). With TMA (sm_90, KV blocks a multiple of BLOCK_N) the first two runs copy each K
 and V tile out of its cache block with one tensor-descriptor load; the crossing tile, and everything without
 TMA, loads through per-key pointers with masks (a cache slot past the context is never read: it may hold
-anything, NaN included)."""
+anything, NaN included).
+
+RESUME: the attention of each query over its own chunk is already in O (normalised) with its log-sum-exp in LSE
+(computed by cuDNN's flash attention, ``varlen_attention.chunk_self_attention``); the kernel walks only the cached
+prefix, which every row of the chunk sees whole (unmasked tiles and one tile cut by the prefix's end), and merges
+that state into its own at the end by the two log-sum-exps. (Starting the online softmax from the chunk's state
+instead, or other tile shapes, warps and stages, made Triton 3.6's ptxas die with SIGSEGV on the TMA
+specialisation; this form with the sm_90 configuration compiles: probe of 2026-12-02.)"""
 
 import triton
 import triton.language as tl
@@ -27,14 +34,15 @@ def _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
 
 @triton.jit
 def varlen_paged_attention_kernel(
-    Q, K, V, K_DESC, V_DESC, O, BLOCK_TABLES, SEQ_LENS, QUERY_START, TILE_SEQ, TILE_START,
+    Q, K, V, K_DESC, V_DESC, O, LSE, BLOCK_TABLES, SEQ_LENS, QUERY_START, TILE_SEQ, TILE_START,
     qk_scale,  # softmax scale * log2(e)
-    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_lh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     QUERIES_PER_KV: tl.constexpr, CACHE_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     WIDE: tl.constexpr,  # a cache of 2**31 elements or more: block offsets in 64 bits
     TMA: tl.constexpr,  # K_DESC / V_DESC: tensor descriptors of the caches as [blocks * CACHE_BLOCK, nkv * hd]
+    RESUME: tl.constexpr,  # O and LSE hold each row's attention over its own chunk: merge in the cached prefix
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -57,12 +65,18 @@ def varlen_paged_attention_kernel(
     q_pos = prefix + rows  # absolute positions of the tile's rows
     table = BLOCK_TABLES + seq * stride_bt
 
+    o_ptrs = O + (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
+    o_mask = row_ok[:, None] & dim_ok[None, :]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-
-    full_end = (prefix + row0) // BLOCK_N * BLOCK_N  # keys before it: every row of the tile sees them
-    end = tl.minimum(ctx, prefix + row0 + BLOCK_M)  # keys from it on: no row sees them
+    if RESUME:  # the prefix's keys first (all before every row), the chunk's own state merged at the end
+        ctx = prefix
+        full_end = prefix // BLOCK_N * BLOCK_N
+        end = prefix
+    else:
+        full_end = (prefix + row0) // BLOCK_N * BLOCK_N  # keys before it: every row of the tile sees them
+        end = tl.minimum(ctx, prefix + row0 + BLOCK_M)  # keys from it on: no row sees them
     mid = full_end  # [mid, end): the tiles loaded through pointers with masks
     if TMA:  # a key tile lies in one cache block (CACHE_BLOCK % BLOCK_N == 0): one bulk copy each of K and V
         for start in range(0, full_end, BLOCK_N):
@@ -121,6 +135,13 @@ def varlen_paged_attention_kernel(
         s = tl.where((cols[None, :] <= q_pos[:, None]) & col_ok[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION)
 
+    if RESUME:
+        lse2 = tl.load(LSE + (q_begin + rows) * stride_lt + head * stride_lh, mask=row_ok, other=0.0) * 1.4426950408889634
+        m_f = tl.maximum(m_i, lse2)
+        a = tl.math.exp2(m_i - m_f)
+        b = tl.math.exp2(lse2 - m_f)
+        prev = tl.load(o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
+        acc = acc * a[:, None] + prev * b[:, None]
+        l_i = l_i * a + b
     acc = acc / l_i[:, None]
-    tl.store(O + (q_begin + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
-             acc.to(O.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=o_mask)

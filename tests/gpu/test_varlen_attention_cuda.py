@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 from engine.ops import varlen_attention as va
 from tests.support.tiny_models import TINY_ARCHS
-from tests.support.varlen_cases import BOUNDS, run_case
+from tests.support.varlen_cases import BOUNDS, chunk_state, make_case, run_case
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -60,6 +60,87 @@ def test_long_chunks(target, block_size):
     run_case(rng, 32, 8, 128, [(4096, 0)], torch.bfloat16, **kw)
     run_case(rng, 32, 8, 128, [(1, 4000), (2048, 2048), (1000, 15)], torch.bfloat16, **kw)
     assert BOUNDS[torch.bfloat16] > 0
+
+
+@pytest.mark.parametrize("target,block_size", [("sm90", 64), ("sm90", 16), ("sm89", 16)])
+def test_resume_over_the_prefix_on_gpu(target, block_size):
+    """The kernel merging each chunk's own attention (the float32 chunk state) with the cached prefix. Head size 64
+    only with pointer loads: its TMA specialisation made Triton 3.6's ptxas die (the engine merges at 128 only,
+    layers.attention.RESUME_HEAD_DIMS)."""
+    rng = random.Random(9)
+    kw = {"target": target, "device": "cuda", "block_size": block_size, "resume": True}
+    run_case(rng, 32, 8, 128, [(1024, 1500)], torch.bfloat16, **kw)
+    if block_size % 64:
+        run_case(rng, 16, 2, 64, [(700, 64)], torch.bfloat16, **kw)
+    run_case(rng, 8, 8, 128, [(600, 7), (513, 2000)], torch.float16, **kw)
+
+
+def test_long_chunk_over_a_cached_prefix_takes_cudnn_then_the_kernel(monkeypatch):
+    """The layer's path for one long chunk over a cached prefix: cuDNN's chunk attention with its log-sum-exp
+    (natural log, checked against the float32 chunk state), then the kernel over the paged prefix merging it in; the
+    layer's output equals the float32 reference. K and V are the strided views of a fused qkv output, as in the
+    model."""
+    from engine import ops
+    from engine.layers.attention import Attention, AttentionMetadata, SeqSpan
+
+    rng = random.Random(3)
+    nh, nkv, hd, n, prefix, bs = 32, 8, 128, 1024, 1500, 64
+    (q, kc, vc, *_), (tables, ctxs, qlens) = make_case(rng, nh, nkv, hd, [(n, prefix)], torch.bfloat16, bs, "cuda")
+    idx = torch.tensor(tables[0], dtype=torch.long, device="cuda")
+    k = kc[idx].flatten(0, 1)[prefix:prefix + n]  # the chunk's own keys and values (already in the cache)
+    v = vc[idx].flatten(0, 1)[prefix:prefix + n]
+    got = va.chunk_self_attention(q, k, v, hd ** -0.5)
+    assert got is not None, "cuDNN's flash attention did not run on this GPU"
+    state, lse = chunk_state(q, kc, vc, tables, ctxs, qlens, hd ** -0.5)
+    assert (got[1] - lse).abs().max().item() < 2e-2
+    assert (got[0].float() - state).abs().max().item() <= BOUNDS[torch.bfloat16]
+
+    calls = []
+    real = ops.chunk_self_attention
+    monkeypatch.setattr(ops, "chunk_self_attention", lambda *a: calls.append(1) or real(*a))
+    attn = Attention(nh, nkv, hd, 0)
+    attn.k_cache, attn.v_cache = kc, vc
+    qkv = torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], dim=1)
+    q2, k2, v2 = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=1)
+    meta = AttentionMetadata.build([SeqSpan(0, n, prefix + n, tuple(tables[0]))], bs, q.device)
+    out = attn(q2, k2, v2, meta).view(n, nh, hd)
+    assert calls == [1]
+    ref = va.reference(q, kc, vc, tables, ctxs, qlens, hd ** -0.5)
+    assert (out.float() - ref).abs().max().item() <= BOUNDS[torch.bfloat16]
+
+
+def test_a_merge_kernel_that_does_not_compile_falls_back_to_one_launch(monkeypatch, caplog):
+    """A Triton build whose ptxas cannot compile the merging specialisation (Triton 3.6's died on several): the
+    layer logs it once and takes the one-launch kernel, with the right output, from then on without trying again."""
+    from engine import ops
+    from engine.layers import attention
+    from engine.layers.attention import Attention, AttentionMetadata, SeqSpan
+
+    rng = random.Random(4)
+    nh, nkv, hd, n, prefix, bs = 8, 2, 128, 600, 100, 64
+    (q, kc, vc, *_), (tables, ctxs, qlens) = make_case(rng, nh, nkv, hd, [(n, prefix)], torch.bfloat16, bs, "cuda")
+    idx = torch.tensor(tables[0], dtype=torch.long, device="cuda")
+    k, v = kc[idx].flatten(0, 1)[prefix:prefix + n], vc[idx].flatten(0, 1)[prefix:prefix + n]
+    attempts = []
+    real = ops.varlen_paged_attention
+
+    def no_merge(*a, lse=None, **kw):
+        if lse is not None:
+            attempts.append(1)
+            raise RuntimeError("PTXAS error: `ptxas` failed with error code -11")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ops, "varlen_paged_attention", no_merge)
+    monkeypatch.setattr(attention, "_RESUME_COMPILES", {})
+    attn = Attention(nh, nkv, hd, 0)
+    attn.k_cache, attn.v_cache = kc, vc
+    ref = va.reference(q, kc, vc, tables, ctxs, qlens, hd ** -0.5)
+    for _ in range(2):
+        meta = AttentionMetadata.build([SeqSpan(0, n, prefix + n, tuple(tables[0]))], bs, q.device)
+        out = attn(q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1), meta).view(n, nh, hd)
+        assert (out.float() - ref).abs().max().item() <= BOUNDS[torch.bfloat16]
+    assert attempts == [1]
+    assert "did not compile" in caplog.text
 
 
 @pytest.mark.parametrize("bs", [16, 64])

@@ -46,16 +46,44 @@ def make_case(rng: random.Random, nh: int, nkv: int, hd: int, seqs: list[tuple[i
     return (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens)
 
 
+def chunk_state(q, kc, vc, tables, ctxs, qlens, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's queries attending to its own chunk only (causal), in float32: (out [T, nh, hd], lse [T, nh]
+    natural log), the state the kernel merges with the cached prefix (chunk_self_attention's result)."""
+    T, nh, hd = q.shape
+    out = torch.empty(T, nh, hd, dtype=torch.float32, device=q.device)
+    lse = torch.empty(T, nh, dtype=torch.float32, device=q.device)
+    group = torch.arange(nh, device=q.device) // (nh // kc.shape[2])
+    q0 = 0
+    for blocks, ctx, n in zip(tables, ctxs, qlens):
+        idx = torch.tensor(blocks, dtype=torch.long, device=q.device)
+        k = kc[idx].flatten(0, 1)[ctx - n:ctx].float()[:, group]  # [n, nh, hd]
+        v = vc[idx].flatten(0, 1)[ctx - n:ctx].float()[:, group]
+        s = torch.einsum("qhd,khd->hqk", q[q0:q0 + n].float(), k) * scale
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        lse[q0:q0 + n] = torch.logsumexp(s, dim=-1).transpose(0, 1)
+        out[q0:q0 + n] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v)
+        q0 += n
+    return out, lse
+
+
 def run_case(rng, nh, nkv, hd, seqs, dtype, target=None, device="cpu", block_size: int = 16,
-             config: va.KernelConfig | None = None):
+             config: va.KernelConfig | None = None, resume: bool = False):
+    """resume: out holds each chunk's attention over its own keys (chunk_state, as cuDNN gives it: lse
+    head-major) and the kernel adds the cached prefix, merging by log-sum-exp."""
     (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens) = make_case(rng, nh, nkv, hd, seqs, dtype, block_size, device)
     if target and target.endswith("_short"):  # the configuration of steps with decodes or short chunks
         cfg = va.config_for(q.device, hd, target.removesuffix("_short"), short=True)
     else:
         cfg = config or va.config_for(q.device, hd, target)
     plan = va.VarlenPlan.build(qlens, ctxs, cfg.block_m, q.device)
-    out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
-    va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, hd ** -0.5, out=out, config=cfg)
+    lse = None
+    if resume:
+        start, lse = chunk_state(q, kc, vc, tables, ctxs, qlens, hd ** -0.5)
+        out = start.to(dtype)
+        lse = lse.t().contiguous().t()  # [T, nh] with the heads' rows apart, as cuDNN lays it out
+    else:
+        out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
+    va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, hd ** -0.5, out=out, config=cfg, lse=lse)
     ref = va.reference(q, kc, vc, tables, ctxs, qlens, hd ** -0.5)
     assert not out.isnan().any()
     err = (out.float() - ref).abs().max().item()

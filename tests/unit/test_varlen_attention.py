@@ -54,6 +54,31 @@ def test_tma_tiles(block_size):
         run_case(rng, 8, 1, 16, [(50, 33)], dtype, block_size=block_size, config=cfg)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+def test_resume_over_the_prefix(tma):
+    """Resuming: out holds each chunk's attention over its own keys (out and log-sum-exp, as cuDNN gives them);
+    the kernel adds the cached prefix and merges: prefixes of a partial block, whole blocks and many blocks, several
+    query tiles, GQA; NaN in every slot outside the contexts (the chunk's own slots are never read again)."""
+    rng = random.Random(11 + tma)
+    cfg = va.KernelConfig(16, 16, 1, 1, tma=tma)
+    for dtype in (torch.float32, torch.bfloat16):
+        run_case(rng, 4, 2, 32, [(37, 5)], dtype, config=cfg, resume=True)
+        run_case(rng, 8, 1, 16, [(20, 48)], dtype, config=cfg, resume=True)
+        run_case(rng, 4, 4, 32, [(9, 21), (40, 70)], dtype, config=cfg, resume=True)
+
+
+def test_resume_validation():
+    rng = random.Random(5)
+    (q, kc, vc, bt, sl, qsl), (_, ctxs, qlens) = make_case(rng, 4, 2, 32, [(5, 3)], torch.float32)
+    plan = va.VarlenPlan.build(qlens, ctxs, va.config_for(q.device, 32).block_m, q.device)
+    with pytest.raises(ValueError, match="resuming"):
+        va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, 0.1, lse=torch.zeros(5, 4))
+    with pytest.raises(ValueError, match="resuming"):
+        va.varlen_paged_attention(q, kc, vc, bt, sl, qsl, plan, 0.1, out=torch.zeros_like(q),
+                                  lse=torch.zeros(4, 5))
+    assert va.chunk_self_attention(q, kc[0], vc[0], 0.1) is None  # CPU: no cuDNN, the caller takes the kernel
+
+
 def test_plan_covers_every_query_row_once_heaviest_first():
     qlens, ctxs = [1, 40, 3, 17], [9, 40, 100, 20]
     plan = va.VarlenPlan.build(qlens, ctxs, 16, torch.device("cpu"))
