@@ -239,7 +239,7 @@ class Attention(torch.nn.Module):
             if compiled:
                 raise
             _RESUME_COMPILES[key] = False
-            log.warning("The resuming attention kernel did not compile here (%s: %s); chunks over a cached prefix "
+            log.warning("The merging attention kernel did not compile here (%s: %s); chunks over a cached prefix "
                         "take the one-launch Triton kernel.", type(e).__name__, str(e).splitlines()[0][:200])
             return None
         _RESUME_COMPILES[key] = True
@@ -289,14 +289,13 @@ def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
     return q.is_cuda and not meta.fresh_len
 
 
-# (device, dtype, head size, KernelConfig) -> whether the resuming kernel compiled there (its first launch compiles
+# (device, dtype, head size, KernelConfig) -> whether the merging kernel compiled there (its first launch compiles
 # it; a failure sends those chunks to the one-launch kernel for the process's life).
 _RESUME_COMPILES: dict[tuple, bool] = {}
 
 # Query tokens from which one chunk over a cached prefix takes cuDNN for its own keys (``_resumes``): past the
 # short chunks, whose own keys are a small part of the work (an extra launch per layer is not worth it there).
 RESUME_MIN_QUERY = ops.VARLEN_SHORT_QUERY + 1
-
 
 # Head sizes the merging kernel runs at: on the H200 (Triton 3.6) its TMA specialisation compiled at 128 and made
 # ptxas die with SIGSEGV at 64, where chunks keep the one launch.
