@@ -60,26 +60,20 @@ __device__ __forceinline__ void finish_block(T* __restrict__ out, int64_t os0, i
       L += sm_l[w][g] * f[w];
     }
     const int h = h0 + g;
-    if (splits == 1) {
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    float* wp = splits == 1 ? nullptr : ws + ((int64_t(b) * nh + h) * splits + part) * (2 + hd);
+    if (wp && threadIdx.x == 0) {
+      wp[0] = M;
+      wp[1] = L;
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float o = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
-        out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
-      }
-    } else {
-      float* wp = ws + ((int64_t(b) * nh + h) * splits + part) * (2 + hd);
-      if (threadIdx.x == 0) {
-        wp[0] = M;
-        wp[1] = L;
-      }
-      for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
+      for (int w = 0; w < kWarps; ++w) o += sm_acc[w][g][d] * f[w];
+      if (wp)
         wp[2 + d] = o;
-      }
+      else
+        out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
     }
   }
 }

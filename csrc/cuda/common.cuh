@@ -59,40 +59,34 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-__device__ __forceinline__ float block_sum(float v) {
+// A reduction over the block (blockDim.x a multiple of 32, <= 1024) by Op's warp reduction, Op::identity() for the
+// missing warps; every thread gets the result.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v) {
   __shared__ float partial[32];
   __shared__ float total;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  v = warp_sum(v);
+  v = Op::warp(v);
   if (lane == 0) partial[wid] = v;
   __syncthreads();
   if (wid == 0) {
-    const int nw = blockDim.x >> 5;
-    float s = lane < nw ? partial[lane] : 0.f;
-    s = warp_sum(s);
-    if (lane == 0) total = s;
+    float r = lane < int(blockDim.x >> 5) ? partial[lane] : Op::identity();
+    r = Op::warp(r);
+    if (lane == 0) total = r;
   }
   __syncthreads();
   return total;
 }
-
-// Max over the block (blockDim.x a multiple of 32); every thread gets the result.
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  __shared__ float total;
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  v = warp_max(v);
-  if (lane == 0) partial[wid] = v;
-  __syncthreads();
-  if (wid == 0) {
-    float m = lane < int(blockDim.x >> 5) ? partial[lane] : -INFINITY;
-    m = warp_max(m);
-    if (lane == 0) total = m;
-  }
-  __syncthreads();
-  return total;
-}
+struct SumOp {
+  __device__ static float warp(float v) { return warp_sum(v); }
+  __device__ static float identity() { return 0.f; }
+};
+struct MaxOp {
+  __device__ static float warp(float v) { return warp_max(v); }
+  __device__ static float identity() { return -INFINITY; }
+};
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<SumOp>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<MaxOp>(v); }
 
 // 16 bytes of T (8 bf16 / fp16, 4 fp32): one vector load or store.
 template <class T>
