@@ -74,23 +74,35 @@ class BlockManager:
     def allocate(self, req: Request, num_new_tokens: int, hits: list[int] = ()) -> bool:
         """Make the request's blocks cover its computed tokens, the prefix hits and num_new_tokens more.
         Returns False (changing nothing) when there are not enough free blocks."""
+        if not hits:  # the common case (every decode, every later chunk): often no new block at all
+            need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - len(req.block_ids)
+            if need <= 0:
+                return True
+            if need > len(self.free):
+                return False
+            self._take(req, need)
+            return True
         have = len(req.block_ids) + len(hits)
         total = req.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
         need = max(0, self.blocks_needed(total) - have)
         reclaimable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         if need > len(self.free) - reclaimable:
             return False
-        if hits:
-            for bid in hits:
-                blk = self.blocks[bid]
-                if blk.ref_count == 0:
-                    del self.free[bid]
-                blk.ref_count += 1
-                req.block_keys.append(blk.key)
-            req.block_ids.extend(hits)
-            n = len(hits) * self.block_size
-            req.num_computed_tokens += n
-            req.num_cached_tokens += n
+        for bid in hits:
+            blk = self.blocks[bid]
+            if blk.ref_count == 0:
+                del self.free[bid]
+            blk.ref_count += 1
+            req.block_keys.append(blk.key)
+        req.block_ids.extend(hits)
+        n = len(hits) * self.block_size
+        req.num_computed_tokens += n
+        req.num_cached_tokens += n
+        self._take(req, need)
+        return True
+
+    def _take(self, req: Request, need: int) -> None:
+        """Give the request ``need`` blocks from the free list's head (evicting their cached content)."""
         for _ in range(need):
             bid, _ = self.free.popitem(last=False)
             blk = self.blocks[bid]
@@ -100,7 +112,6 @@ class BlockManager:
                 blk.key = blk.parent_key = blk.tokens = None
             blk.ref_count = 1
             req.block_ids.append(bid)
-        return True
 
     def record_lookup(self, num_tokens: int, num_hit: int) -> None:
         self.prefix_queries += num_tokens
@@ -108,9 +119,9 @@ class BlockManager:
 
     def cache_full_blocks(self, req: Request) -> None:
         """Register the request's newly computed full blocks in the prefix cache."""
-        if not self.enable_prefix_caching:
-            return
         bs = self.block_size
+        if not self.enable_prefix_caching or len(req.block_keys) >= req.num_computed_tokens // bs:
+            return  # no block filled up since the last call (a decode fills one every block_size steps)
         full = min(req.num_computed_tokens // bs, len(req.block_ids))
         tokens = None
         while len(req.block_keys) < full:

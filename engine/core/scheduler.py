@@ -11,7 +11,7 @@ from engine.core.kv_cache import BlockManager
 from engine.core.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
@@ -50,16 +50,23 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        blocks = self.blocks
+        decodes: list[tuple[Request, int]] = []
+        prefills: list[tuple[Request, int]] = []
+        for r in self.running:  # one pass: a busy endpoint runs ~1,000 of them per step
+            left = len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens
+            if left == 1:
+                decodes.append((r, 1))
+            elif left > 1:
+                prefills.append((r, left))
         scheduled: dict[int, ScheduledRequest] = {}
-        for req in decodes + prefills:
+        for req, left in decodes + prefills:
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.blocks.allocate(req, n):
+            n = min(left, budget)
+            while not blocks.allocate(req, n):
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 scheduled.pop(id(victim), None)
@@ -70,23 +77,27 @@ class Scheduler:
             scheduled[id(req)] = ScheduledRequest(req, n)
             budget -= n
         # admit waiting requests while there is budget, room and memory (no preemption for them)
+        admitted_decode = False  # one whose prefix hits leave one token: it belongs with the decodes
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             req = self.waiting[0]
-            hits = self.blocks.match_prefix(req) if req.num_computed_tokens == 0 and _may_share(req) else []
-            cached = len(hits) * self.blocks.block_size
+            hits = blocks.match_prefix(req) if req.num_computed_tokens == 0 and _may_share(req) else []
+            cached = len(hits) * blocks.block_size
             n = min(req.num_tokens - req.num_computed_tokens - cached, budget)
-            if not self.blocks.allocate(req, n, hits):
+            if not blocks.allocate(req, n, hits):
                 break
-            self.blocks.record_lookup(req.num_tokens, cached)
+            blocks.record_lookup(req.num_tokens, cached)
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             if req.timings.first_scheduled is None:
                 req.timings.first_scheduled = time.monotonic()
             self.running.append(req)
             scheduled[id(req)] = ScheduledRequest(req, n)
+            admitted_decode |= n == 1 and req.num_computed_tokens + 1 == req.num_tokens
             budget -= n
-        items = list(scheduled.values())
-        items.sort(key=lambda s: s.num_new_tokens != 1 or s.request.num_computed_tokens + 1 != s.request.num_tokens)
+        items = list(scheduled.values())  # running decodes, running prefills, admitted requests
+        if admitted_decode:  # decodes first (stable: the others keep their order)
+            items.sort(key=lambda s: s.num_new_tokens != 1
+                       or s.request.num_computed_tokens + 1 != s.request.num_tokens)
         out.scheduled = items
         return out
 

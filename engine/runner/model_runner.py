@@ -237,21 +237,27 @@ class ModelRunner:
         sample_reqs: list[SequenceState] = []
         pools: list[PoolSpan] = []
         per_token = self.deterministic
-        for s in sched.scheduled:
+        token_ids, seqs, logit_rows = inp.token_ids, inp.seqs, inp.logit_rows
+        for s in sched.scheduled:  # once per running request and step: kept lean
             req, n = s.request, s.num_new_tokens
             start = req.num_computed_tokens
-            q0 = len(inp.token_ids)
-            inp.token_ids.extend(req.all_token_ids[start:start + n] if n > 1 else [req.token_at(start)])
-            ctx = start + n
-            blocks = tuple(req.block_ids[: -(-ctx // bs)])
-            if per_token and n > 1:
-                inp.seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
+            q0 = len(token_ids)
+            if n == 1:
+                token_ids.append(req.token_at(start))
             else:
-                inp.seqs.append(SeqSpan(q0, n, ctx, blocks))
+                token_ids.extend(req.all_token_ids[start:start + n])
+            ctx = start + n
+            ids = req.block_ids
+            nb = -(-ctx // bs)
+            blocks = tuple(ids) if nb == len(ids) else tuple(ids[:nb])
+            if per_token and n > 1:
+                seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
+            else:
+                seqs.append(SeqSpan(q0, n, ctx, blocks))
             if getattr(req, "pooling", None) is not None:
                 pools.append(PoolSpan(req, q0, n, start))
             elif s.samples:
-                inp.logit_rows.append(q0 + n - 1)
+                logit_rows.append(q0 + n - 1)
                 sample_reqs.append(req)
         if all_logits:
             inp.logit_rows = None

@@ -98,3 +98,23 @@ def test_scheduler_output_is_what_the_runner_reads():
     assert isinstance(item, ScheduledSequence) and item.samples
     assert isinstance(item.request, SequenceState)
     assert item.request.all_token_ids == [1, 2, 3, 4, 5] and item.request.token_at(4) == 5
+
+
+def test_admitted_request_with_one_token_left_joins_the_decodes():
+    """A waiting request whose prefix-cache hit leaves one token is a decode row: it goes before the running
+    prefill chunks, the others keep their order."""
+    bm = BlockManager(100, 4, enable_prefix_caching=True)
+    s = Scheduler(bm, 8, max_num_batched_tokens=24)
+    first = mk("first", 9)  # two full blocks of tokens 1..8 go into the prefix cache
+    s.add(first)
+    commit(s.schedule())
+    bm.cache_full_blocks(first)
+    s.finish(first)
+    long = Request("long", list(range(100, 140)), SamplingParams(max_tokens=100))
+    s.add(long)
+    commit(s.schedule())  # its first chunk of 24: still prefilling
+    hit = mk("hit", 9)  # the same first 8 tokens + one: 8 cached, one to compute
+    s.add(hit)
+    out = s.schedule()
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("hit", 1), ("long", 16)]
+    assert hit.num_cached_tokens == 8
