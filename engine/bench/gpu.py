@@ -311,8 +311,8 @@ def gpu_idle(prof, wall_start_us: float | None = None) -> dict:
 
 
 def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = None) -> dict:
-    """Where the GPU time of one step goes (torch.profiler, CUDA kernels summed by name) for a cold 8,192-token
-    prompt, the 8,192 prompt with 4,096 cached, 64 x 512 prompts, and one batch-1 decode step; with the step's
+    """Where the GPU time of one step goes (torch.profiler, CUDA kernels summed by name) for a cold 1,024- and
+    8,192-token prompt, the 8,192 prompt with 4,096 cached, 64 x 512 prompts, and one batch-1 decode step; with the step's
     wall time, the GPU's busy time and its longest idle gaps (with the host work inside them). trace_dir: a
     Chrome trace of each case is written there too."""
     from torch.profiler import ProfilerActivity, profile
@@ -320,10 +320,12 @@ def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = 
     from engine.sampling_params import SamplingParams
 
     # each case's prompts are drawn before the profiled call (8,192 random draws take ~8 ms of host time)
-    def fresh_8192():
-        core.blocks.reset_prefix_cache()
-        prompts = [random_ids(rng, 8192, vocab)]
-        return lambda: timed_prompts(core, prompts)
+    def fresh(n: int):
+        def setup():
+            core.blocks.reset_prefix_cache()
+            prompts = [random_ids(rng, n, vocab)]
+            return lambda: timed_prompts(core, prompts)
+        return setup
 
     def cached_4096():
         core.blocks.reset_prefix_cache()
@@ -347,8 +349,8 @@ def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = 
         return lambda: core.step()
 
     out = {}
-    for name, setup in (("fresh_8192", fresh_8192), ("8192_with_4096_cached", cached_4096),
-                        ("64x512", batch_64x512), ("decode_batch1", decode_1)):
+    for name, setup in (("fresh_1024", fresh(1024)), ("fresh_8192", fresh(8192)),
+                        ("8192_with_4096_cached", cached_4096), ("64x512", batch_64x512), ("decode_batch1", decode_1)):
         setup()()  # warm-up
         run_case = setup()
         torch.cuda.synchronize()
