@@ -5,9 +5,11 @@
 //   1 avx2         vpmaddubsw (u8 x s8 -> s16 pairs, no saturation here: |15 * 127 * 2|, |128 * 127 * 2| < 2^15)
 //                  + vpmaddwd by ones -> 8 x s32 per block of 32
 //   2 avxvnni      vpdpbusd on ymm (AVX-VNNI, VEX encoded): the same 8 x s32 in one instruction
-//   3 avx512vnni   vpdpbusd on ymm with the EVEX encoding (CPUs with AVX512-VNNI but no AVX-VNNI: Cascade Lake,
-//                  Ice Lake). A zmm version doing two blocks per instruction measured slower here (the two scales
-//                  need a cross-lane insert per block pair), so the blocks stay 256 bits wide at every level.
+//   3 avx512vnni   Q4_0 / Q4_1 / Q8_0: two blocks per zmm vpdpbusd (row_tile_pairs: the pair's two scales by one
+//                  vpermps from the group's 8); the other types vpdpbusd on ymm with the EVEX encoding. (On the
+//                  Sapphire Rapids dev VM a first zmm version, scales by cross-lane inserts, measured slower than ymm;
+//                  on the Zen 5 one, the pairs made Q4_0's GEMV 1.4-1.6x faster, from compute-bound to near DRAM
+//                  speed: docs/benchmarks/cpu_gguf_models_2026-12-03.md. Not re-measured on Sapphire Rapids.)
 // Q8_0 weights are signed: |w| goes in the unsigned operand and x takes w's sign (vpsignb); Q6_K's too (q - 32).
 // K-quants (row_tile_k): per super-block of 256, the 8 sub-blocks' scales d sc[t] (and mins dmin mn[t]) as one
 // vector, times the 8 x blocks' d_x, as the planar types' groups of 8 blocks; Q6_K's int8 scales per 16 weights
@@ -243,6 +245,104 @@ static inline void row_tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0
 #endif
 }
 
+#if KESTREL_GGUF_LEVEL == 3
+// The avx512vnni level's Q4_0 / Q4_1 / Q8_0 rows: two blocks per zmm (the planar layout puts block b + 1's quants
+// right after block b's, and x's blocks are contiguous too), so a pair of blocks costs one load of each, one
+// vpdpbusd, one conversion and one fmadd with a scale vector [d_b x 8, d_b+1 x 8] permuted from the group's 8
+// scale products (no stack round trip). Q8_0's sign trick without vpsignb on zmm: |w| by vpabsb, x negated where
+// w < 0 by a masked subtract (mask = w's sign bits). On the 2-core Zen 5 dev VM (full-width AVX-512) this is ~1.9x
+// fewer uops per block than the ymm path, which the GEMV needs to keep up with DRAM (docs/benchmarks/
+// cpu_gguf_models_2026-12-03.md). The order of the sums is the same for every MT (batch invariance); a last group
+// of fewer than 8 blocks runs the ymm steps of row_tile into an accumulator of its own.
+template <int QT>
+static inline __m512i pair_u8(const uint8_t* q, __mmask64& neg) {
+  if constexpr (QT == kGGUF_Q8_0) {
+    const __m512i w = _mm512_loadu_si512(q);
+    neg = _mm512_movepi8_mask(w);
+    return _mm512_abs_epi8(w);
+  } else {  // 2 x 16 nibble bytes -> 128-bit lanes [b, b, b+1, b+1], the second of each pair shifted down by 4
+    const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    const __m512i z = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));
+    return _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0)), _mm512_set1_epi8(0x0F));
+  }
+}
+
+template <int QT, int MT>
+static inline void row_tile_pairs(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
+  constexpr int QB = Fmt<QT>::qbytes;
+  const int64_t nb = p.K / kGGUFBlock;
+  const uint8_t* qs = wrow;
+  const uint8_t* ds = wrow + nb * QB;
+  const uint8_t* ms = ds + nb * 2;
+  const int8_t* xq[MT];
+  const float* xd[MT];
+  const float* xs[MT];
+  for (int i = 0; i < MT; ++i) {
+    xq[i] = p.xq + (m0 + i) * p.K;
+    xd[i] = p.xd + (m0 + i) * nb;
+    xs[i] = p.xs + (m0 + i) * nb;
+  }
+  constexpr int NC = 2;
+  __m512 acc[NC][MT];
+  __m256 corr[MT], acct[MT];
+  for (int i = 0; i < MT; ++i) {
+    corr[i] = acct[i] = _mm256_setzero_ps();
+    for (int c = 0; c < NC; ++c) acc[c][i] = _mm512_setzero_ps();
+  }
+  float corr_tail[MT] = {};
+  const __m512i pick[4] = {_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                           _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
+                           _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
+                           _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
+  const int64_t full = nb / 8 * 8;
+  for (int64_t g = 0; g < full; g += 8) {
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ds + 2 * g)));
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (QT == kGGUF_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms + 2 * g)));
+    __m512 dd[MT];
+    for (int i = 0; i < MT; ++i) {
+      const __m256 dx = _mm256_loadu_ps(xd[i] + g);
+      const __m256 d = _mm256_mul_ps(dw, dx);
+      dd[i] = _mm512_castps256_ps512(d);
+      if constexpr (QT == kGGUF_Q4_0) corr[i] = _mm256_fmadd_ps(d, _mm256_loadu_ps(xs[i] + g), corr[i]);
+      if constexpr (QT == kGGUF_Q4_1)
+        corr[i] = _mm256_fmadd_ps(mw, _mm256_mul_ps(dx, _mm256_loadu_ps(xs[i] + g)), corr[i]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const int64_t b = g + 2 * j;
+      __mmask64 neg = 0;
+      const __m512i wu = pair_u8<QT>(qs + b * QB, neg);
+      for (int i = 0; i < MT; ++i) {
+        __m512i xv = _mm512_loadu_si512(xq[i] + b * kGGUFBlock);
+        if constexpr (QT == kGGUF_Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, xv));
+        acc[j % NC][i] = _mm512_fmadd_ps(dot, _mm512_permutexvar_ps(pick[j], dd[i]), acc[j % NC][i]);
+      }
+    }
+  }
+  for (int64_t b = full; b < nb; ++b) {  // the last < 8 blocks: one at a time, ymm (as row_tile's tail)
+    const float dwf = f16_at(ds + 2 * b);
+    __m256i ws = _mm256_setzero_si256();
+    const __m256i wu = block_u8<QT>(qs + b * QB, ws);
+    for (int i = 0; i < MT; ++i) {
+      const float d = dwf * xd[i][b];
+      if constexpr (QT == kGGUF_Q4_0) corr_tail[i] += d * xs[i][b];
+      if constexpr (QT == kGGUF_Q4_1) corr_tail[i] += f16_at(ms + 2 * b) * (xd[i][b] * xs[i][b]);
+      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + b * kGGUFBlock));
+      if constexpr (QT == kGGUF_Q8_0) xv = _mm256_sign_epi8(xv, ws);
+      acct[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, xv)), _mm256_set1_ps(d), acct[i]);
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][i], acc[1][i])) + hsum256(acct[i]);
+    if constexpr (QT == kGGUF_Q4_0) r -= 8.f * (hsum256(corr[i]) + corr_tail[i]);
+    if constexpr (QT == kGGUF_Q4_1) r += hsum256(corr[i]) + corr_tail[i];
+    res[i] = r;
+  }
+}
+#endif
+
 // ---- K-quants: super-blocks of 256 weights in the file's layout (gguf.h) ----
 
 // Q4_K / Q5_K: the 12 bytes of packed 6-bit scales -> sc[8], mn[8]. Bytes 0-3 hold sc[0-3] in their low 6 bits,
@@ -467,12 +567,18 @@ static inline void store_out(const GGUFParams& p, int64_t m, int64_t n, float v)
 // Rows ahead whose bytes are prefetched: decode streams the weights from DRAM, and a row's work (~20-100 ns) is too
 // short for the hardware prefetchers alone to keep the stream ahead (measured, 120 SmolLM2-shaped GEMVs in a row on
 // one core: 6 GB/s without, the bfloat16 kernel's ~12 GB/s with).
-constexpr int64_t kPrefetchBytes = 4096;
+// 8 KiB, not 4: on the 2-core Zen 5 dev VM (1B-Llama shapes, 2 threads, weights out of cache) Q8_0 25-29 -> 31-36 GB/s
+// and Q4_0 (zmm pairs) 26-30 -> 29-34 GB/s; 12 and 16 KiB measured below 8 there.
+constexpr int64_t kPrefetchBytes = 8192;
 
 template <int QT, int MT>
 static inline void tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
   if constexpr (gguf_is_kquant(QT))
     row_tile_k<QT, MT>(p, wrow, m0, res);
+#if KESTREL_GGUF_LEVEL == 3
+  else if constexpr (QT == kGGUF_Q4_0 || QT == kGGUF_Q4_1 || QT == kGGUF_Q8_0)
+    row_tile_pairs<QT, MT>(p, wrow, m0, res);
+#endif
   else
     row_tile<QT, MT>(p, wrow, m0, res);
 }

@@ -68,6 +68,7 @@ class GGUFFile:
         except OSError as e:
             raise CheckpointError(self.path, f"cannot be read: {e.strerror or e}") from e
         self._buf = memoryview(self._map)
+        self._released: tuple[int, int] | None = None  # span of the tensors release() dropped (offsets)
         try:
             self._parse()
         except _Corrupt as e:
@@ -210,14 +211,23 @@ class GGUFFile:
     def release(self, name: str) -> None:
         """Drop a tensor's pages from this process's resident set once its data was copied out (MADV_DONTNEED on
         the read-only map: the bytes stay in the page cache, and a later ``raw`` reads them back). Without it a
-        loaded model's resident memory also counts the whole file, read through the map, beside its weights."""
+        loaded model's resident memory also counts the whole file, read through the map, beside its weights.
+
+        What is dropped is the whole span of the tensors released so far, not just this one: the page cache holds
+        a file in large folios, and a fault in one maps all of its pages, so reading the next tensor mapped the
+        released tail of the one before it again (measured, SmolLM2 Q4_1 with kernels: 34 of the file's 94 MiB
+        still resident after load, every tensor's pages present). Pages of a tensor not yet read that fall in the
+        span are only unmapped: a later ``raw`` faults them back in from the page cache."""
         advise = getattr(self._map, "madvise", None)
         if advise is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
         info = self.tensors[name]
-        start = info.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        lo = min(self._released[0], info.offset) if self._released else info.offset
+        hi = max(self._released[1], info.offset + info.nbytes) if self._released else info.offset + info.nbytes
+        self._released = (lo, hi)
+        start = lo // mmap.PAGESIZE * mmap.PAGESIZE
         try:
-            advise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+            advise(mmap.MADV_DONTNEED, start, hi - start)
         except (OSError, ValueError):
             pass  # only a memory hint
 

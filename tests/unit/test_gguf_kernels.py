@@ -172,6 +172,25 @@ def test_batch_invariant_rows_do_not_depend_on_m():
     assert torch.equal(full, rows)
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("K", [256, 288, 1536])  # whole groups of 8 blocks, one block past a group, 6 groups
+def test_batch_invariant_every_isa(isa, qtype, K):
+    """A row's bits do not depend on how many rows share its call, on every ISA (the avx512vnni level's zmm block
+    pairs and the ymm tail of a row whose blocks are not a multiple of 8 included)."""
+    rng = np.random.default_rng(K + int(qtype))
+    N = 37
+    w = ops.GGUFWeight.from_blocks(_random_blocks(rng, qtype, N, K, "quantized"), int(qtype), K)
+    x = torch.randn(11, K, generator=torch.Generator().manual_seed(K))
+    ops.set_batch_invariant(True)
+    try:
+        full = ops.linear(x, w)
+        rows = torch.cat([ops.linear(x[i:i + 1], w) for i in range(11)])
+    finally:
+        ops.set_batch_invariant(False)
+    assert torch.equal(full, rows)
+    assert torch.equal(ops.linear(x[:5], w), full[:5])  # GEMV regime without the mode: the same sums
+
+
 def test_validation():
     rng = np.random.default_rng(7)
     w = ops.GGUFWeight.from_blocks(_random_blocks(rng, Q.Q4_1, 8, 64, "quantized"), int(Q.Q4_1), 64)

@@ -1,0 +1,54 @@
+"""GGUFFile.release: once the loader has copied a tensor's blocks out of the file's memory map, the map's pages do
+not stay in the process's resident set (the page cache holds files in large folios, and a fault in one maps all of
+its pages: releasing only each tensor's own range left the released tail of a tensor mapped again by the read of
+the next one; 34 of SmolLM2's 94 MiB stayed resident after load)."""
+
+from __future__ import annotations
+
+import struct
+import sys
+
+import pytest
+
+from engine.loader.gguf import GGUFWeights
+from engine.loader.gguf_file import GGUFFile
+from engine.ops import GGUFWeight
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
+
+
+def _present_pages(path) -> int:
+    """Pages of the process's mappings of ``path`` that are mapped now (pagemap's present bit)."""
+    n = 0
+    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pm:
+        for line in maps:
+            if line.rstrip().endswith(str(path)):
+                lo, hi = (int(a, 16) for a in line.split()[0].split("-"))
+                pm.seek(lo // 4096 * 8)
+                data = pm.read((hi - lo) // 4096 * 8)
+                n += sum(v >> 63 for (v,) in struct.iter_unpack("<Q", data))
+    return n
+
+
+def test_copied_tensors_leave_the_resident_set(smollm2_gguf):
+    gf = GGUFFile(smollm2_gguf)
+    try:
+        src = GGUFWeights(gf, 9, 3)
+        src.keep_quantized = True
+        header = min(t.offset for t in gf.tensors.values())
+        copied, first = 0, None
+        for name in src.names():
+            if len(src.shape(name)) == 2:
+                got = src.quantized_slice(name, 0, 0, src.shape(name)[0], GGUFWeight.KERNEL_TYPES)
+                if got is not None:
+                    copied += got[0].nbytes
+                    first = first or (name, got[0])
+        assert copied > 60 * 2**20  # the linear layers and the token table: most of the file was read
+        # what may stay mapped: the header (metadata, vocabulary) and a few pages at the span's edges
+        assert _present_pages(smollm2_gguf) * 4096 <= header + 2**20
+        # a released tensor reads back the same bytes (from the page cache)
+        name, blocks = first
+        again = src.quantized_slice(name, 0, 0, src.shape(name)[0], GGUFWeight.KERNEL_TYPES)
+        assert again is not None and (again[0] == blocks).all()
+    finally:
+        gf.close()
