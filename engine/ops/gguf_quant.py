@@ -194,7 +194,8 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight | GGUFSegments, bias: torch.
     x's dtype, out as ``ops.linear``'s. fp32 accumulation, one rounding to x's dtype. On the CPU x is quantized per
     block of 32 to int8 first (``reference.gguf_linear`` states the arithmetic); M <= 8 rows (every M under
     set_batch_invariant) run the integer GEMV, more rows the float GEMM on dequantized panels (bfloat16 calls of
-    AMX_MIN_M rows or more on a CPU with AMX: torch's GEMM on dequantized panels, x not quantized)."""
+    AMX_MIN_M rows or more on a CPU with AMX: torch's GEMM on dequantized panels, x not quantized; without AMX from
+    PANEL_GEMM_MIN_M rows: the native bfloat16 GEMM on large dequantized panels, x not quantized)."""
     segments = weight.parts if isinstance(weight, GGUFSegments) else None
     N, K = (weight.data.shape[0] if segments is None else weight.rows), weight.k
     if x.shape[-1] != K:
@@ -221,6 +222,8 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight | GGUFSegments, bias: torch.
         check_last_contiguous("linear", "out", out)
     if M >= AMX_MIN_M and x.dtype == torch.bfloat16 and not mode.flags and amx_bf16():
         return _dequantized_amx_linear(x, segments or (weight,), bias, out)
+    if M >= PANEL_GEMM_MIN_M and x.dtype == torch.bfloat16 and not mode.flags:
+        return _dequantized_native_linear(x, segments or (weight,), bias, out)
     flags, xp, xs, os0 = dt | mode.flags, x.data_ptr(), x.stride(0), out.stride(0)
     if segments is None:
         native_lib.gguf_linear(flags, out.data_ptr(), os0, xp, xs, weight.data.data_ptr(), weight.data.shape[1],
@@ -245,6 +248,17 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight | GGUFSegments, bias: torch.
 # quantized: a prefill computes what the dequantized model computes.
 AMX_MIN_M = 16
 _AMX_PANEL_ELEMS = 16 << 20  # weights dequantized per panel: 32 MiB of bfloat16, reused across calls
+# Without AMX: bfloat16 calls of this many rows or more dequantize panels of _PANEL_ELEMS weights (8 MiB of
+# bfloat16, 2,048 rows of a 1B Llama's K = 2048) and multiply each on the native bfloat16 GEMM (the dequantized
+# model's kernel, threaded over the panel's rows), x not quantized, as on the AMX route. The native panels below
+# (csrc/cpu/gguf_dispatch.cpp run_panels: x quantized, 256 KiB panels, one per thread at a time) stream all of x
+# once per 16-64 weight rows. Measured on the 2-core Zen 5 dev VM (AVX512-BF16, no AMX), 2 threads, one layer's
+# qkv + gate_up + down (docs/benchmarks/cpu_gguf_models_2026-12-03.md): 1B-Llama Q4_0 at M = 16 / 24 / 64 / 512
+# 8.8 / 7.4 / 13.0 / 55.4 ms against 7.0 / 13.5 / 23.8 / 110.3 on the native panels; SmolLM2 Q4_1 0.71 / 0.59 /
+# 0.87 / 4.95 against 0.54 / 0.74 / 1.26 / 7.55 (at 16 rows the dequantization, ~1 ms per 8M weights, does not
+# yet hide behind the product).
+PANEL_GEMM_MIN_M = 24
+_PANEL_ELEMS = 4 << 20
 _scratch = threading.local()
 
 
@@ -252,8 +266,19 @@ def _dequantized_amx_linear(x: torch.Tensor, parts: tuple[GGUFWeight, ...], bias
                             out: torch.Tensor) -> torch.Tensor:
     """out = x @ W^T + bias with W's rows dequantized panel by panel (gguf_dequantize, on the kernel threads) into
     a per-thread scratch buffer, each panel multiplied on torch's GEMM into its columns of out."""
-    K = x.shape[1]
-    rows = max(16, _AMX_PANEL_ELEMS // K)
+    return _dequantized_linear(x, parts, bias, out, _AMX_PANEL_ELEMS, on_torch=True)
+
+
+def _dequantized_native_linear(x: torch.Tensor, parts: tuple[GGUFWeight, ...], bias: torch.Tensor | None,
+                               out: torch.Tensor) -> torch.Tensor:
+    """As _dequantized_amx_linear, each panel multiplied on the native bfloat16 GEMM (CPUs without AMX)."""
+    return _dequantized_linear(x, parts, bias, out, _PANEL_ELEMS, on_torch=False)
+
+
+def _dequantized_linear(x: torch.Tensor, parts: tuple[GGUFWeight, ...], bias: torch.Tensor | None,
+                        out: torch.Tensor, panel_elems: int, on_torch: bool) -> torch.Tensor:
+    M, K = x.shape
+    rows = max(16, panel_elems // K)
     buf = getattr(_scratch, "buf", None)
     need = min(rows, max(p.data.shape[0] for p in parts)) * K
     if buf is None or buf.numel() < need:
@@ -266,6 +291,12 @@ def _dequantized_amx_linear(x: torch.Tensor, parts: tuple[GGUFWeight, ...], bias
             panel = buf[: n * K].view(n, K)
             native_lib.gguf_dequantize(dtype_code(torch.bfloat16), panel.data_ptr(),
                                        w.data.data_ptr() + r0 * w.data.shape[1], w.data.shape[1], w.qtype, n, K)
+            if not on_torch:
+                esize = out.element_size()
+                native_lib.linear(dtype_code(torch.bfloat16), out.data_ptr() + (col + r0) * esize, out.stride(0),
+                                  x.data_ptr(), x.stride(0), panel.data_ptr(),
+                                  0 if bias is None else bias.data_ptr() + (col + r0) * esize, M, n, K)
+                continue
             dst = out[:, col + r0: col + r0 + n]
             if bias is None:
                 torch.mm(x, panel.t(), out=dst)

@@ -419,3 +419,50 @@ def test_segments_fallback_without_native(monkeypatch):
     monkeypatch.setattr(gq, "native_lib", None)
     truth = torch.cat([_truth(raws[0], Q.Q4_K, 12, 256), _truth(raws[1], Q.Q6_K, 4, 256)])
     torch.testing.assert_close(ops.gguf_linear(x, w), x @ truth.T)
+
+
+@pytest.mark.parametrize("types", [(Q.Q4_0,), (Q.Q4_K, Q.Q6_K), (Q.Q4_1, Q.Q5_0, Q.Q8_0)],
+                         ids=lambda t: "+".join(q.name for q in t))
+def test_bf16_large_m_runs_the_native_gemm_on_dequantized_panels(monkeypatch, isa, types):
+    """bfloat16 calls of PANEL_GEMM_MIN_M rows or more without AMX: weights of one type or segments of several,
+    panels smaller than a segment (so a segment spans panels), bias, rows of x and of out strided: the dequantized
+    weights times x (not quantized) within bfloat16 rounding of the product; fewer rows keep the native panels."""
+    from engine.ops import gguf_quant
+
+    monkeypatch.setenv("KESTREL_CPU_AMX", "off")
+    monkeypatch.setattr(gguf_quant, "_PANEL_ELEMS", 70 * 512)  # 70 rows per panel
+    seen = []
+    route = gguf_quant._dequantized_native_linear
+    monkeypatch.setattr(gguf_quant, "_dequantized_native_linear", lambda *a: seen.append(1) or route(*a))
+    rng = np.random.default_rng(len(types))
+    parts = []
+    for i, t in enumerate(types):
+        w = (rng.standard_normal((160 + 32 * i, 512)) * 0.05).astype(np.float32)
+        if t in (Q.Q4_K, Q.Q6_K):
+            from tests.support.gguf_writer import quantize_kquant
+            raw = quantize_kquant(w, t)
+        else:
+            raw = quants.quantize(w, t)
+        parts.append(ops.GGUFWeight.from_blocks(raw, int(t), 512))
+    w = gguf_quant.fuse_rows(parts)
+    N = w.shape[0]
+    truth = w.dequantize(torch.float32)
+    g = torch.Generator().manual_seed(3)
+    for M in (gguf_quant.PANEL_GEMM_MIN_M, 61):
+        x = torch.randn(M, 600, generator=g).to(torch.bfloat16)[:, 40:552]  # rows 600 apart
+        bias = torch.randn(N, generator=g).to(torch.bfloat16)
+        out = torch.full((M, N + 9), float("nan"), dtype=torch.bfloat16)[:, 4:N + 4]
+        ops.linear(x, w, bias, out=out)
+        exact = x.float() @ truth.T + bias.float()
+        # the panel rounds each weight to bfloat16 (2^-9 relative), the GEMM accumulates in fp32, out is rounded
+        bound = 2.0 ** -8 * ((x.float().abs() @ truth.abs().T) + exact.abs()) + 1e-3
+        assert not torch.isnan(out).any() and ((out.float() - exact).abs() <= bound).all(), (isa, M)
+    assert len(seen) == 2
+    ops.linear(torch.randn(gguf_quant.PANEL_GEMM_MIN_M - 1, 512).to(torch.bfloat16), w)
+    ops.linear(torch.randn(40, 512), w)  # float32: the native panels
+    ops.set_batch_invariant(True)
+    try:
+        ops.linear(torch.randn(40, 512).to(torch.bfloat16), w)
+    finally:
+        ops.set_batch_invariant(False)
+    assert len(seen) == 2
