@@ -5,8 +5,9 @@
 //   1 avx2         vpmaddubsw (u8 x s8 -> s16 pairs, no saturation here: |15 * 127 * 2|, |128 * 127 * 2| < 2^15)
 //                  + vpmaddwd by ones -> 8 x s32 per block of 32
 //   2 avxvnni      vpdpbusd on ymm (AVX-VNNI, VEX encoded): the same 8 x s32 in one instruction
-//   3 avx512vnni   Q4_0 / Q4_1 / Q8_0: two blocks per zmm vpdpbusd (row_tile_pairs: the pair's two scales by one
-//                  vpermps from the group's 8); the other types vpdpbusd on ymm with the EVEX encoding. (On the
+//   3 avx512vnni   Q4_0 / Q4_1: four blocks per zmm (row_tile_quads, x permuted to the nibbles' order once per
+//                  chunk); Q8_0: two blocks per zmm (row_tile_pairs: the pair's two scales by one vpermps from the
+//                  group's 8); the other types vpdpbusd on ymm with the EVEX encoding. (On the
 //                  Sapphire Rapids dev VM a first zmm version, scales by cross-lane inserts, measured slower than ymm;
 //                  on the Zen 5 one, the pairs made Q4_0's GEMV 1.4-1.6x faster, from compute-bound to near DRAM
 //                  speed: docs/benchmarks/cpu_gguf_models_2026-12-03.md. Not re-measured on Sapphire Rapids.)
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "gguf.h"
@@ -343,6 +345,103 @@ static inline void row_tile_pairs(const GGUFParams& p, const uint8_t* wrow, int6
 }
 #endif
 
+#if KESTREL_GGUF_LEVEL == 3
+// Q4_0 / Q4_1 at the avx512vnni level, four blocks per zmm: 64 bytes of planar quants are blocks b..b+3's nibble
+// bytes, so `& 0x0F` gives their weights 0-15 and `>> 4 & 0x0F` their weights 16-31, each block in its own 128-bit
+// lane, with no shuffle. x meets them in that order: gemv_typed permutes each call's quantized x once per chunk
+// (permute_x_quads: per 4 blocks, the four first halves, then the four second halves; blocks past the last whole
+// group of 8 as they are), and two vpdpbusd (low, high halves) give each block's sum in its lane; one conversion,
+// one fmadd with the scales [d_b x 4, .., d_b+3 x 4] (one vpermps from the group's 8). Per 4 blocks ~8 vector ops
+// and one shuffle, against ~18 and 4 for two pairs (row_tile_pairs): the Zen 5 dev VM's Q4_0 GEMV was compute-bound
+// per core (22-24 GB/s on one thread, 1B-Llama shapes) there.
+static inline void permute_x_quads(const int8_t* x, int64_t M, int64_t K, int8_t* out) {
+  const int64_t nb = K / kGGUFBlock, full = nb / 8 * 8;
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* xr = x + m * K;
+    int8_t* o = out + m * K;
+    for (int64_t b = 0; b < full; b += 4)
+      for (int i = 0; i < 4; ++i) {
+        std::memcpy(o + b * kGGUFBlock + 16 * i, xr + (b + i) * kGGUFBlock, 16);
+        std::memcpy(o + b * kGGUFBlock + 64 + 16 * i, xr + (b + i) * kGGUFBlock + 16, 16);
+      }
+    std::memcpy(o + full * kGGUFBlock, xr + full * kGGUFBlock, size_t((nb - full) * kGGUFBlock));
+  }
+}
+
+template <int QT, int MT>
+static inline void row_tile_quads(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
+  static_assert(QT == kGGUF_Q4_0 || QT == kGGUF_Q4_1, "nibble types of 16 quant bytes per block");
+  const int64_t nb = p.K / kGGUFBlock;
+  const uint8_t* qs = wrow;
+  const uint8_t* ds = wrow + nb * 16;
+  const uint8_t* ms = ds + nb * 2;
+  const int8_t* xq[MT];  // permuted (permute_x_quads)
+  const float* xd[MT];
+  const float* xs[MT];
+  for (int i = 0; i < MT; ++i) {
+    xq[i] = p.xq + (m0 + i) * p.K;
+    xd[i] = p.xd + (m0 + i) * nb;
+    xs[i] = p.xs + (m0 + i) * nb;
+  }
+  __m512 acc[2][MT];
+  __m256 corr[MT], acct[MT];
+  for (int i = 0; i < MT; ++i) {
+    corr[i] = acct[i] = _mm256_setzero_ps();
+    acc[0][i] = acc[1][i] = _mm512_setzero_ps();
+  }
+  float corr_tail[MT] = {};
+  const __m512i pick[2] = {_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                           _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4)};
+  const __m512i m0f = _mm512_set1_epi8(0x0F);
+  const int64_t full = nb / 8 * 8;
+  for (int64_t g = 0; g < full; g += 8) {
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ds + 2 * g)));
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (QT == kGGUF_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms + 2 * g)));
+    __m512 dd[MT];
+    for (int i = 0; i < MT; ++i) {
+      const __m256 dx = _mm256_loadu_ps(xd[i] + g);
+      const __m256 d = _mm256_mul_ps(dw, dx);
+      dd[i] = _mm512_castps256_ps512(d);
+      if constexpr (QT == kGGUF_Q4_0) corr[i] = _mm256_fmadd_ps(d, _mm256_loadu_ps(xs[i] + g), corr[i]);
+      if constexpr (QT == kGGUF_Q4_1)
+        corr[i] = _mm256_fmadd_ps(mw, _mm256_mul_ps(dx, _mm256_loadu_ps(xs[i] + g)), corr[i]);
+    }
+#pragma GCC unroll 2
+    for (int qd = 0; qd < 2; ++qd) {
+      const int64_t b = g + 4 * qd;
+      const __m512i v = _mm512_loadu_si512(qs + b * 16);
+      const __m512i lo = _mm512_and_si512(v, m0f);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+      for (int i = 0; i < MT; ++i) {
+        const int8_t* xp = xq[i] + b * kGGUFBlock;
+        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp));
+        s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(xp + 64));
+        acc[qd][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[qd], dd[i]), acc[qd][i]);
+      }
+    }
+  }
+  for (int64_t b = full; b < nb; ++b) {  // the last < 8 blocks (x in its own order there): ymm, one at a time
+    const float dwf = f16_at(ds + 2 * b);
+    __m256i ws = _mm256_setzero_si256();
+    const __m256i wu = block_u8<QT>(qs + b * 16, ws);
+    for (int i = 0; i < MT; ++i) {
+      const float d = dwf * xd[i][b];
+      if constexpr (QT == kGGUF_Q4_0) corr_tail[i] += d * xs[i][b];
+      if constexpr (QT == kGGUF_Q4_1) corr_tail[i] += f16_at(ms + 2 * b) * (xd[i][b] * xs[i][b]);
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + b * kGGUFBlock));
+      acct[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, xv)), _mm256_set1_ps(d), acct[i]);
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][i], acc[1][i])) + hsum256(acct[i]);
+    if constexpr (QT == kGGUF_Q4_0) r -= 8.f * (hsum256(corr[i]) + corr_tail[i]);
+    if constexpr (QT == kGGUF_Q4_1) r += hsum256(corr[i]) + corr_tail[i];
+    res[i] = r;
+  }
+}
+#endif
+
 // ---- K-quants: super-blocks of 256 weights in the file's layout (gguf.h) ----
 
 // Q4_K / Q5_K: the 12 bytes of packed 6-bit scales -> sc[8], mn[8]. Bytes 0-3 hold sc[0-3] in their low 6 bits,
@@ -576,7 +675,9 @@ static inline void tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0, fl
   if constexpr (gguf_is_kquant(QT))
     row_tile_k<QT, MT>(p, wrow, m0, res);
 #if KESTREL_GGUF_LEVEL == 3
-  else if constexpr (QT == kGGUF_Q4_0 || QT == kGGUF_Q4_1 || QT == kGGUF_Q8_0)
+  else if constexpr (QT == kGGUF_Q4_0 || QT == kGGUF_Q4_1)
+    row_tile_quads<QT, MT>(p, wrow, m0, res);  // p.xq permuted by gemv_typed
+  else if constexpr (QT == kGGUF_Q8_0)
     row_tile_pairs<QT, MT>(p, wrow, m0, res);
 #endif
   else
@@ -584,7 +685,7 @@ static inline void tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0, fl
 }
 
 template <int QT, class T>
-static void gemv_typed(const GGUFParams& p, int64_t n0, int64_t n1) {
+static void gemv_rows(const GGUFParams& p, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* wrow = p.w + n * p.row_bytes;
 #if KESTREL_GGUF_LEVEL > 0
@@ -606,6 +707,31 @@ static void gemv_typed(const GGUFParams& p, int64_t n0, int64_t n1) {
     }
     for (int64_t i = 0; m + i < p.M; ++i) store_out<T>(p, m + i, n, res[i]);
   }
+}
+
+template <int QT, class T>
+static void gemv_typed(const GGUFParams& p, int64_t n0, int64_t n1) {
+#if KESTREL_GGUF_LEVEL == 3
+  if constexpr (QT == kGGUF_Q4_0 || QT == kGGUF_Q4_1) {
+    // row_tile_quads reads x in its quad order: permuted once per chunk of rows into this thread's buffer
+    // (M * K bytes, a few KiB at decode sizes: small beside the chunk's weight rows)
+    thread_local int8_t* buf = nullptr;
+    thread_local size_t cap = 0;
+    const size_t need = size_t(p.M * p.K);
+    if (need > cap) {
+      int8_t* grown = static_cast<int8_t*>(std::realloc(buf, need));
+      if (grown == nullptr) std::abort();  // a pool chunk must not throw (gemm_pool.h); M * K bytes
+      buf = grown;
+      cap = need;
+    }
+    permute_x_quads(p.xq, p.M, p.K, buf);
+    GGUFParams q = p;
+    q.xq = buf;
+    gemv_rows<QT, T>(q, n0, n1);
+    return;
+  }
+#endif
+  gemv_rows<QT, T>(p, n0, n1);
 }
 
 template <int QT>
