@@ -310,11 +310,14 @@ def gpu_idle(prof, wall_start_us: float | None = None) -> dict:
     return out
 
 
-def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = None) -> dict:
+def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = None,
+                  only: list[str] | None = None) -> dict:
     """Where the GPU time of one step goes (torch.profiler, CUDA kernels summed by name) for a cold 1,024- and
-    8,192-token prompt, the 8,192 prompt with 4,096 cached, 64 x 512 prompts, and one batch-1 decode step; with the step's
-    wall time, the GPU's busy time and its longest idle gaps (with the host work inside them). trace_dir: a
-    Chrome trace of each case is written there too."""
+    8,192-token prompt, the 8,192 prompt with 4,096 cached, 64 x 512 prompts, a mixed step (512 decodes beside as
+    many 512-token prompts as the step's token budget takes, as in the throughput run's mixed steps) and one
+    batch-1 decode step; with the wall time, the GPU's busy time and its longest idle gaps (with the host work
+    inside them), and the engine's record of the case's last step (its prefill and decode tokens). trace_dir: a
+    Chrome trace of each case is written there too. ``only``: the names of the cases to run (default: all)."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.sampling_params import SamplingParams
@@ -339,6 +342,23 @@ def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = 
         prompts = [random_ids(rng, 512, vocab) for _ in range(64)]
         return lambda: timed_prompts(core, prompts)
 
+    def mixed_512_decodes():
+        core.blocks.reset_prefix_cache()
+        decoding = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+        for i in range(512):
+            core.add_request(f"m{i}-{time.monotonic_ns()}", None, decoding,
+                             prompt_token_ids=random_ids(rng, 512, vocab))
+        while not all(tr.request.output_token_ids for tr in core.requests.values()):
+            core.step()
+        prompts = [random_ids(rng, 512, vocab) for _ in range(64)]
+        first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+        def one_step():
+            for p in prompts:
+                core.add_request(f"mp-{time.monotonic_ns()}", None, first, prompt_token_ids=p)
+            core.step()
+        return one_step
+
     def decode_1():
         core.blocks.reset_prefix_cache()
         core.add_request(f"p{time.monotonic_ns()}", None, SamplingParams(max_tokens=8, temperature=0.0,
@@ -348,10 +368,14 @@ def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = 
             core.step()
         return lambda: core.step()
 
+    cases = (("fresh_1024", fresh(1024)), ("fresh_8192", fresh(8192)), ("8192_with_4096_cached", cached_4096),
+             ("64x512", batch_64x512), ("mixed_512_decodes_64x512", mixed_512_decodes), ("decode_batch1", decode_1))
     out = {}
-    for name, setup in (("fresh_1024", fresh(1024)), ("fresh_8192", fresh(8192)),
-                        ("8192_with_4096_cached", cached_4096), ("64x512", batch_64x512), ("decode_batch1", decode_1)):
+    for name, setup in cases:
+        if only is not None and name not in only:
+            continue
         setup()()  # warm-up
+        run_until_done(core)
         run_case = setup()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
@@ -361,6 +385,7 @@ def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = 
             run_case()
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
+        step = core.recent_steps[-1] if core.recent_steps else None
         run_until_done(core)
         if trace_dir:
             prof.export_chrome_trace(str(Path(trace_dir) / f"trace_{name}.json"))
@@ -376,6 +401,9 @@ def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = 
         out[name] = {"wall_ms": wall * 1e3, "gpu_ms": sum(r[2] for r in rows),
                      "top": [{"kernel": k, "calls": c, "ms": round(ms, 3)} for k, c, ms in rows[:top]],
                      "gpu_idle": gpu_idle(prof, start[0] if start else None)}
+        if step is not None:
+            out[name]["last_step"] = {"prefill_tokens": step.num_prefill_tokens,
+                                      "decode_tokens": step.num_decode_tokens, "ms": round(step.duration * 1e3, 2)}
         idle = out[name]["gpu_idle"]
         print(f"profile {name}: wall {wall * 1e3:.1f} ms, kernels busy {idle.get('kernels_busy_ms', 0):.1f} ms, "
               f"first kernel at {idle.get('first_kernel_ms') or 0:.1f} ms, gaps > 50 us "
