@@ -466,3 +466,27 @@ def test_bf16_large_m_runs_the_native_gemm_on_dequantized_panels(monkeypatch, is
     finally:
         ops.set_batch_invariant(False)
     assert len(seen) == 2
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_a_weight_rows_result_does_not_depend_on_its_neighbours(isa, qtype):
+    """Every weight row comes out with the same bits whatever rows share its call or its chunk: alone (a one-row
+    weight), shifted by one row, on 1 or 2 threads (the chunks of the pool split the rows differently)."""
+    rng = np.random.default_rng(int(qtype) + 7)
+    N, K = 301, 576
+    raw = _random_blocks(rng, qtype, N, K, "quantized")
+    w = ops.GGUFWeight.from_blocks(raw, int(qtype), K)
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(9))
+    y = ops.linear(x, w)
+    before = _C.get_num_threads()
+    try:
+        ops.set_num_threads(1)
+        y1 = ops.linear(x, w)
+    finally:
+        ops.set_num_threads(before)
+    assert torch.equal(y1, y)
+    for n in (0, 1, 150, 299, 300):
+        alone = ops.GGUFWeight(w.data[n:n + 1].contiguous(), w.qtype, K)
+        assert torch.equal(ops.linear(x, alone)[:, 0], y[:, n]), (isa, n)
+    shifted = ops.GGUFWeight(w.data[1:].contiguous(), w.qtype, K)  # every pair now pairs other rows
+    assert torch.equal(ops.linear(x, shifted), y[:, 1:])
