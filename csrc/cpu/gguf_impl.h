@@ -269,69 +269,58 @@ static inline __m512i pair_u8(const uint8_t* q, __mmask64& neg) {
   }
 }
 
-template <int QT, int MT>
-static inline void row_tile_pairs(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
-  constexpr int QB = Fmt<QT>::qbytes;
-  const int64_t nb = p.K / kGGUFBlock;
-  const uint8_t* qs = wrow;
-  const uint8_t* ds = wrow + nb * QB;
-  const uint8_t* ms = ds + nb * 2;
+// What the zmm tiles (row_tile_pairs, row_tile_quads) share. The quantized x rows of a tile, their block scales
+// and block sums.
+template <int MT>
+struct TileRows {
   const int8_t* xq[MT];
   const float* xd[MT];
   const float* xs[MT];
-  for (int i = 0; i < MT; ++i) {
-    xq[i] = p.xq + (m0 + i) * p.K;
-    xd[i] = p.xd + (m0 + i) * nb;
-    xs[i] = p.xs + (m0 + i) * nb;
-  }
-  constexpr int NC = 2;
-  __m512 acc[NC][MT];
-  __m256 corr[MT], acct[MT];
-  for (int i = 0; i < MT; ++i) {
-    corr[i] = acct[i] = _mm256_setzero_ps();
-    for (int c = 0; c < NC; ++c) acc[c][i] = _mm512_setzero_ps();
-  }
-  float corr_tail[MT] = {};
-  const __m512i pick[4] = {_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-                           _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
-                           _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
-                           _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
-  const int64_t full = nb / 8 * 8;
-  for (int64_t g = 0; g < full; g += 8) {
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ds + 2 * g)));
-    __m256 mw = _mm256_setzero_ps();
-    if constexpr (QT == kGGUF_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms + 2 * g)));
-    __m512 dd[MT];
+  TileRows(const GGUFParams& p, int64_t m0, int64_t nb) {
     for (int i = 0; i < MT; ++i) {
-      const __m256 dx = _mm256_loadu_ps(xd[i] + g);
-      const __m256 d = _mm256_mul_ps(dw, dx);
-      dd[i] = _mm512_castps256_ps512(d);
-      if constexpr (QT == kGGUF_Q4_0) corr[i] = _mm256_fmadd_ps(d, _mm256_loadu_ps(xs[i] + g), corr[i]);
-      if constexpr (QT == kGGUF_Q4_1)
-        corr[i] = _mm256_fmadd_ps(mw, _mm256_mul_ps(dx, _mm256_loadu_ps(xs[i] + g)), corr[i]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const int64_t b = g + 2 * j;
-      __mmask64 neg = 0;
-      const __m512i wu = pair_u8<QT>(qs + b * QB, neg);
-      for (int i = 0; i < MT; ++i) {
-        __m512i xv = _mm512_loadu_si512(xq[i] + b * kGGUFBlock);
-        if constexpr (QT == kGGUF_Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-        const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, xv));
-        acc[j % NC][i] = _mm512_fmadd_ps(dot, _mm512_permutexvar_ps(pick[j], dd[i]), acc[j % NC][i]);
-      }
+      xq[i] = p.xq + (m0 + i) * p.K;
+      xd[i] = p.xd + (m0 + i) * nb;
+      xs[i] = p.xs + (m0 + i) * nb;
     }
   }
-  for (int64_t b = full; b < nb; ++b) {  // the last < 8 blocks: one at a time, ymm (as row_tile's tail)
+};
+
+// Blocks g..g+7: each row's d_w x d_x in the low half of dd, and the offset terms of Q4_0 (-8 x sum x) and Q4_1
+// (m x sum x) added into corr.
+template <int QT, int MT>
+static inline void group_scales(const uint8_t* ds, const uint8_t* ms, int64_t g, const TileRows<MT>& x, __m512* dd,
+                                __m256* corr) {
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ds + 2 * g)));
+  __m256 mw = _mm256_setzero_ps();
+  if constexpr (QT == kGGUF_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms + 2 * g)));
+  for (int i = 0; i < MT; ++i) {
+    const __m256 dx = _mm256_loadu_ps(x.xd[i] + g);
+    const __m256 d = _mm256_mul_ps(dw, dx);
+    dd[i] = _mm512_castps256_ps512(d);
+    if constexpr (QT == kGGUF_Q4_0) corr[i] = _mm256_fmadd_ps(d, _mm256_loadu_ps(x.xs[i] + g), corr[i]);
+    if constexpr (QT == kGGUF_Q4_1)
+      corr[i] = _mm256_fmadd_ps(mw, _mm256_mul_ps(dx, _mm256_loadu_ps(x.xs[i] + g)), corr[i]);
+  }
+}
+
+// The last < 8 blocks, one at a time in ymm (as row_tile's tail; x in its own order there), then each row's sum:
+// the two zmm accumulators, the tail's, and the offset terms.
+template <int QT, int MT>
+static inline void finish_tile(const uint8_t* qs, const uint8_t* ds, const uint8_t* ms, int64_t full, int64_t nb,
+                               const TileRows<MT>& x, const __m512 (&acc)[2][MT], const __m256* corr, float* res) {
+  constexpr int QB = Fmt<QT>::qbytes;
+  __m256 acct[MT];
+  float corr_tail[MT] = {};
+  for (int i = 0; i < MT; ++i) acct[i] = _mm256_setzero_ps();
+  for (int64_t b = full; b < nb; ++b) {
     const float dwf = f16_at(ds + 2 * b);
     __m256i ws = _mm256_setzero_si256();
     const __m256i wu = block_u8<QT>(qs + b * QB, ws);
     for (int i = 0; i < MT; ++i) {
-      const float d = dwf * xd[i][b];
-      if constexpr (QT == kGGUF_Q4_0) corr_tail[i] += d * xs[i][b];
-      if constexpr (QT == kGGUF_Q4_1) corr_tail[i] += f16_at(ms + 2 * b) * (xd[i][b] * xs[i][b]);
-      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + b * kGGUFBlock));
+      const float d = dwf * x.xd[i][b];
+      if constexpr (QT == kGGUF_Q4_0) corr_tail[i] += d * x.xs[i][b];
+      if constexpr (QT == kGGUF_Q4_1) corr_tail[i] += f16_at(ms + 2 * b) * (x.xd[i][b] * x.xs[i][b]);
+      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.xq[i] + b * kGGUFBlock));
       if constexpr (QT == kGGUF_Q8_0) xv = _mm256_sign_epi8(xv, ws);
       acct[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, xv)), _mm256_set1_ps(d), acct[i]);
     }
@@ -342,6 +331,45 @@ static inline void row_tile_pairs(const GGUFParams& p, const uint8_t* wrow, int6
     if constexpr (QT == kGGUF_Q4_1) r += hsum256(corr[i]) + corr_tail[i];
     res[i] = r;
   }
+}
+
+template <int QT, int MT>
+static inline void row_tile_pairs(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
+  constexpr int QB = Fmt<QT>::qbytes;
+  const int64_t nb = p.K / kGGUFBlock;
+  const uint8_t* qs = wrow;
+  const uint8_t* ds = wrow + nb * QB;
+  const uint8_t* ms = ds + nb * 2;
+  const TileRows<MT> x(p, m0, nb);
+  constexpr int NC = 2;
+  __m512 acc[NC][MT];
+  __m256 corr[MT];
+  for (int i = 0; i < MT; ++i) {
+    corr[i] = _mm256_setzero_ps();
+    for (int c = 0; c < NC; ++c) acc[c][i] = _mm512_setzero_ps();
+  }
+  const __m512i pick[4] = {_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                           _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
+                           _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
+                           _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
+  const int64_t full = nb / 8 * 8;
+  for (int64_t g = 0; g < full; g += 8) {
+    __m512 dd[MT];
+    group_scales<QT, MT>(ds, ms, g, x, dd, corr);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const int64_t b = g + 2 * j;
+      __mmask64 neg = 0;
+      const __m512i wu = pair_u8<QT>(qs + b * QB, neg);
+      for (int i = 0; i < MT; ++i) {
+        __m512i xv = _mm512_loadu_si512(x.xq[i] + b * kGGUFBlock);
+        if constexpr (QT == kGGUF_Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, xv));
+        acc[j % NC][i] = _mm512_fmadd_ps(dot, _mm512_permutexvar_ps(pick[j], dd[i]), acc[j % NC][i]);
+      }
+    }
+  }
+  finish_tile<QT, MT>(qs, ds, ms, full, nb, x, acc, corr, res);
 }
 #endif
 
@@ -375,38 +403,20 @@ static inline void row_tile_quads(const GGUFParams& p, const uint8_t* wrow, int6
   const uint8_t* qs = wrow;
   const uint8_t* ds = wrow + nb * 16;
   const uint8_t* ms = ds + nb * 2;
-  const int8_t* xq[MT];  // permuted (permute_x_quads)
-  const float* xd[MT];
-  const float* xs[MT];
-  for (int i = 0; i < MT; ++i) {
-    xq[i] = p.xq + (m0 + i) * p.K;
-    xd[i] = p.xd + (m0 + i) * nb;
-    xs[i] = p.xs + (m0 + i) * nb;
-  }
+  const TileRows<MT> x(p, m0, nb);  // x's quants permuted (permute_x_quads)
   __m512 acc[2][MT];
-  __m256 corr[MT], acct[MT];
+  __m256 corr[MT];
   for (int i = 0; i < MT; ++i) {
-    corr[i] = acct[i] = _mm256_setzero_ps();
+    corr[i] = _mm256_setzero_ps();
     acc[0][i] = acc[1][i] = _mm512_setzero_ps();
   }
-  float corr_tail[MT] = {};
   const __m512i pick[2] = {_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
                            _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4)};
   const __m512i m0f = _mm512_set1_epi8(0x0F);
   const int64_t full = nb / 8 * 8;
   for (int64_t g = 0; g < full; g += 8) {
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ds + 2 * g)));
-    __m256 mw = _mm256_setzero_ps();
-    if constexpr (QT == kGGUF_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ms + 2 * g)));
     __m512 dd[MT];
-    for (int i = 0; i < MT; ++i) {
-      const __m256 dx = _mm256_loadu_ps(xd[i] + g);
-      const __m256 d = _mm256_mul_ps(dw, dx);
-      dd[i] = _mm512_castps256_ps512(d);
-      if constexpr (QT == kGGUF_Q4_0) corr[i] = _mm256_fmadd_ps(d, _mm256_loadu_ps(xs[i] + g), corr[i]);
-      if constexpr (QT == kGGUF_Q4_1)
-        corr[i] = _mm256_fmadd_ps(mw, _mm256_mul_ps(dx, _mm256_loadu_ps(xs[i] + g)), corr[i]);
-    }
+    group_scales<QT, MT>(ds, ms, g, x, dd, corr);
 #pragma GCC unroll 2
     for (int qd = 0; qd < 2; ++qd) {
       const int64_t b = g + 4 * qd;
@@ -414,31 +424,14 @@ static inline void row_tile_quads(const GGUFParams& p, const uint8_t* wrow, int6
       const __m512i lo = _mm512_and_si512(v, m0f);
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
       for (int i = 0; i < MT; ++i) {
-        const int8_t* xp = xq[i] + b * kGGUFBlock;
+        const int8_t* xp = x.xq[i] + b * kGGUFBlock;
         __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp));
         s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(xp + 64));
         acc[qd][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[qd], dd[i]), acc[qd][i]);
       }
     }
   }
-  for (int64_t b = full; b < nb; ++b) {  // the last < 8 blocks (x in its own order there): ymm, one at a time
-    const float dwf = f16_at(ds + 2 * b);
-    __m256i ws = _mm256_setzero_si256();
-    const __m256i wu = block_u8<QT>(qs + b * 16, ws);
-    for (int i = 0; i < MT; ++i) {
-      const float d = dwf * xd[i][b];
-      if constexpr (QT == kGGUF_Q4_0) corr_tail[i] += d * xs[i][b];
-      if constexpr (QT == kGGUF_Q4_1) corr_tail[i] += f16_at(ms + 2 * b) * (xd[i][b] * xs[i][b]);
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + b * kGGUFBlock));
-      acct[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(wu, xv)), _mm256_set1_ps(d), acct[i]);
-    }
-  }
-  for (int i = 0; i < MT; ++i) {
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][i], acc[1][i])) + hsum256(acct[i]);
-    if constexpr (QT == kGGUF_Q4_0) r -= 8.f * (hsum256(corr[i]) + corr_tail[i]);
-    if constexpr (QT == kGGUF_Q4_1) r += hsum256(corr[i]) + corr_tail[i];
-    res[i] = r;
-  }
+  finish_tile<QT, MT>(qs, ds, ms, full, nb, x, acc, corr, res);
 }
 #endif
 

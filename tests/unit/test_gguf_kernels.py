@@ -158,17 +158,20 @@ def test_strided_x_leading_dims_and_threads():
     assert torch.equal(y1, y)  # each output is one thread's, in one order
 
 
+def _batch_invariant_call_and_rows(x, w) -> tuple[torch.Tensor, torch.Tensor]:
+    """x @ w in one batch-invariant call, and row by row."""
+    ops.set_batch_invariant(True)
+    try:
+        return ops.linear(x, w), torch.cat([ops.linear(x[i:i + 1], w) for i in range(x.shape[0])])
+    finally:
+        ops.set_batch_invariant(False)
+
+
 def test_batch_invariant_rows_do_not_depend_on_m():
     rng = np.random.default_rng(6)
     N, K = 70, 256
     w = ops.GGUFWeight.from_blocks(_random_blocks(rng, Q.Q4_0, N, K, "quantized"), int(Q.Q4_0), K)
-    x = torch.randn(20, K)
-    ops.set_batch_invariant(True)
-    try:
-        full = ops.linear(x, w)
-        rows = torch.cat([ops.linear(x[i:i + 1], w) for i in range(20)])
-    finally:
-        ops.set_batch_invariant(False)
+    full, rows = _batch_invariant_call_and_rows(torch.randn(20, K), w)
     assert torch.equal(full, rows)
 
 
@@ -181,12 +184,7 @@ def test_batch_invariant_every_isa(isa, qtype, K):
     N = 37
     w = ops.GGUFWeight.from_blocks(_random_blocks(rng, qtype, N, K, "quantized"), int(qtype), K)
     x = torch.randn(11, K, generator=torch.Generator().manual_seed(K))
-    ops.set_batch_invariant(True)
-    try:
-        full = ops.linear(x, w)
-        rows = torch.cat([ops.linear(x[i:i + 1], w) for i in range(11)])
-    finally:
-        ops.set_batch_invariant(False)
+    full, rows = _batch_invariant_call_and_rows(x, w)
     assert torch.equal(full, rows)
     assert torch.equal(ops.linear(x[:5], w), full[:5])  # GEMV regime without the mode: the same sums
 
