@@ -129,6 +129,21 @@ static inline float hsum256(__m256 v) {
 
 #endif
 
+// The quantized x rows of a tile (MT rows from m0), their block scales and block sums: every tile's view of x.
+template <int MT>
+struct TileRows {
+  const int8_t* xq[MT];
+  const float* xd[MT];
+  const float* xs[MT];
+  TileRows(const GGUFParams& p, int64_t m0, int64_t nb) {
+    for (int i = 0; i < MT; ++i) {
+      xq[i] = p.xq + (m0 + i) * p.K;
+      xd[i] = p.xd + (m0 + i) * nb;
+      xs[i] = p.xs + (m0 + i) * nb;
+    }
+  }
+};
+
 // res[i] = sum_k W[row, k] * x[m0 + i, k] for MT rows of x.
 template <int QT, int MT>
 static inline void row_tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
@@ -137,14 +152,10 @@ static inline void row_tile(const GGUFParams& p, const uint8_t* wrow, int64_t m0
   const uint8_t* qs = wrow;
   const uint8_t* ds = wrow + nb * QB;
   const uint8_t* ms = ds + nb * 2;
-  const int8_t* xq[MT];
-  const float* xd[MT];
-  const float* xs[MT];
-  for (int i = 0; i < MT; ++i) {
-    xq[i] = p.xq + (m0 + i) * p.K;
-    xd[i] = p.xd + (m0 + i) * nb;
-    xs[i] = p.xs + (m0 + i) * nb;
-  }
+  const TileRows<MT> x(p, m0, nb);
+  const int8_t* const* xq = x.xq;
+  const float* const* xd = x.xd;
+  const float* const* xs = x.xs;
 #if KESTREL_GGUF_LEVEL == 0
   for (int i = 0; i < MT; ++i) res[i] = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
@@ -269,22 +280,7 @@ static inline __m512i pair_u8(const uint8_t* q, __mmask64& neg) {
   }
 }
 
-// What the zmm tiles (row_tile_pairs, row_tile_quads) share. The quantized x rows of a tile, their block scales
-// and block sums.
-template <int MT>
-struct TileRows {
-  const int8_t* xq[MT];
-  const float* xd[MT];
-  const float* xs[MT];
-  TileRows(const GGUFParams& p, int64_t m0, int64_t nb) {
-    for (int i = 0; i < MT; ++i) {
-      xq[i] = p.xq + (m0 + i) * p.K;
-      xd[i] = p.xd + (m0 + i) * nb;
-      xs[i] = p.xs + (m0 + i) * nb;
-    }
-  }
-};
-
+// What the zmm tiles (row_tile_pairs, row_tile_quads) share beside TileRows.
 // Blocks g..g+7: each row's d_w x d_x in the low half of dd, and the offset terms of Q4_0 (-8 x sum x) and Q4_1
 // (m x sum x) added into corr.
 template <int QT, int MT>
@@ -553,14 +549,10 @@ template <int QT, int MT>
 static inline void row_tile_k(const GGUFParams& p, const uint8_t* wrow, int64_t m0, float* res) {
   constexpr int SZ = KFmt<QT>::size;
   const int64_t nsb = p.K / kGGUFSuper, nb = p.K / kGGUFBlock;
-  const int8_t* xq[MT];
-  const float* xd[MT];
-  const float* xs[MT];
-  for (int i = 0; i < MT; ++i) {
-    xq[i] = p.xq + (m0 + i) * p.K;
-    xd[i] = p.xd + (m0 + i) * nb;
-    xs[i] = p.xs + (m0 + i) * nb;
-  }
+  const TileRows<MT> x(p, m0, nb);
+  const int8_t* const* xq = x.xq;
+  const float* const* xd = x.xd;
+  const float* const* xs = x.xs;
 #if KESTREL_GGUF_LEVEL == 0
   for (int i = 0; i < MT; ++i) res[i] = 0.f;
   for (int64_t sb = 0; sb < nsb; ++sb) {
