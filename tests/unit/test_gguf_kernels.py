@@ -149,13 +149,17 @@ def test_strided_x_leading_dims_and_threads():
     torch.testing.assert_close(y, ops.linear(x.contiguous(), w), atol=0, rtol=0)
     y3 = ops.linear(x.contiguous().view(2, 3, K), w)
     assert y3.shape == (2, 3, N) and torch.equal(y3.view(6, N), y)
+    assert torch.equal(_on_one_thread(x, w), y)  # each output is one thread's, in one order
+
+
+def _on_one_thread(x, w) -> torch.Tensor:
+    """x @ w with the kernels' pool at one thread."""
     before = _C.get_num_threads()
     try:
         ops.set_num_threads(1)
-        y1 = ops.linear(x, w)
+        return ops.linear(x, w)
     finally:
         ops.set_num_threads(before)
-    assert torch.equal(y1, y)  # each output is one thread's, in one order
 
 
 def _batch_invariant_call_and_rows(x, w) -> tuple[torch.Tensor, torch.Tensor]:
@@ -476,13 +480,7 @@ def test_a_weight_rows_result_does_not_depend_on_its_neighbours(isa, qtype):
     w = ops.GGUFWeight.from_blocks(raw, int(qtype), K)
     x = torch.randn(3, K, generator=torch.Generator().manual_seed(9))
     y = ops.linear(x, w)
-    before = _C.get_num_threads()
-    try:
-        ops.set_num_threads(1)
-        y1 = ops.linear(x, w)
-    finally:
-        ops.set_num_threads(before)
-    assert torch.equal(y1, y)
+    assert torch.equal(_on_one_thread(x, w), y)
     for n in (0, 1, 150, 299, 300):
         alone = ops.GGUFWeight(w.data[n:n + 1].contiguous(), w.qtype, K)
         assert torch.equal(ops.linear(x, alone)[:, 0], y[:, n]), (isa, n)
