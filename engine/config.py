@@ -138,6 +138,9 @@ class EngineConfig:
     num_threads: int | None = _opt("CPU threads (default: physical cores)")
     enforce_eager: bool = _opt("Run every step eagerly: no CUDA graphs for decode steps on a GPU (a faster "
                                "start, slower decode), no recorded decode tapes on the CPU", default=False)
+    async_scheduling: str = _opt("Queue each decode step while the one before still runs, so that the host's "
+                                 "work (detokenising, stop checks, scheduling) overlaps the device's: auto = on a "
+                                 "GPU at tensor-parallel size 1", default="auto", choices=["auto", "on", "off"])
     seed: int = _opt("Seed of the default random generator", default=0)
     pooling: str = _opt("How /v1/embeddings pools the final hidden states of a model without a "
                         "sentence-transformers pooling configuration: the last token or the mean of all tokens "

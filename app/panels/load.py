@@ -40,6 +40,7 @@ LABELS = {
     "comm_strategy": "Communication strategy", "block_size": "KV block size", "num_kv_blocks": "KV blocks",
     "max_num_seqs": "Max concurrent requests", "max_num_batched_tokens": "Token budget per step",
     "num_threads": "CPU threads", "seed": "Seed", "enforce_eager": "No decode graphs or tapes",
+    "async_scheduling": "Async scheduling",
 }
 CHOICE_LABELS = {
     "comm_strategy": {"auto": "Auto (measured at start-up)", "nccl": "NCCL", "int8": "Int8-quantized all-reduce",
@@ -47,6 +48,7 @@ CHOICE_LABELS = {
     "quantization": {"none": "None (float weights in the chosen dtype)",
                      "int8": "Int8 weights, a scale per 32 (CPU)",
                      "gguf": "GGUF blocks kept: Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K (CPU)"},
+    "async_scheduling": {"auto": "Auto (on a GPU)", "on": "On", "off": "Off"},
     "dtype": {"auto": "Auto"}, "device": {"auto": "Auto", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"},
 }
 RANGES = {"max_model_len": (0, 1 << 20), "gpu_memory_utilization": (0.05, 0.99), "kv_cache_memory_gib": (0, 4096),

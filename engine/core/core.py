@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig
 from engine.core.kv_cache import BlockManager
 from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.errors import InvalidRequestError, KVCacheFullError, PromptTooLongError
 from engine.core.embedding import check_embedding_input
 from engine.outputs import RequestDelta, RequestMetrics
@@ -57,6 +57,16 @@ class _Tracked:
     text: str = ""
     emitted: int = 0  # characters of text already sent
     stop_max: int = 0
+
+
+@dataclass
+class _InFlight:
+    """A step launched and not yet completed (engine/runner/model_runner.py Launched)."""
+
+    sched: SchedulerOutput
+    launched: object
+    t0: float  # when it was scheduled
+    ahead: bool = False  # launched before the step that samples its input tokens completed
 
 
 @dataclass
@@ -136,6 +146,10 @@ class EngineCore:
         self.generation_tokens_total = 0
         self.recent_steps: deque[StepStats] = deque(maxlen=256)
         self.recent_comm_steps: deque[CommStepStats] = deque(maxlen=256)
+        self.async_scheduling = async_scheduling_enabled(config.async_scheduling, self.runner)
+        self._in_flight: _InFlight | None = None
+        self._last_step_end = 0.0
+        self.num_steps_ahead = 0  # steps launched before the one that samples their input tokens completed
 
     # -- requests -----------------------------------------------------------------------
     def tokenize_prompt(self, prompt=None, messages=None, add_special_tokens: bool = True) -> list[int]:
@@ -205,48 +219,117 @@ class EngineCore:
             tr = self.requests.get(rid)
             if tr is not None and not tr.request.is_finished:
                 out.append(self._finish(tr, "abort", None, []))
+        self._drop_finished_flight()
         return out
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self._in_flight is not None or self.scheduler.has_unfinished()
 
     # -- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        if not self.scheduler.has_unfinished():
-            return []
+        """One step's deltas. With a step launched ahead (async scheduling), the step that returns is the one
+        before the step left in flight: see ``_launch_ahead``."""
+        prev = self._in_flight
+        if prev is None:
+            if not self.scheduler.has_unfinished():
+                return []
+            t0 = time.monotonic()
+            sched = self.scheduler.schedule()
+            if not sched.scheduled:
+                return []
+            prev = _InFlight(sched, self.runner.launch(sched, lambda: self._advance(sched)), t0)
+        self._in_flight = self._launch_ahead(prev) if self.async_scheduling else None
+        deltas = self._complete(prev)
+        self._drop_finished_flight()
+        return deltas
+
+    def _launch_ahead(self, prev: "_InFlight") -> "_InFlight | None":
+        """Async scheduling (vLLM v1's, SGLang's overlap scheduler): while step N runs on the device, queue step
+        N+1, each of N's requests decoding the token N samples (fed to N+1 on the device), and only then wait for
+        N's tokens, so that their detokenisation, stop checks and deltas, and the next schedule, run beside N+1.
+
+        Only a pure decode continuation goes ahead: nothing waiting to be admitted (or no room for it), every
+        running request sampling in N, none with a penalty or a grammar (they read N's token on the host). A
+        request that N finishes by its length leaves the batch; one that N stops (EOS, stop token or string) or
+        that is aborted meanwhile has its N+1 token dropped, as if never sampled (its blocks are freed at once:
+        later steps that reuse them queue behind N+1). Seeded requests draw the same tokens as without look-ahead.
+        None where N+1 cannot go ahead (N then completes and the next step is scheduled as usual)."""
+        sc = self.scheduler
+        if prev.launched.sampled is None or prev.launched.pooled or (
+                sc.waiting and len(sc.running) < sc.max_num_seqs):
+            return None
+        sampled = {id(r) for r in prev.launched.reqs}
+        batch = []
+        for r in sc.running:
+            p = r.params
+            if (id(r) not in sampled or r.grammar is not None or r.pooling is not None
+                    or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
+                return None
+            n_out = len(r.output_token_ids) + 1  # with N's token
+            if n_out >= (p.max_tokens or self.max_model_len) or r.num_tokens + 1 >= self.max_model_len:
+                continue  # N's token is its last
+            batch.append(r)
+        if not batch or not all(self.blocks.allocate(r, 1) for r in batch):
+            return None  # (blocks allocated before a refusal serve the next step)
+        sched = SchedulerOutput([ScheduledRequest(r, 1, pending=1) for r in batch])
+        self.num_steps_ahead += 1
         t0 = time.monotonic()
-        sched = self.scheduler.schedule()
-        if not sched.scheduled:
-            return []
-        reqs, tokens, lps, pooled = self.runner.execute(sched, lambda: self._advance(sched))
+        return _InFlight(sched, self.runner.launch(sched, lambda: self._advance(sched, cache=False), prev.launched),
+                         t0, ahead=True)
+
+    def _drop_finished_flight(self) -> None:
+        """Forget a step in flight none of whose requests is still running (all stopped or aborted since its
+        launch): nothing of it would be kept, so nothing waits for it (its device work finishes on its own,
+        before any later step's on the same stream)."""
+        fl = self._in_flight
+        if fl is not None and all(r.is_finished for r in fl.launched.reqs):
+            self._in_flight = None
+
+    def _complete(self, fl: "_InFlight") -> list[RequestDelta]:
+        """Wait for a launched step's tokens and turn them into deltas (the requests it advanced; the tokens of
+        requests finished or aborted since its launch are dropped)."""
+        sched = fl.sched
+        reqs, tokens, lps, pooled = self.runner.collect(fl.launched)
         n_prefill = n_decode = 0
         for s in sched.scheduled:
-            if s.num_new_tokens == 1 and s.request.output_token_ids:
+            if s.num_new_tokens == 1 and (s.pending or s.request.output_token_ids):
                 n_decode += 1
             else:
                 n_prefill += s.num_new_tokens
         self.prompt_tokens_total += n_prefill
         now = time.monotonic()
         deltas = []
+        live = self.requests
+        ahead = self._in_flight is not None  # a later step is queued: register the full blocks that token fills
         for req, tok, lp in zip(reqs, tokens, lps):
-            deltas.append(self._append(self.requests[req.request_id], tok, lp, now))
+            tr = live.get(req.request_id)
+            if tr is None or tr.request is not req or req.is_finished:
+                continue  # finished or aborted while this step ran
+            deltas.append(self._append(tr, tok, lp, now))
+            if ahead and not req.is_finished:
+                self.blocks.cache_full_blocks(req)
         for req, vec in pooled:
             delta = self._finish(self.requests[req.request_id], "stop", None, [])
             delta.embedding = vec.numpy().astype("<f4").tobytes()
             deltas.append(delta)
-        self.recent_steps.append(StepStats(now, now - t0, len(self.scheduler.running), len(self.scheduler.waiting),
+        start = max(fl.t0, self._last_step_end)  # steps in flight together: each counts from the one before
+        self._last_step_end = now
+        self.recent_steps.append(StepStats(now, now - start, len(self.scheduler.running), len(self.scheduler.waiting),
                                            n_prefill, n_decode, self.blocks.usage))
         if self.executor is not None:
             d = self.executor.comm.stats.step_delta()
             self.recent_comm_steps.append(CommStepStats(now, d.calls, d.link_bytes, d.payload_bytes, d.seconds))
         return [d for d in deltas if d is not None]
 
-    def _advance(self, sched) -> None:
-        """The step's tokens count as computed and its newly full blocks join the prefix cache: called while the
-        forward runs (a later step that reads those blocks is queued behind it on the device)."""
+    def _advance(self, sched, cache: bool = True) -> None:
+        """The step's tokens count as computed and (``cache``) its newly full blocks join the prefix cache: called
+        while the forward runs (a later step that reads those blocks is queued behind it on the device). A step
+        launched ahead computes a token not yet on the host: its blocks are registered once that token is
+        (``_complete``)."""
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-            self.blocks.cache_full_blocks(s.request)
+            if cache:
+                self.blocks.cache_full_blocks(s.request)
 
     def _append(self, tr: _Tracked, tok: int, lp, now: float) -> RequestDelta | None:
         req, p = tr.request, tr.request.params
@@ -320,7 +403,6 @@ class EngineCore:
     def score(self, token_ids: list[int]) -> "torch.Tensor":
         """Float32 logits [len(token_ids), vocab] of a whole sequence (prompt scoring, perplexity).
         Runs in prefill chunks on blocks borrowed from the cache; call it between steps."""
-        from engine.core.scheduler import SchedulerOutput, ScheduledRequest
         import torch
 
         self.validate_prompt(token_ids, SamplingParams(max_tokens=None))
@@ -339,6 +421,7 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (no-op at TP=1). Also done at garbage collection and exit."""
+        self._in_flight = None
         if self.executor is not None:
             self.executor.shutdown()
 
@@ -360,3 +443,11 @@ class EngineCore:
             st.recent_comm_steps = list(self.recent_comm_steps)[-recent:]
         return st
 
+
+
+def async_scheduling_enabled(mode: str, runner) -> bool:
+    """--async-scheduling: auto launches decode steps ahead on a GPU (where the host's work per step would
+    otherwise leave the device idle), on anywhere a single process runs the model, off never."""
+    if mode == "off" or runner.tp.size > 1:
+        return False
+    return mode == "on" or runner.device.type == "cuda"

@@ -15,11 +15,12 @@ from engine.core.request import Request, RequestStatus
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+    pending: int = 0  # tokens of the request still on the device (a step launched ahead: its input is one)
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the request's tokens, so a token is sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens + self.pending
 
 
 @dataclass

@@ -10,11 +10,15 @@ request with a seed draws its noise from its own generator and the others share 
 of the model's raw distribution, as OpenAI and vLLM report them.
 
 Called as ``sampler(logits, metadata)``: row i of the logits with row i of a SamplingMetadata (what each row
-samples with, in plain data; see engine/layers/sampling_metadata.py)."""
+samples with, in plain data; see engine/layers/sampling_metadata.py). ``sampler.sample(logits, metadata)`` returns
+the same as a ``Sampled`` whose tokens stay on the device (a step launched ahead reads its input ids from them) and
+whose ``result()`` waits only for their copy to the host."""
 
 from __future__ import annotations
 
 import torch
+
+from dataclasses import dataclass
 
 from engine.layers.sampling_metadata import SamplingMetadata
 from engine.ops.transfer import to_device
@@ -97,12 +101,47 @@ def filtered_probs(x: torch.Tensor, params: list) -> torch.Tensor:
     return probs
 
 
+@dataclass
+class Sampled:
+    """One batch's chosen tokens: ``tokens`` (int64 [rows], on the logits' device) and, on their way to the host in
+    one non-blocking copy, the same tokens with the logprobs asked for; ``result()`` waits for that copy alone (on a
+    GPU the stream may already run the next step)."""
+
+    tokens: torch.Tensor
+    host: torch.Tensor  # float64: tokens, then the chosen tokens' logprobs, the top values, the top ids
+    ready: "torch.cuda.Event | None"  # the copy's end (None: on the CPU, already there)
+    params: list
+    want: list[int]  # the rows that asked for logprobs
+    n_top: int
+
+    def result(self) -> tuple[list[int], list[TokenLogprobs | None]]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        b, w, n_top = len(self.params), len(self.want), self.n_top
+        host = self.host.tolist()
+        token_list = [int(t) for t in host[:b]]
+        out: list[TokenLogprobs | None] = [None] * b
+        if not w:
+            return token_list, out
+        chosen_l = host[b:b + w]
+        tv = host[b + w:b + w + w * n_top]
+        ti = host[b + w + w * n_top:]
+        for j, i in enumerate(self.want):
+            n = self.params[i].logprobs
+            top = [(int(ti[j * n_top + k]), tv[j * n_top + k]) for k in range(n)]
+            out[i] = TokenLogprobs(token_list[i], chosen_l[j], top)
+        return token_list, out
+
+
 class Sampler:
     def __init__(self, default_generator: torch.Generator):
         self.default_generator = default_generator
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata
                  ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        return self.sample(logits, metadata).result()
+
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> Sampled:
         logits = logits.float()
         x = self._process(logits, metadata)
         tokens = torch.argmax(x, dim=-1)
@@ -171,26 +210,25 @@ class Sampler:
 
     # -- to the host -------------------------------------------------------------------------------
     @staticmethod
-    def _finish(logits: torch.Tensor, md: SamplingMetadata, tokens: torch.Tensor
-                ) -> tuple[list[int], list[TokenLogprobs | None]]:
+    def _finish(logits: torch.Tensor, md: SamplingMetadata, tokens: torch.Tensor) -> Sampled:
         params = md.params
         want = [i for i, p in enumerate(params) if p.logprobs is not None]
+        n_top = 0
         if not want:
-            return tokens.tolist(), [None] * len(params)
-        lp = torch.log_softmax(logits[want], dim=-1)
-        chosen = lp.gather(1, tokens[want].unsqueeze(1)).squeeze(1)
-        n_top = max(params[i].logprobs for i in want)
-        top_v, top_i = torch.topk(lp, n_top, dim=-1) if n_top else (lp[:, :0], lp[:, :0].long())
-        host = torch.cat([tokens.double(), chosen.double(), top_v.double().flatten(), top_i.double().flatten()]
-                         ).tolist()  # one transfer
-        b, w = len(params), len(want)
-        token_list = [int(t) for t in host[:b]]
-        chosen_l = host[b:b + w]
-        tv = host[b + w:b + w + w * n_top]
-        ti = host[b + w + w * n_top:]
-        out: list[TokenLogprobs | None] = [None] * b
-        for j, i in enumerate(want):
-            n = params[i].logprobs
-            top = [(int(ti[j * n_top + k]), tv[j * n_top + k]) for k in range(n)]
-            out[i] = TokenLogprobs(token_list[i], chosen_l[j], top)
-        return token_list, out
+            payload = tokens.double()
+        else:
+            lp = torch.log_softmax(logits[want], dim=-1)
+            chosen = lp.gather(1, tokens[want].unsqueeze(1)).squeeze(1)
+            n_top = max(params[i].logprobs for i in want)
+            top_v, top_i = torch.topk(lp, n_top, dim=-1) if n_top else (lp[:, :0], lp[:, :0].long())
+            payload = torch.cat([tokens.double(), chosen.double(), top_v.double().flatten(),
+                                 top_i.double().flatten()])
+        ready = None
+        if payload.device.type == "cuda":  # one transfer into pinned memory, waited for by result() alone
+            host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
+            host.copy_(payload, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host = payload.cpu()
+        return Sampled(tokens, host, ready, params, want, n_top)

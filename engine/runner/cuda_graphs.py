@@ -151,18 +151,22 @@ class DecodeGraphs:
         self.ints.zero_()
 
     # -- one step ----------------------------------------------------------------------------------
-    def run(self, token_ids: Sequence[int], seqs: Sequence[SeqSpan]) -> torch.Tensor | None:
+    def run(self, token_ids: Sequence[int], seqs: Sequence[SeqSpan], fed: torch.Tensor | None = None
+            ) -> torch.Tensor | None:
         """Float32 logits [n, vocab] of a decode step of n sequences (one token each: token_ids[i] at the last
         position of seqs[i]'s context), or None when n has no bucket. The logits are a view of the graphs' shared
-        output buffer: read them before the next step."""
+        output buffer: read them before the next step (a later replay on the same stream overwrites them after
+        the kernels queued before it have read them). ``fed``: the first input ids on the device (int64), copied
+        over the staged ones (a step launched ahead of the one that sampled them)."""
         n = len(token_ids)
         b = self.bucket(n)
         if b is None:
             return None
-        self._stage(token_ids, seqs, b)
+        self._stage(token_ids, seqs, b, fed)
         return self._forward_bucket(n, b)
 
-    def _stage(self, token_ids: Sequence[int], seqs: Sequence[SeqSpan], b: int) -> None:
+    def _stage(self, token_ids: Sequence[int], seqs: Sequence[SeqSpan], b: int,
+               fed: torch.Tensor | None = None) -> None:
         """The step's inputs into the static buffers of bucket b (padding rows past the live ones)."""
         n = len(token_ids)
         if self._staged is not None:
@@ -184,6 +188,8 @@ class DecodeGraphs:
         nonblocking = self.device.type == "cuda"
         self.longs[:3 * b].copy_(self.host_longs[:3 * b], non_blocking=nonblocking)
         self.ints[:b + b * self.width].copy_(self.host_ints[:b + b * self.width], non_blocking=nonblocking)
+        if fed is not None:
+            self.longs[:len(fed)].copy_(fed)  # after the staged ids on the stream
         if nonblocking:
             if self._staged is None:
                 self._staged = torch.cuda.Event()

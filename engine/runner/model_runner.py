@@ -13,7 +13,7 @@ import torch
 from engine import ops, progress
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.attention import AttentionMetadata, SeqSpan
-from engine.layers.sampler import Sampler
+from engine.layers.sampler import Sampled, Sampler
 from engine.layers.sampling_metadata import SamplingMetadata
 from engine.models.registry import model_class
 from engine.ops.transfer import to_device
@@ -242,8 +242,8 @@ class ModelRunner:
             req, n = s.request, s.num_new_tokens
             start = req.num_computed_tokens
             q0 = len(token_ids)
-            if n == 1:
-                token_ids.append(req.token_at(start))
+            if n == 1:  # past the list's end: a token still on the device (launch's feed), staged as 0
+                token_ids.append(req.token_at(start) if start < req.num_tokens else 0)
             else:
                 token_ids.extend(req.all_token_ids[start:start + n])
             ctx = start + n
@@ -268,23 +268,27 @@ class ModelRunner:
         return to_device(inp.token_ids, torch.long, self.device), meta
 
     @torch.inference_mode()
-    def run(self, inp: StepInputs, on_hidden: Callable[[torch.Tensor], None] | None = None
-            ) -> torch.Tensor | None:
+    def run(self, inp: StepInputs, on_hidden: Callable[[torch.Tensor], None] | None = None,
+            fed: torch.Tensor | None = None) -> torch.Tensor | None:
         """Forward pass of one step on this rank; float32 logits at inp.logit_rows (all rows if None).
         Every TP rank runs this with the same inputs. ``on_hidden`` (rank 0) gets the final hidden states of
-        every row (after the final norm), for pooling; such a step never replays a decode graph."""
+        every row (after the final norm), for pooling; such a step never replays a decode graph. ``fed`` (one
+        process): the first input ids on the device, in place of inp.token_ids' placeholders (launch's feed)."""
         if self.tp.size > 1:
             return self.tp.guard(self._run, inp, on_hidden)
-        return self._run(inp, on_hidden)
+        return self._run(inp, on_hidden, fed)
 
-    def _run(self, inp: StepInputs, on_hidden: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor | None:
+    def _run(self, inp: StepInputs, on_hidden: Callable[[torch.Tensor], None] | None = None,
+             fed: torch.Tensor | None = None) -> torch.Tensor | None:
         ops.set_batch_invariant(self.deterministic)  # process-wide: another engine here may differ
         if ((self.graphs is not None or self.tapes is not None) and inp.logit_rows and on_hidden is None
                 and len(inp.seqs) == len(inp.token_ids)):
-            logits = self._run_graph(inp)
+            logits = self._run_graph(inp, fed)
             if logits is not None:
                 return logits
         input_ids, meta = self._tensors(inp)
+        if fed is not None:
+            input_ids[:len(fed)] = fed
         hidden = self.model(input_ids, meta)
         if on_hidden is not None:
             on_hidden(hidden)
@@ -294,13 +298,16 @@ class ModelRunner:
             hidden = select_rows(hidden, inp.logit_rows)
         return self.model.compute_logits(hidden).float()
 
-    def _run_graph(self, inp: StepInputs) -> torch.Tensor | None:
+    def _run_graph(self, inp: StepInputs, fed: torch.Tensor | None = None) -> torch.Tensor | None:
         """A decode step (one token per sequence) by graph replay; None for any other step, or a batch past the
         largest bucket."""
         seqs = inp.seqs
         if any(s.query_len != 1 for s in seqs):
             return None
-        logits = (self.graphs if self.graphs is not None else self.tapes).run(inp.token_ids, seqs)
+        if self.graphs is not None:
+            logits = self.graphs.run(inp.token_ids, seqs, fed)
+        else:
+            logits = self.tapes.run(inp.token_ids, seqs)  # the CPU: launch put the fed ids into the list
         if logits is None or len(inp.logit_rows) == len(seqs):
             return logits
         # a one-token prefill chunk short of its prompt's end samples nothing
@@ -309,23 +316,53 @@ class ModelRunner:
     def execute(self, sched: ScheduledStep, while_running: Callable[[], None] | None = None
                 ) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],
                            list[tuple[SequenceState, torch.Tensor]]]:
-        """Run one step; the requests that sampled (sched's own objects, in step order), their tokens and
-        logprobs, and the embedding requests whose prompt this step finished, with their pooled vectors
-        (float32, on the CPU). ``while_running`` is called once the forward is queued and before anything waits
-        for it: host work that a GPU step then hides (the core advances the requests' computed tokens there, so
-        nothing after it here reads the step's ScheduledStep)."""
+        """Run one step and wait for it: ``collect(launch(sched, while_running))``."""
+        return self.collect(self.launch(sched, while_running))
+
+    def launch(self, sched: ScheduledStep, while_running: Callable[[], None] | None = None,
+               feed: "Launched | None" = None) -> "Launched":
+        """Queue one step (forward and sampler) without waiting for it; ``collect`` waits. ``while_running`` is
+        called once the forward is queued and before anything waits for it: host work that a GPU step then hides
+        (the core advances the requests' computed tokens there, so nothing after it here reads the step's
+        ScheduledStep).
+
+        ``feed``: the step before, still in flight, whose sampled tokens are this step's input ids (a decode step
+        launched ahead, engine/core/core.py): every sequence of ``sched`` sampled there, its token not yet on the
+        host (``token_at`` has no such index, so prepare stages a 0 that the device copy then replaces), one more
+        output token than its request lists."""
+        if feed is not None and self.on_step is not None:
+            raise RuntimeError("a step launched ahead needs every rank on this process (tensor parallelism is not)")
         inp, reqs, pools = self.prepare(sched)
+        fed = None
+        if feed is not None:
+            row_of = {id(r): i for i, r in enumerate(feed.reqs)}
+            rows = [row_of[id(s.request)] for s in sched.scheduled]
+            if self.device.type == "cpu":  # the tokens are already computed: no device copy to stage
+                inp.token_ids[:len(rows)] = feed.sampled.tokens[rows].tolist()
+            else:
+                fed = feed.sampled.tokens.index_select(0, to_device(rows, torch.long, self.device))
         if self.on_step is not None:
             self.on_step(inp)
         pooled: list[tuple[SequenceState, torch.Tensor]] = []
-        logits = self.run(inp, (lambda hidden: pooled.extend(self._pool(hidden, pools))) if pools else None)
+        logits = self.run(inp, (lambda hidden: pooled.extend(self._pool(hidden, pools))) if pools else None, fed)
         if while_running is not None:
             while_running()
         if not reqs:
-            return [], [], [], pooled
+            return Launched([], None, pooled)
         gens = [self.generators.get(r.request_id) for r in reqs]
-        tokens, lps = self.sampler(logits, sampling_metadata(reqs, gens))
-        return reqs, tokens, lps, pooled
+        md = sampling_metadata(reqs, gens, pending=1 if feed is not None else 0)
+        return Launched(reqs, self.sampler.sample(logits, md), pooled)
+
+    @staticmethod
+    def collect(launched: "Launched") -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],
+                                               list[tuple[SequenceState, torch.Tensor]]]:
+        """A launched step's requests that sampled (the step's own objects, in step order), their tokens and
+        logprobs (waiting for their copy to the host), and the embedding requests whose prompt the step finished,
+        with their pooled vectors (float32, on the CPU)."""
+        if launched.sampled is None:
+            return [], [], [], launched.pooled
+        tokens, lps = launched.sampled.result()
+        return launched.reqs, tokens, lps, launched.pooled
 
     def _pool(self, hidden: torch.Tensor, pools: list[PoolSpan]) -> list[tuple[SequenceState, torch.Tensor]]:
         """Pool each embedding request's rows of this step into its running state (float32: a mean summed
@@ -360,6 +397,16 @@ class ModelRunner:
         if self.on_step is not None:
             self.on_step(inp)
         return self.run(inp)
+
+
+@dataclass
+class Launched:
+    """A step queued by ModelRunner.launch: the requests that sample, their Sampled tokens (None: nothing samples)
+    and the embeddings the step finished."""
+
+    reqs: list[SequenceState]
+    sampled: "Sampled | None"
+    pooled: list[tuple[SequenceState, torch.Tensor]]
 
 
 def select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -400,12 +447,13 @@ def check_deterministic(device: torch.device, tp: TPContext) -> None:
                            "`pip install -e .`")
 
 
-def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generator | None] | None = None
-                      ) -> SamplingMetadata:
+def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generator | None] | None = None,
+                      pending: int = 0) -> SamplingMetadata:
     """What the sampler needs of each sampling request, row i for reqs[i]: its params, the token histories its
     penalties read (only where a penalty applies; the requests' own lists, so use it within the step), its
     output count, its eos ids, its generator (None: the sampler's default) and, for the requests with a grammar
-    (structured output), their allowed-token bitmask."""
+    (structured output), their allowed-token bitmask. ``pending``: output tokens each request has beyond its list
+    (a step launched ahead of the one that samples them; such requests have no penalty or grammar)."""
     grammars = [(i, g) for i, g in enumerate(getattr(r, "grammar", None) for r in reqs) if g is not None]
     bitmask = None
     if grammars:
@@ -417,7 +465,7 @@ def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generato
         seen_token_ids=[r.all_token_ids if r.params.repetition_penalty != 1.0 else () for r in reqs],
         output_token_ids=[r.output_token_ids if r.params.presence_penalty or r.params.frequency_penalty
                           else () for r in reqs],
-        num_output_tokens=[len(r.output_token_ids) for r in reqs],
+        num_output_tokens=[len(r.output_token_ids) + pending for r in reqs],
         eos_token_ids=[r.eos_token_ids for r in reqs],
         generators=list(generators) if generators is not None else [None] * len(reqs),
         bitmask=bitmask, bitmask_rows=[i for i, _ in grammars],

@@ -38,6 +38,9 @@ class SequenceState(Protocol):
     @property
     def num_computed_tokens(self) -> int: ...  # tokens whose KV is in the cache before this step
 
+    @property
+    def num_tokens(self) -> int: ...  # prompt + output tokens on the host
+
     def token_at(self, i: int) -> int: ...
 
 

@@ -126,3 +126,38 @@ def test_decode_attention_with_fixed_partitions(part):
     expect = ref.paged_decode_attention(q, kc, vc, bt, cl, hd ** -0.5)
     assert (out.float() - expect.float()).abs().max().item() < 2e-2
     assert out[0].abs().max().item() == 0
+
+
+def _ahead_run(model_dir, mode: str, eager: bool):
+    """Greedy and seeded requests (they go ahead) in batches of 1-22 sequences: steps launched ahead replay graphs
+    (or, with --enforce-eager, run eagerly with their input ids fed on the device); no host sync inside such a
+    launch."""
+    with LLM(str(model_dir), dtype="bfloat16", device="cuda", enable_prefix_caching=False, max_num_seqs=24,
+             kv_cache_memory_gib=0.25, async_scheduling=mode, enforce_eager=eager) as llm:
+        core = llm.core
+        assert (core.runner.graphs is None) == eager
+        real = core._launch_ahead
+
+        def checked(prev):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return real(prev)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        core._launch_ahead = checked
+        prompts = (PROMPTS * 3)[:22]
+        params = [SamplingParams(max_tokens=6 + i % 9, temperature=0.0 if i % 2 else 0.7, seed=i, logprobs=2,
+                                 ignore_eos=True) for i in range(len(prompts))]
+        outs = llm.generate(prompts, params)
+        return core.num_steps_ahead, [(o.outputs[0].token_ids, [(lp.token_id, lp.logprob) for lp in
+                                                                 o.outputs[0].logprobs]) for o in outs]
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_steps_launched_ahead_equal_the_synchronous_loop(tiny_model_dir, eager):
+    d = tiny_model_dir("llama")
+    n_ahead, got = _ahead_run(d, "on", eager)
+    n_sync, want = _ahead_run(d, "off", eager)
+    assert n_ahead > 10 and n_sync == 0
+    assert got == want
