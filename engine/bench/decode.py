@@ -82,7 +82,8 @@ def measure_skinny(cfg, rows_list=(1, 8, 16), dtype=torch.bfloat16) -> dict:
 def decode_breakdown(core, rng, batch: int, prompt: int = 512, steps: int = 16) -> dict:
     """One batch's decode step: the whole step (median, graphs as configured), the graph replay alone on the GPU
     (its bucket, the inputs of the last step) and its kernels by group (profile_replay), the host's share (their
-    difference: the step does not overlap them yet), and the same step eager (graphs set aside)."""
+    difference: the sampler's kernels and, with async scheduling, the host work the step launched ahead does not
+    hide), and the same step eager (graphs set aside)."""
     runner = core.runner
     out: dict = {}
     step = statistics.median(decode_step_times(core, batch, prompt, steps, rng).step_seconds)
@@ -202,7 +203,7 @@ def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, vari
     return out
 
 
-def measure_decode_attention(cfg, batches=(1, 64), contexts=(512, 4096, 16384), block_size: int = 64,
+def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 16384), block_size: int = 64,
                              width_tokens: int = 16384, dtype=torch.bfloat16) -> dict:
     """GB/s of the paged decode attention kernel (keys and values read once) at each batch and context, as the
     decode graphs call it (a table ``width_tokens`` wide, the graphs' partitions) and as an eager step calls it
@@ -237,7 +238,13 @@ def measure_decode_attention(cfg, batches=(1, 64), contexts=(512, 4096, 16384), 
                 sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
                                                      out=o, part_tokens=part) for t in tabs])
                 res[mode] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
-            out[f"b{b}_ctx{ctx}"] = {"bytes": nbytes, **res}
+            # the graphs' partitions per context against other counts (partition_tokens' choice is the -splits)
+            res["graphs_by_splits"] = {}
+            for splits in (1, 2, 4, 8, 16, 32):
+                sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
+                                                     out=o, part_tokens=-splits) for t in tables])
+                res["graphs_by_splits"][splits] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
+            out[f"b{b}_ctx{ctx}"] = {"bytes": nbytes, "graphs_splits": -partition_tokens(b, nkv, sms), **res}
             del kc, vc, tables
             torch.cuda.empty_cache()
     return out

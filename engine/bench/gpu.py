@@ -248,11 +248,14 @@ def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) 
     core.blocks.reset_prefix_cache()
     params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
     torch.cuda.synchronize()
+    mem0 = torch.cuda.memory_stats()
     t0 = time.perf_counter()
     for _ in range(n):
         core.add_request(f"x{time.monotonic_ns()}", None, params, prompt_token_ids=random_ids(rng, prompt, vocab))
+    t_added = time.perf_counter()
     steps = 0
     kinds = {"decode": [0, 0.0, 0], "mixed": [0, 0.0, 0]}  # steps, seconds, decode rows
+    log = []  # every step: kind, ms, decode rows, prefill tokens (where the time goes, step by step)
     last = core.recent_steps[-1] if core.recent_steps else None
     while core.has_unfinished():
         core.step()
@@ -260,17 +263,30 @@ def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) 
         st = core.recent_steps[-1] if core.recent_steps else None
         if st is not None and st is not last:  # a step that ran (an empty one records nothing)
             last = st
-            k = kinds["mixed" if st.num_prefill_tokens else "decode"]
+            name = "mixed" if st.num_prefill_tokens else "decode"
+            k = kinds[name]
             k[0] += 1
             k[1] += st.duration
             k[2] += st.num_decode_tokens
+            log.append([name[0], round(st.duration * 1e3, 2), st.num_decode_tokens, st.num_prefill_tokens])
     dt = time.perf_counter() - t0
+    mem1 = torch.cuda.memory_stats()
+    mixed_ms = sorted(x[1] for x in log if x[0] == "m")
+    decode_ms = sorted(x[1] for x in log if x[0] == "d")
     return {"seconds": dt, "output_tok_s": n * output / dt, "total_tok_s": n * (prompt + output) / dt,
             "steps": steps, "preemptions": core.scheduler.num_preemptions,
+            "async_scheduling": core.async_scheduling, "add_requests_s": round(t_added - t0, 3),
             # where the time went: steps with a prefill chunk (and the decodes beside it) against decode-only steps
             "by_step_kind": {name: {"steps": c, "seconds": round(sec, 3), "mean_ms": round(1e3 * sec / max(1, c), 2),
                                     "mean_decode_batch": round(rows / max(1, c), 1)}
-                             for name, (c, sec, rows) in kinds.items()}}
+                             for name, (c, sec, rows) in kinds.items()},
+            "mixed_ms_min_median_max": [mixed_ms[0], mixed_ms[len(mixed_ms) // 2], mixed_ms[-1]] if mixed_ms else [],
+            "decode_ms_min_median_max": [decode_ms[0], decode_ms[len(decode_ms) // 2], decode_ms[-1]]
+            if decode_ms else [],
+            # the caching allocator during the run: cudaMalloc / cudaFree calls and retries after freeing its cache
+            "allocator": {key: mem1.get(key, 0) - mem0.get(key, 0)
+                          for key in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms")},
+            "step_log": log}
 
 
 def gpu_idle(prof, wall_start_us: float | None = None) -> dict:
@@ -554,7 +570,9 @@ def run(args) -> dict:
         for name, r in report["decode_attention"].items():
             print(f"decode attention {name}: graphs {r['graphs']['us']:.1f} us {r['graphs']['gb_s']:.0f} GB/s, eager "
                   f"{r['eager']['us']:.1f} us {r['eager']['gb_s']:.0f} GB/s "
-                  f"({100 * r['graphs']['gb_s'] * 1e9 / lim['copy_bytes_per_s']:.0f}% of copy)", flush=True)
+                  f"({100 * r['graphs']['gb_s'] * 1e9 / lim['copy_bytes_per_s']:.0f}% of copy); graphs' splits "
+                  f"{r['graphs_splits']}, by splits: " + ", ".join(
+                      f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_splits"].items()) + " GB/s", flush=True)
     nums = model_numbers(cfg)
     vocab = cfg.vocab_size
     gemm, copy = lim["bf16_gemm_flop_per_s"], lim["copy_bytes_per_s"]
@@ -651,9 +669,24 @@ def run(args) -> dict:
             if args.throughput_requests:
                 k["throughput"] = kestrel_throughput(core, rng, vocab, args.throughput_requests, 512, 256)
                 save()
-                print(f"Kestrel throughput: {k['throughput']['output_tok_s']:.0f} output tok/s; " + ", ".join(
-                    f"{name} steps {v['steps']} x {v['mean_ms']:.1f} ms (decode batch {v['mean_decode_batch']:.0f})"
-                    for name, v in k["throughput"]["by_step_kind"].items()), flush=True)
+                print_throughput("Kestrel throughput", k["throughput"])
+            if "sync" not in args.skip and core.async_scheduling:
+                # the same measurements with the synchronous step loop: what launching ahead is worth
+                core.async_scheduling = False
+                try:
+                    k["sync_loop"] = {"tpot": {}}
+                    for b in args.batch:
+                        s = kestrel_tpot(core, rng, vocab, b, 512, args.tpot_steps)
+                        k["sync_loop"]["tpot"][str(b)] = decode_row(s, b, 512 + args.tpot_steps // 2)
+                        save()
+                        print(f"Kestrel TPOT batch {b}, synchronous loop: {s * 1e3:.2f} ms", flush=True)
+                    if args.throughput_requests:
+                        k["sync_loop"]["throughput"] = kestrel_throughput(core, rng, vocab, args.throughput_requests,
+                                                                          512, 256)
+                        save()
+                        print_throughput("Kestrel throughput, synchronous loop", k["sync_loop"]["throughput"])
+                finally:
+                    core.async_scheduling = True
         finally:
             core.shutdown()
             del core
@@ -692,6 +725,13 @@ def run(args) -> dict:
                 ("cached", k.get("ttft_8192_with_4096_cached")), ("chunked", k.get("ttft_8192_chunked_2048")),
                 ("64x512", k.get("prefill_64x512"))) if r), flush=True)
     return report
+
+
+def print_throughput(title: str, t: dict) -> None:
+    print(f"{title}: {t['output_tok_s']:.0f} output tok/s; " + ", ".join(
+        f"{name} steps {v['steps']} x {v['mean_ms']:.1f} ms (decode batch {v['mean_decode_batch']:.0f})"
+        for name, v in t["by_step_kind"].items()) + f"; mixed steps min / median / max {t['mixed_ms_min_median_max']} "
+        f"ms; allocator {t['allocator']}", flush=True)
 
 
 def best_gemm_shares(report: dict) -> float | None:
@@ -755,7 +795,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", nargs="*", default=[],
-                   choices=["kernels", "skinny", "attention", "kestrel", "hf", "profile", "variants", "ablation"])
+                   choices=["kernels", "skinny", "attention", "kestrel", "hf", "profile", "variants", "ablation",
+                            "sync"])
     p.add_argument("--trace-dir", default=None, help="write a Chrome trace of each profiled case there")
 
 
