@@ -249,7 +249,8 @@ class EngineCore:
         N's tokens, so that their detokenisation, stop checks and deltas, and the next schedule, run beside N+1.
 
         Only a pure decode continuation goes ahead: nothing waiting to be admitted (or no room for it), every
-        running request sampling in N, none with a penalty or a grammar (they read N's token on the host). A
+        running request sampling in N, none with a grammar (its matcher takes N's token on the host; penalties
+        count it on the device, engine/layers/penalties.py). A
         request that N finishes by its length leaves the batch; one that N stops (EOS, stop token or string) or
         that is aborted meanwhile has its N+1 token dropped, as if never sampled (its blocks are freed at once:
         later steps that reuse them queue behind N+1). Seeded requests draw the same tokens as without look-ahead.
@@ -262,8 +263,7 @@ class EngineCore:
         batch = []
         for r in sc.running:
             p = r.params
-            if (id(r) not in sampled or r.grammar is not None or r.pooling is not None
-                    or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
+            if id(r) not in sampled or r.grammar is not None or r.pooling is not None:
                 return None
             n_out = len(r.output_token_ids) + 1  # with N's token
             if n_out >= (p.max_tokens or self.max_model_len) or r.num_tokens + 1 >= self.max_model_len:

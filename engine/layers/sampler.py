@@ -20,6 +20,7 @@ import torch
 
 from dataclasses import dataclass
 
+from engine.layers.penalties import has_penalty, penalty_tensors_from_lists
 from engine.layers.sampling_metadata import SamplingMetadata
 from engine.ops.transfer import to_device
 from engine.outputs import TokenLogprobs
@@ -159,10 +160,8 @@ class Sampler:
         constrained = set(md.bitmask_rows) if md.bitmask is not None else set()
         # a grammar decides where EOS may come: min_tokens does not mask a constrained row
         masked = [i for i, p in enumerate(params) if md.num_output_tokens[i] < p.min_tokens and i not in constrained]
-        repeat = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
-        counted = [i for i, p in enumerate(params)
-                   if (p.presence_penalty or p.frequency_penalty) and md.output_token_ids[i]]
-        if not (bias or masked or repeat or counted or constrained):
+        penalised = [i for i, p in enumerate(params) if has_penalty(p)]
+        if not (bias or masked or penalised or constrained):
             return logits  # the model's own logits are finite; only the processing below can overflow
         x = apply_bitmask(logits, md.bitmask, md.bitmask_rows) if constrained else logits.clone()
         if bias:
@@ -174,20 +173,30 @@ class Sampler:
                              | (set() if params[i].ignore_eos else md.eos_token_ids[i]))) for i in masked]
             rows, cols = _rows_cols(stop, vocab, dev)
             x.index_put_((rows, cols), x.new_full((), float("-inf")))  # a device scalar: no sync
-        if repeat:
-            rows, cols = _rows_cols([(i, md.seen_token_ids[i]) for i in repeat], vocab, dev)
-            seen = torch.zeros_like(x, dtype=torch.bool)
-            seen.index_put_((rows, cols), seen.new_ones(()))
-            penalty = _column([p.repetition_penalty for p in params], dev)
-            x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
-        if counted:
-            rows, cols = _rows_cols([(i, md.output_token_ids[i]) for i in counted], vocab, dev)
-            counts = torch.zeros_like(x).index_put_((rows, cols), torch.ones_like(rows, dtype=x.dtype),
-                                                    accumulate=True)
-            freq = _column([p.frequency_penalty for p in params], dev)
-            pres = _column([p.presence_penalty for p in params], dev)
-            x = x - freq * counts - pres * (counts > 0).to(x.dtype)
+        if penalised:
+            x = self._penalise(x, md, penalised)
         return _finite(x)
+
+    @staticmethod
+    def _penalise(x: torch.Tensor, md: SamplingMetadata, rows: list[int]) -> torch.Tensor:
+        """The repetition penalty on the tokens of the prompt and output, then presence and frequency on the
+        output's counts, on the penalised rows only (a penalty of 1 or 0 leaves a row's logits exact)."""
+        dev, vocab, params = x.device, x.shape[-1], md.params
+        if md.penalty_counts is not None:
+            counts, prompt = md.penalty_counts, md.penalty_prompt
+        else:
+            counts, prompt = penalty_tensors_from_lists([md.prompt_token_ids[i] for i in rows],
+                                                        [md.output_token_ids[i] for i in rows], vocab, dev)
+        idx = to_device(rows, torch.long, dev)
+        sub = x.index_select(0, idx)
+        generated = counts > 0
+        penalty = _column([params[i].repetition_penalty for i in rows], dev)
+        sub = torch.where(prompt | generated, torch.where(sub > 0, sub / penalty, sub * penalty), sub)
+        counts = counts.to(sub.dtype)
+        freq = _column([params[i].frequency_penalty for i in rows], dev)
+        pres = _column([params[i].presence_penalty for i in rows], dev)
+        sub = sub - freq * counts - pres * generated.to(sub.dtype)
+        return x.index_copy(0, idx, sub)
 
     # -- drawing ---------------------------------------------------------------------------------
     def _draw(self, x: torch.Tensor, md: SamplingMetadata, draw: list[int], greedy_tokens: torch.Tensor

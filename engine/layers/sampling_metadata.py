@@ -22,10 +22,12 @@ class SamplingMetadata:
 
     - params[i]: its SamplingParams (temperature, top-k/p, min-p, penalties, logit bias, min_tokens,
       stop_token_ids, ignore_eos, logprobs count);
-    - seen_token_ids[i]: prompt + output ids, read by the repetition penalty (may be empty when
-      repetition_penalty == 1);
-    - output_token_ids[i]: the output ids so far, read by the presence / frequency penalties (may be empty
-      when both are 0);
+    - prompt_token_ids[i], output_token_ids[i]: its prompt and its output so far, read by the repetition,
+      presence and frequency penalties (may be empty on a row without a penalty, and on every row when
+      ``penalty_counts`` is given);
+    - penalty_counts / penalty_prompt: the same as device tensors (int32 output counts, bool prompt mask,
+      [number of penalised rows, vocab], in row order), gathered from the runner's per-request state
+      (engine/layers/penalties.py); None: the sampler builds them from the lists;
     - num_output_tokens[i]: how many tokens it has generated so far (min_tokens);
     - eos_token_ids[i]: the ids masked with stop_token_ids while below min_tokens (unless ignore_eos);
     - generators[i]: its own generator (a seeded request) or None for the sampler's default one;
@@ -36,13 +38,15 @@ class SamplingMetadata:
     The token lists may be the requests' own lists (not copies): use the metadata within the step."""
 
     params: list[SamplingParams]
-    seen_token_ids: list[Sequence[int]]
+    prompt_token_ids: list[Sequence[int]]
     output_token_ids: list[Sequence[int]]
     num_output_tokens: list[int]
     eos_token_ids: list[frozenset[int]]
     generators: list[torch.Generator | None]
     bitmask: torch.Tensor | None = None
     bitmask_rows: list[int] = field(default_factory=list)
+    penalty_counts: torch.Tensor | None = None
+    penalty_prompt: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.params)

@@ -13,6 +13,7 @@ import torch
 from engine import ops, progress
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.attention import AttentionMetadata, SeqSpan
+from engine.layers.penalties import PenaltyState, has_penalty
 from engine.layers.sampler import Sampled, Sampler
 from engine.layers.sampling_metadata import SamplingMetadata
 from engine.models.registry import model_class
@@ -102,6 +103,7 @@ class ModelRunner:
                 self.capture_decode_graphs()
         self.generators: dict[str, torch.Generator] = {}
         self.sampler = Sampler(torch.Generator(device=self.device).manual_seed(config.seed))
+        self.penalties = PenaltyState(self.device)  # penalised requests' token counts (engine/layers/penalties.py)
         self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
         self.pooling_state: dict[str, torch.Tensor] = {}  # an embedding's pool over its chunks so far
 
@@ -220,6 +222,7 @@ class ModelRunner:
 
     def remove_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        self.penalties.release(request_id)
         self.pooling_state.pop(request_id, None)
 
     # -- one step -------------------------------------------------------------------------
@@ -351,7 +354,15 @@ class ModelRunner:
             return Launched([], None, pooled)
         gens = [self.generators.get(r.request_id) for r in reqs]
         md = sampling_metadata(reqs, gens, pending=1 if feed is not None else 0)
-        return Launched(reqs, self.sampler.sample(logits, md), pooled)
+        penalised = [i for i, r in enumerate(reqs) if has_penalty(r.params)]
+        if penalised:  # their token counts live on the device: gathered here, the new tokens counted below
+            state_rows = self.penalties.rows([reqs[i] for i in penalised], logits.shape[-1])
+            md.penalty_counts, md.penalty_prompt = self.penalties.gather(state_rows)
+        sampled = self.sampler.sample(logits, md)
+        if penalised:
+            self.penalties.record(state_rows, sampled.tokens.index_select(
+                0, to_device(penalised, torch.long, self.device)))
+        return Launched(reqs, sampled, pooled)
 
     @staticmethod
     def collect(launched: "Launched") -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],
@@ -450,7 +461,8 @@ def check_deterministic(device: torch.device, tp: TPContext) -> None:
 def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generator | None] | None = None,
                       pending: int = 0) -> SamplingMetadata:
     """What the sampler needs of each sampling request, row i for reqs[i]: its params, the token histories its
-    penalties read (only where a penalty applies; the requests' own lists, so use it within the step), its
+    penalties read (only where a penalty applies; the requests' own lists, so use it within the step; the runner
+    replaces them by its device counts), its
     output count, its eos ids, its generator (None: the sampler's default) and, for the requests with a grammar
     (structured output), their allowed-token bitmask. ``pending``: output tokens each request has beyond its list
     (a step launched ahead of the one that samples them; such requests have no penalty or grammar)."""
@@ -462,9 +474,8 @@ def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generato
         bitmask = fill_bitmask([g for _, g in grammars])
     return SamplingMetadata(
         params=[r.params for r in reqs],
-        seen_token_ids=[r.all_token_ids if r.params.repetition_penalty != 1.0 else () for r in reqs],
-        output_token_ids=[r.output_token_ids if r.params.presence_penalty or r.params.frequency_penalty
-                          else () for r in reqs],
+        prompt_token_ids=[r.prompt_token_ids if has_penalty(r.params) else () for r in reqs],
+        output_token_ids=[r.output_token_ids if has_penalty(r.params) else () for r in reqs],
         num_output_tokens=[len(r.output_token_ids) + pending for r in reqs],
         eos_token_ids=[r.eos_token_ids for r in reqs],
         generators=list(generators) if generators is not None else [None] * len(reqs),

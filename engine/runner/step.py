@@ -27,6 +27,9 @@ class SequenceState(Protocol):
     def eos_token_ids(self) -> frozenset[int]: ...
 
     @property
+    def prompt_token_ids(self) -> list[int]: ...
+
+    @property
     def output_token_ids(self) -> list[int]: ...
 
     @property

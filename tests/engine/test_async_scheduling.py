@@ -85,15 +85,33 @@ def test_seeded_draws_and_logprobs_equal_the_synchronous_loop(ahead, smollm2_fp3
     assert all(len(g[4]) == len(g[0]) == 14 for g in got)
 
 
-def test_penalties_and_grammars_never_go_ahead(ahead, smollm2_fp32):
-    ps = prompts(ahead, 3, seed=5)
-    items = [(ps[0], SamplingParams(max_tokens=10, temperature=0, repetition_penalty=1.3)),
-             (ps[1], SamplingParams(max_tokens=10, temperature=0, frequency_penalty=0.5)),
-             (ps[2], SamplingParams(max_tokens=10, temperature=0))]
+def test_penalties_go_ahead_with_their_counts_on_the_device(ahead, smollm2_fp32):
+    ps = prompts(ahead, 4, seed=5)
+    items = [(ps[0], SamplingParams(max_tokens=16, temperature=0, repetition_penalty=1.3)),
+             (ps[1], SamplingParams(max_tokens=16, temperature=0, frequency_penalty=0.7, presence_penalty=0.4)),
+             (ps[2], SamplingParams(max_tokens=16, temperature=0.8, seed=9, repetition_penalty=0.8,
+                                    presence_penalty=-0.5)),
+             (ps[3], SamplingParams(max_tokens=16, temperature=0))]
     before = ahead.core.num_steps_ahead
     got = run(ahead, items)
-    assert ahead.core.num_steps_ahead == before  # a penalised request reads the last token on the host
+    assert ahead.core.num_steps_ahead > before + 5
     assert got == run(smollm2_fp32, items)
+    assert not ahead.core.runner.penalties.row_of  # every row freed with its request
+
+
+def test_a_grammar_keeps_the_loop_synchronous(ahead, smollm2_fp32):
+    pytest.importorskip("xgrammar")
+    from engine.sampling_params import StructuredOutput
+
+    ps = prompts(ahead, 2, seed=6)
+    choice = StructuredOutput("choice", '["yes", "no", "maybe not"]')
+    alone = [(ps[0], SamplingParams(max_tokens=10, temperature=0, structured=choice))]
+    before = ahead.core.num_steps_ahead
+    got = run(ahead, alone)
+    assert ahead.core.num_steps_ahead == before  # its matcher takes each token on the host
+    assert got == run(smollm2_fp32, alone) and got[0][1] in ("yes", "no", "maybe not")
+    items = alone + [(ps[1], SamplingParams(max_tokens=10, temperature=0))]  # the other goes ahead once it ends
+    assert run(ahead, items) == run(smollm2_fp32, items)
 
 
 def test_abort_while_a_step_is_in_flight(ahead, smollm2_fp32):

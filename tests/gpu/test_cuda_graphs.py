@@ -129,9 +129,9 @@ def test_decode_attention_with_fixed_partitions(part):
 
 
 def _ahead_run(model_dir, mode: str, eager: bool):
-    """Greedy and seeded requests (they go ahead) in batches of 1-22 sequences: steps launched ahead replay graphs
-    (or, with --enforce-eager, run eagerly with their input ids fed on the device); no host sync inside such a
-    launch."""
+    """Greedy and seeded requests, some with penalties (they all go ahead), in batches of 1-22 sequences: steps
+    launched ahead replay graphs (or, with --enforce-eager, run eagerly with their input ids fed on the device);
+    no host sync inside such a launch (the penalties' counts are gathered and updated on the device)."""
     with LLM(str(model_dir), dtype="bfloat16", device="cuda", enable_prefix_caching=False, max_num_seqs=24,
              kv_cache_memory_gib=0.25, async_scheduling=mode, enforce_eager=eager) as llm:
         core = llm.core
@@ -148,7 +148,8 @@ def _ahead_run(model_dir, mode: str, eager: bool):
         core._launch_ahead = checked
         prompts = (PROMPTS * 3)[:22]
         params = [SamplingParams(max_tokens=6 + i % 9, temperature=0.0 if i % 2 else 0.7, seed=i, logprobs=2,
-                                 ignore_eos=True) for i in range(len(prompts))]
+                                 ignore_eos=True, repetition_penalty=1.2 if i % 3 == 0 else 1.0,
+                                 frequency_penalty=0.5 if i % 5 == 0 else 0.0) for i in range(len(prompts))]
         outs = llm.generate(prompts, params)
         return core.num_steps_ahead, [(o.outputs[0].token_ids, [(lp.token_id, lp.logprob) for lp in
                                                                  o.outputs[0].logprobs]) for o in outs]
