@@ -153,6 +153,7 @@ class GGUFFile:
             vtype = self._unpack("<I", pos, 4)
             metadata[key], pos = self._value(vtype, pos + 4)
         self.metadata = metadata
+        self.dropped_arrays: dict[str, int] = {}  # drop_tokenizer_arrays: key -> the list's length
 
         entries = []
         for _ in range(n_tensors):
@@ -228,6 +229,31 @@ class GGUFFile:
         start = lo // mmap.PAGESIZE * mmap.PAGESIZE
         try:
             advise(mmap.MADV_DONTNEED, start, hi - start)
+        except (OSError, ValueError):
+            pass  # only a memory hint
+
+    # Metadata arrays of the vocabulary: needed only to build the tokenizer (engine.tokenizer.gguf_vocab) and the
+    # config's vocab size, both done before the weights are read.
+    TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                        "tokenizer.ggml.scores")
+
+    def drop_tokenizer_arrays(self) -> None:
+        """Forget the vocabulary's metadata lists once the tokenizer is built (49,152 tokens and 48,900 merges of
+        SmolLM2 are ~8 MiB of Python strings and ints, kept for the model's life otherwise). Their lengths stay
+        readable as ``dropped_arrays[key]``; ``metadata[key]`` is gone."""
+        for key in self.TOKENIZER_ARRAYS:
+            value = self.metadata.pop(key, None)
+            if value is not None:
+                self.dropped_arrays[key] = len(value)
+
+    def loaded(self) -> None:
+        """Every tensor was copied out: drop the rest of the map (the header's pages, read by the parse) from the
+        resident set too. A later ``raw`` faults its pages back in from the page cache."""
+        advise = getattr(self._map, "madvise", None)
+        if advise is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        try:
+            advise(mmap.MADV_DONTNEED, 0, len(self._map))
         except (OSError, ValueError):
             pass  # only a memory hint
 

@@ -149,3 +149,6 @@ class LlamaForCausalLM(torch.nn.Module):
         self.norm.weight.data.copy_(weights.get("model.norm.weight"))
         if not self.cfg.tie_word_embeddings:
             self.lm_head.load(weights, "lm_head.weight")
+        finished = getattr(weights, "loaded", None)  # GGUFWeights: the file's pages and the load's free heap go
+        if finished is not None:
+            finished()
