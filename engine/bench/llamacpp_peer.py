@@ -9,6 +9,7 @@ peak, the context (n_ctx) and its KV cache bytes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -84,8 +85,12 @@ def run_in_child(model_path: str, prompt: list[int], gen_len: int, threads: int,
     missing or failed."""
     request = json.dumps({"model": model_path, "prompt": prompt, "gen_len": gen_len, "threads": threads,
                           "repeats": repeats, "warmup": warmup})
+    env = dict(os.environ)
+    if env.pop("KESTREL_OMP_WAIT_POLICY_SET", None):  # the engine's OpenMP policy (engine/__init__.py), not the user's
+        env.pop("OMP_WAIT_POLICY", None)
+    env["KESTREL_OMP_PASSIVE"] = "0"  # llama.cpp (and its OpenMP) with their own defaults, as before
     proc = subprocess.run([sys.executable, "-m", "engine.bench.llamacpp_peer"], input=request, text=True,
-                          capture_output=True, check=False)
+                          capture_output=True, check=False, env=env)
     if proc.returncode == 3:
         return "skipped: llama-cpp-python is not installed (pip install 'kestrel[bench]')"
     if proc.returncode != 0:

@@ -55,3 +55,33 @@ def test_copied_tensors_leave_the_resident_set(smollm2_gguf):
         assert again is not None and (again[0] == blocks).all()
     finally:
         gf.close()
+
+
+def test_loaded_drops_the_header_pages_too(smollm2_gguf):
+    """GGUFWeights.loaded (the end of load_weights): the header's pages leave the resident set as well, and a later
+    read still returns the file's bytes."""
+    gf = GGUFFile(smollm2_gguf)
+    try:
+        src = GGUFWeights(gf, 9, 3)
+        name = next(iter(gf.tensors))
+        before = np.array(gf.raw(name), copy=True)
+        header = min(t.offset for t in gf.tensors.values())
+        assert _present_pages(gf) * 4096 >= header // 2  # the parse read the header through the map
+        src.loaded()
+        assert _present_pages(gf) * 4096 <= 64 * 1024
+        assert (np.asarray(gf.raw(name)) == before).all()
+    finally:
+        gf.close()
+
+
+def test_tokenizer_arrays_dropped_after_the_tokenizer_is_built(smollm2_gguf):
+    """The vocabulary's metadata lists are not kept beside the tokenizer built from them (their lengths are)."""
+    from engine.loader import load_checkpoint
+
+    ck = load_checkpoint(smollm2_gguf)
+    gf = ck.weights.file
+    assert "tokenizer.ggml.tokens" not in gf.metadata and "tokenizer.ggml.merges" not in gf.metadata
+    assert gf.dropped_arrays["tokenizer.ggml.tokens"] == ck.config.vocab_size == 49152
+    ids = ck.tokenizer.encode("Hello, world")
+    assert ck.tokenizer.decode(ids) == "Hello, world"
+    assert gf.metadata["general.architecture"] == "llama"  # the scalar metadata stays
