@@ -11,8 +11,9 @@ import sys as _sys
 # back to back, and decode went 54-59 -> 63-74 tok/s with PASSIVE (docs/benchmarks/cpu_gguf_models_2026-12-03.md,
 # 2026-12-03b). KESTREL_OMP_PASSIVE=0 keeps OpenMP's default; KESTREL_OMP_WAIT_POLICY_SET marks that the engine
 # set it (the llama.cpp peer of the bench drops it again: llama.cpp runs with its own defaults).
-if (_os.environ.get("KESTREL_OMP_PASSIVE", "1") != "0" and "OMP_WAIT_POLICY" not in _os.environ
-        and "torch" not in _sys.modules):
+from engine import envs as _envs  # noqa: E402  (torch-free, imports nothing of the engine)
+
+if _envs.KESTREL_OMP_PASSIVE and "OMP_WAIT_POLICY" not in _os.environ and "torch" not in _sys.modules:
     _os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     _os.environ["KESTREL_OMP_WAIT_POLICY_SET"] = "1"
 

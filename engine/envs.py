@@ -177,6 +177,14 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         ("Where installer/install-desktop.sh links `kestrel` (default: ~/.local/bin); uninstall.sh removes the "
          "link from there.")),
     # -- tests -----------------------------------------------------------------------------------------------
+    "KESTREL_OMP_PASSIVE": (
+        True, _flag,
+        ("The engine process sets OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep instead of spinning into the "
+         "next decode step's GEMVs) unless the user chose a policy; 0 keeps OpenMP's default (engine/__init__.py).")),
+    "KESTREL_OMP_WAIT_POLICY_SET": (
+        False, _flag,
+        ("Set by the engine, not the user: marks that OMP_WAIT_POLICY came from KESTREL_OMP_PASSIVE, so the "
+         "bench's llama.cpp peer drops it again (engine/bench/llamacpp_peer.py).")),
     "KESTREL_TEST_TOKENIZER_DIR": (
         None, _str, ("Tests only: a saved SmolLM2 tokenizer directory the tiny test models use instead of one made "
                      "from the embedded GGUF, for machines without that package (tests/conftest.py, "
