@@ -226,8 +226,9 @@ class Sampler:
         if not want:
             payload = tokens.double()
         else:
-            lp = torch.log_softmax(logits[want], dim=-1)
-            chosen = lp.gather(1, tokens[want].unsqueeze(1)).squeeze(1)
+            rows = to_device(want, torch.long, logits.device)  # a list index would be a synchronising upload
+            lp = torch.log_softmax(logits.index_select(0, rows), dim=-1)
+            chosen = lp.gather(1, tokens.index_select(0, rows).unsqueeze(1)).squeeze(1)
             n_top = max(params[i].logprobs for i in want)
             top_v, top_i = torch.topk(lp, n_top, dim=-1) if n_top else (lp[:, :0], lp[:, :0].long())
             payload = torch.cat([tokens.double(), chosen.double(), top_v.double().flatten(),
