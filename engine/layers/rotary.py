@@ -43,6 +43,15 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 
+    @property
+    def max_position(self) -> int:
+        return self.cos_sin_cache.shape[0]
+
+    def keep_positions(self, n: int) -> None:
+        """Drop the table's rows from position n on (the KV cache capped the context below the model's length)."""
+        if 0 < n < self.max_position:
+            self.cos_sin_cache = self.cos_sin_cache[:n].clone()
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
         ops.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, True)
 

@@ -214,6 +214,9 @@ class ModelRunner:
         for attn in self.model.attention_layers():
             attn.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
             attn.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        rotary = getattr(self.model, "rotary", None)
+        if rotary is not None:  # the engine caps the context at what the cache holds: no position beyond it
+            rotary.keep_positions(min(self.max_model_len, self.num_blocks * self.block_size))
 
     # -- per-request sampling state -----------------------------------------------------------
     def add_request(self, req: SequenceState) -> None:

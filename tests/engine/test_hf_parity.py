@@ -68,3 +68,21 @@ def test_sharded_checkpoint_loads_identically(tiny_model_dir):
     b = LLM(str(tiny_model_dir("llama", sharded=True)), dtype="float32", kv_cache_memory_gib=0.05)
     ids = list(range(5, 40))
     assert torch.equal(a.core.score(ids), b.core.score(ids))
+
+
+def test_context_capped_by_the_kv_cache_keeps_the_rotary_table_to_the_cap(tiny_model_dir, hf_reference):
+    """A KV cache smaller than the model's length caps the context; the rotary table then holds just those
+    positions, and the last of them still match transformers."""
+    path = tiny_model_dir("llama3")
+    llm = LLM(str(path), dtype="float32", device="cpu", kv_cache_memory_gib=0.0001)
+    core = llm.core
+    cap = core.max_model_len
+    assert cap < core.model_config.max_position_embeddings
+    assert core.runner.model.rotary.max_position == cap
+    hf = hf_reference(path)
+    ids = torch.randint(3, core.model_config.vocab_size, (cap - 1,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(core.score(ids), ref, atol=1e-4, rtol=1e-4)
+    out = llm.generate([ids[:cap - 8]], SamplingParams(max_tokens=7, min_tokens=7, temperature=0))
+    assert len(out[0].outputs[0].token_ids) == 7
