@@ -102,12 +102,20 @@ def test_stop_mid_stream_keeps_the_partial_reply(live, qtbot):
 
 def test_performance_plots_receive_points(live, qtbot):
     perf = live.panels["performance"]
-    # a reply long enough (~2-4 s) for the once-a-second stats to see it running
-    live.chat.new_conversation()
-    set_sampling(live, max_tokens=48, temperature=0.0)
-    assert live.chat.send("Count from one to thirty.")
-    qtbot.waitUntil(lambda: any(v >= 1 for v in perf.running.y), timeout=REPLY_TIMEOUT_MS)
-    qtbot.waitUntil(lambda: live.chat.pending is None, timeout=REPLY_TIMEOUT_MS)
+    worker = live.ctx.engine
+    # The stats come every half second; a 48-token reply on a fast CPU can be over sooner, so the test polls
+    # every 20 ms while the reply runs (the app's own interval is not what this test is about).
+    interval, worker.stats_interval = worker.stats_interval, 0.02
+    try:
+        live.chat.new_conversation()
+        set_sampling(live, max_tokens=64, temperature=0.0)
+        assert live.chat.send("Count from one to thirty.")
+        qtbot.waitUntil(lambda: any(v >= 1 for v in perf.running.y) or live.chat.pending is None,
+                        timeout=REPLY_TIMEOUT_MS)
+        assert any(v >= 1 for v in perf.running.y), "the stats never saw the reply running"
+        qtbot.waitUntil(lambda: live.chat.pending is None, timeout=REPLY_TIMEOUT_MS)
+    finally:
+        worker.stats_interval = interval
     qtbot.waitUntil(lambda: len(perf.ttft.x) >= 2 and len(perf.gen_tps.x) >= 2, timeout=30_000)
     perf.redraw()
     x, y = perf.ttft_points.getData()
