@@ -79,6 +79,20 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         "auto", _choice("auto", "off"),
         ("Linear layers of one row inside the decode CUDA graphs: auto (the Triton GEMV kernel) or off (cuBLAS) "
          "(engine/ops/skinny_gemm.py).")),
+    "KESTREL_CUDA_DECODE_U": (
+        None, _str,
+        ("Tokens each lane group of the CUDA decode attention kernel loads per step when 4 query heads share a KV "
+         "head: 4 (more loads in flight per warp) or 2 (128 registers, four blocks per SM); unset: the kernel's "
+         "default. Read by csrc/cuda/attention.cu at each launch (kestrel bench gpu compares both).")),
+    # -- CPU runtime ------------------------------------------------------------------------------------------
+    "KESTREL_OMP_PASSIVE": (
+        True, _flag,
+        ("The engine process sets OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep instead of spinning into the "
+         "next decode step's GEMVs) unless the user chose a policy; 0 keeps OpenMP's default (engine/__init__.py).")),
+    "KESTREL_OMP_WAIT_POLICY_SET": (
+        False, _flag,
+        ("Set by the engine, not the user: marks that OMP_WAIT_POLICY came from KESTREL_OMP_PASSIVE, so the "
+         "bench's llama.cpp peer drops it again (engine/bench/llamacpp_peer.py).")),
     # -- tensor parallelism: start-up and workers ------------------------------------------------------------
     "KESTREL_TP_STARTUP_TIMEOUT_S": (
         1800.0, float,
@@ -177,14 +191,6 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         ("Where installer/install-desktop.sh links `kestrel` (default: ~/.local/bin); uninstall.sh removes the "
          "link from there.")),
     # -- tests -----------------------------------------------------------------------------------------------
-    "KESTREL_OMP_PASSIVE": (
-        True, _flag,
-        ("The engine process sets OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep instead of spinning into the "
-         "next decode step's GEMVs) unless the user chose a policy; 0 keeps OpenMP's default (engine/__init__.py).")),
-    "KESTREL_OMP_WAIT_POLICY_SET": (
-        False, _flag,
-        ("Set by the engine, not the user: marks that OMP_WAIT_POLICY came from KESTREL_OMP_PASSIVE, so the "
-         "bench's llama.cpp peer drops it again (engine/bench/llamacpp_peer.py).")),
     "KESTREL_TEST_TOKENIZER_DIR": (
         None, _str, ("Tests only: a saved SmolLM2 tokenizer directory the tiny test models use instead of one made "
                      "from the embedded GGUF, for machines without that package (tests/conftest.py, "

@@ -17,6 +17,7 @@
 // lane group of head_dim / 8 lanes per token (two tokens per warp load at head size 128), the keys and values
 // of U tokens per lane group loaded together before any use; the scalar kernel (2-byte loads, keys before
 // values) takes the other shapes. H200, Llama-3-8B shape, 512-token contexts: measured in kestrel bench gpu.
+#include <cstdlib>
 #include <type_traits>
 
 #include "common.cuh"
@@ -201,17 +202,64 @@ __global__ void __launch_bounds__(kWarps * 32)
   finish_block<T, G>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits);
 }
 
+// A token's row in the paged cache: a shift and a mask when the block size is a power of two (16, 64: the usual
+// ones), else a division (one per token per warp step made the kernel's address arithmetic its largest cost).
+struct PageIndex {
+  int bs, shift;  // shift < 0: not a power of two
+  __device__ __forceinline__ int64_t row(const int32_t* __restrict__ bt, int t) const {
+    if (shift >= 0) return (int64_t(bt[t >> shift]) << shift) | (t & (bs - 1));
+    return int64_t(bt[t / bs]) * bs + t % bs;
+  }
+};
+
+__host__ __device__ constexpr int ilog2(int n) { return n <= 1 ? 0 : 1 + ilog2(n / 2); }
+
+// Sum each of N values over the LPT lanes of a lane group and give every lane all N sums. A halving exchange:
+// each round a lane sends half of its partial sums to its partner and keeps the other half, so the rounds move
+// N/2, N/4, ... values (N - 1 shuffles instead of N x log2(LPT)); then the sums are broadcast back (N shuffles).
+// After the halving rounds lane li holds the sums of values i + left * li (N >= LPT) or li >> log2(LPT / N).
+template <int N, int LPT>
+__device__ __forceinline__ void group_sum_all(float (&v)[N], int li) {
+  constexpr int kHalvings = ilog2(N < LPT ? N : LPT);
+  constexpr int kLeft = N >> kHalvings;
+  float w[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = v[i];
+#pragma unroll
+  for (int k = 0; k < kHalvings; ++k) {
+    const int o = LPT >> (k + 1), half = N >> (k + 1);
+    const bool up = li & o;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float send = up ? w[i] : w[i + half];
+      const float keep = up ? w[i + half] : w[i];
+      w[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+#pragma unroll
+  for (int o = (LPT >> kHalvings) / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < kLeft; ++i) w[i] += __shfl_xor_sync(0xffffffffu, w[i], o);
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    v[j] = __shfl_sync(0xffffffffu, w[j % kLeft], N >= LPT ? j / kLeft : j * (LPT / N), LPT);
+}
+
 // 16-byte loads: LPT = HD / E lanes hold one token's head vector (E elements each), TPW = 32 / LPT tokens per
 // warp load; each lane group walks its own tokens with its own online softmax, merged across the warp's groups
 // by shuffles and across warps through shared memory. U token loads (keys and values) in flight per lane.
+// Scores are kept in base-2 units (q pre-scaled by log2 e, exp2f: one MUFU op, where expf is a longer exact
+// sequence); the maxima go to shared memory in natural units, as finish_block and the merge kernel expect.
+// Four blocks per SM (128 registers) when G x U <= 8: G = 4, U = 2 fits without spills; G = 4, U = 4 needs 168.
 template <class T, int HD, int G, int U>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, G * U <= 8 ? 4 : 1)
     paged_decode_vec_kernel(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
                             const T* __restrict__ q, int64_t qs0, int64_t qs1, const T* __restrict__ kc,
                             const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                             const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
                             int part_tokens) {
   constexpr int E = Pack<T>::N, LPT = HD / E, TPW = 32 / LPT;
+  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   static_assert(LPT >= 1 && LPT <= 32 && (32 % LPT) == 0, "head size / vector width must divide a warp");
   const int b = blockIdx.y, part = blockIdx.z, splits = gridDim.z;
   const int h0 = G == 1 ? int(blockIdx.x) : int(blockIdx.x) * G;
@@ -224,8 +272,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int t_end = min(ctx, t_begin + plen);
   if (splits > 1 && t_begin >= ctx) return;
   const int32_t* bt = block_tables + b * bts;
+  const PageIndex page{bs, (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1};
   const int64_t tok_stride = int64_t(nkv) * HD;
-  const int64_t head_off = int64_t(kvh) * HD + li * E;
+  const T* kh = kc + int64_t(kvh) * HD + li * E;
+  const T* vh = vc + int64_t(kvh) * HD + li * E;
 
   float qr[G][E], acc[G][E], m[G], l[G];
 #pragma unroll
@@ -233,7 +283,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const Pack<T> qp = *reinterpret_cast<const Pack<T>*>(q + b * qs0 + (h0 + g) * qs1 + li * E);
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      qr[g][e] = ld(&qp.v[e]) * scale;
+      qr[g][e] = ld(&qp.v[e]) * (scale * kLog2e);
       acc[g][e] = 0.f;
     }
     m[g] = -INFINITY;
@@ -243,46 +293,50 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kStep = kWarps * U * TPW;
   for (int t0 = t_begin + warp * U * TPW; t0 < t_end; t0 += kStep) {
     Pack<T> kp[U], vp[U];
-    int tok[U];
+    bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      tok[u] = t0 + u * TPW + sub;
-      const int t = min(tok[u], t_end - 1);  // clamp: out-of-range tokens are masked below
-      const int64_t base = (int64_t(bt[t / bs]) * bs + t % bs) * tok_stride + head_off;
-      kp[u] = *reinterpret_cast<const Pack<T>*>(kc + base);
-      vp[u] = *reinterpret_cast<const Pack<T>*>(vc + base);
+      const int tok = t0 + u * TPW + sub;
+      valid[u] = tok < t_end;
+      const int64_t base = page.row(bt, min(tok, t_end - 1)) * tok_stride;  // clamped: masked below
+      kp[u] = *reinterpret_cast<const Pack<T>*>(kh + base);
+      vp[u] = *reinterpret_cast<const Pack<T>*>(vh + base);
     }
-    float s[G][U];
+    float s[G * U];
 #pragma unroll
-    for (int g = 0; g < G; ++g)
+    for (int u = 0; u < U; ++u) {
+      float k[E];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int e = 0; e < E; ++e) k[e] = ld(&kp[u].v[e]);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
         float p = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) p += qr[g][e] * ld(&kp[u].v[e]);
-        s[g][u] = p;
+        for (int e = 0; e < E; ++e) p += qr[g][e] * k[e];
+        s[g * U + u] = p;
       }
+    }
+    group_sum_all<G * U, LPT>(s, li);
+    float v[U][E];
 #pragma unroll
-    for (int o = LPT / 2; o > 0; o >>= 1)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int u = 0; u < U; ++u) s[g][u] += __shfl_xor_sync(0xffffffffu, s[g][u], o);
+      for (int e = 0; e < E; ++e) v[u][e] = ld(&vp[u].v[e]);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float mn = m[g];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (tok[u] >= t_end) s[g][u] = -INFINITY;
-        mn = fmaxf(mn, s[g][u]);
+        if (!valid[u]) s[g * U + u] = -INFINITY;
+        mn = fmaxf(mn, s[g * U + u]);
       }
       const float ms = mn == -INFINITY ? 0.f : mn;  // a lane group with no token yet keeps l = acc = 0
-      const float alpha = expf(m[g] - ms);
+      const float alpha = exp2f(m[g] - ms);
       float p[U];
       float lg = l[g] * alpha;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        p[u] = expf(s[g][u] - ms);
+        p[u] = exp2f(s[g * U + u] - ms);
         lg += p[u];
       }
       l[g] = lg;
@@ -290,7 +344,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < E; ++e) {
         float a = acc[g][e] * alpha;
 #pragma unroll
-        for (int u = 0; u < U; ++u) a += p[u] * ld(&vp[u].v[e]);
+        for (int u = 0; u < U; ++u) a += p[u] * v[u][e];
         acc[g][e] = a;
       }
       m[g] = mn;
@@ -303,7 +357,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int g = 0; g < G; ++g) {
       const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
       const float M = fmaxf(m[g], mo);
-      const float fa = l[g] > 0.f ? expf(m[g] - M) : 0.f, fb = lo > 0.f ? expf(mo - M) : 0.f;
+      const float fa = l[g] > 0.f ? exp2f(m[g] - M) : 0.f, fb = lo > 0.f ? exp2f(mo - M) : 0.f;
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         const float ao = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
@@ -318,7 +372,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      sm_m[warp][g] = m[g];
+      sm_m[warp][g] = m[g] * kLn2;  // natural units from here on
       sm_l[warp][g] = l[g];
     }
   }
@@ -416,6 +470,17 @@ Plan plan(int64_t base, int64_t max_tokens, int64_t part_tokens, int device) {
   return Plan{int(splits), int(part)};
 }
 
+// Tokens per lane group per warp step in the G = 4 vector kernel (its U): 4 keeps twice the loads in flight per
+// warp, 2 fits it in 128 registers (4 blocks per SM instead of 3). KESTREL_CUDA_DECODE_U (2 or 4) overrides the
+// default (read at each launch, so a benchmark can compare both in one process; a CUDA graph keeps its capture's).
+int tokens_per_step() {
+  if (const char* e = std::getenv("KESTREL_CUDA_DECODE_U")) {
+    if (e[0] == '2' && e[1] == 0) return 2;
+    if (e[0] == '4' && e[1] == 0) return 4;
+  }
+  return 4;
+}
+
 template <class T>
 void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const Plan& p, uintptr_t out,
             int64_t os0, int64_t os1, float* ws, uintptr_t q, int64_t qs0, int64_t qs1, uintptr_t k_cache,
@@ -439,6 +504,7 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
     constexpr int HD = decltype(hd_c)::value;
     if constexpr (HD / E <= 32) {
       if (G == 8) return run(paged_decode_vec_kernel<T, HD, 8, 2>);
+      if (G == 4 && tokens_per_step() == 2) return run(paged_decode_vec_kernel<T, HD, 4, 2>);
       if (G == 4) return run(paged_decode_vec_kernel<T, HD, 4, 4>);
       if (G == 2) return run(paged_decode_vec_kernel<T, HD, 2, 4>);
       return run(paged_decode_vec_kernel<T, HD, 1, 4>);

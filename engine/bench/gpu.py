@@ -572,7 +572,9 @@ def run(args) -> dict:
                   f"{r['eager']['us']:.1f} us {r['eager']['gb_s']:.0f} GB/s "
                   f"({100 * r['graphs']['gb_s'] * 1e9 / lim['copy_bytes_per_s']:.0f}% of copy); graphs' splits "
                   f"{r['graphs_splits']}, by splits: " + ", ".join(
-                      f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_splits"].items()) + " GB/s", flush=True)
+                      f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_splits"].items()) + " GB/s; by tokens per step: "
+                  + ", ".join(f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_tokens_per_step"].items()) + " GB/s",
+                  flush=True)
     nums = model_numbers(cfg)
     vocab = cfg.vocab_size
     gemm, copy = lim["bf16_gemm_flop_per_s"], lim["copy_bytes_per_s"]

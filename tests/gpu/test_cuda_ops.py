@@ -154,8 +154,10 @@ def test_token_positions_and_slots(block_size):
         assert [t.tolist() for t in got] == [positions, slots]
 
 
+@pytest.mark.parametrize("tokens_per_step", ["2", "4"])  # the G = 4 kernel's U (read at each launch)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_paged_decode_attention(dtype):
+def test_paged_decode_attention(dtype, tokens_per_step, monkeypatch):
+    monkeypatch.setenv("KESTREL_CUDA_DECODE_U", tokens_per_step)
     cases = [  # B, nh, nkv, hd, bs, contexts
         (1, 9, 3, 64, 16, [37]),
         (3, 8, 8, 128, 16, [1, 16, 17]),
@@ -167,6 +169,9 @@ def test_paged_decode_attention(dtype):
         (2, 32, 4, 128, 64, [513, 1]),
         (2, 16, 2, 64, 16, [129, 2000]),
         (2, 8, 2, 256, 16, [300, 17]),
+        # block sizes that are not powers of two (a division instead of a shift for a token's page)
+        (2, 32, 8, 128, 12, [100, 37]),
+        (2, 8, 8, 64, 24, [50, 7]),
     ]
     # partitions sized per call (0), fixed (64) and each context cut into 1, 7 or 33 on the device (-splits); the
     # 16-byte kernel takes bf16 / fp16 at head sizes 64, 128, 256 and fp32 up to 128, the scalar one the rest

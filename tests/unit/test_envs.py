@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 READS = {
     ".py": re.compile(r"""(?:environ(?:\.get)?\(?\[?|setenv\(|delenv\(|envs\.)["']?(KESTREL_[A-Z0-9_]+)"""),
     ".cpp": re.compile(r"""getenv\("(KESTREL_[A-Z0-9_]+)"\)"""),
+    ".cu": re.compile(r"""getenv\("(KESTREL_[A-Z0-9_]+)"\)"""),
     ".txt": re.compile(r"""\$ENV\{(KESTREL_[A-Z0-9_]+)\}"""),
     ".sh": re.compile(r"""\$\{(KESTREL_[A-Z0-9_]+)"""),
 }
