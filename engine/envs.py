@@ -82,8 +82,8 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
     "KESTREL_CUDA_DECODE_U": (
         None, _str,
         ("Tokens each lane group of the CUDA decode attention kernel loads per step when 4 query heads share a KV "
-         "head: 4 (more loads in flight per warp) or 2 (128 registers, four blocks per SM); unset: the kernel's "
-         "default. Read by csrc/cuda/attention.cu at each launch (kestrel bench gpu compares both).")),
+         "head: 4 (more loads in flight per warp), 2 (128 registers: four blocks per SM) or 1 (five); unset: the "
+         "kernel's default. Read by csrc/cuda/attention.cu at each launch (kestrel bench gpu compares both).")),
     # -- CPU runtime ------------------------------------------------------------------------------------------
     "KESTREL_OMP_PASSIVE": (
         True, _flag,

@@ -250,9 +250,12 @@ __device__ __forceinline__ void group_sum_all(float (&v)[N], int li) {
 // by shuffles and across warps through shared memory. U token loads (keys and values) in flight per lane.
 // Scores are kept in base-2 units (q pre-scaled by log2 e, exp2f: one MUFU op, where expf is a longer exact
 // sequence); the maxima go to shared memory in natural units, as finish_block and the merge kernel expect.
-// Four blocks per SM (128 registers) when G x U <= 8: G = 4, U = 2 fits without spills; G = 4, U = 4 needs 168.
+// Blocks per SM the registers must allow: G = 4 needs 168 registers at U = 4, fits 128 (four blocks) at U = 2
+// and 102 (five) at U = 1 without spills; the other instances need no bound.
+constexpr int vec_min_blocks(int G, int U) { return G * U <= 4 ? 5 : G * U <= 8 ? 4 : 1; }
+
 template <class T, int HD, int G, int U>
-__global__ void __launch_bounds__(kWarps * 32, G * U <= 8 ? 4 : 1)
+__global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
     paged_decode_vec_kernel(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
                             const T* __restrict__ q, int64_t qs0, int64_t qs1, const T* __restrict__ kc,
                             const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
@@ -470,15 +473,18 @@ Plan plan(int64_t base, int64_t max_tokens, int64_t part_tokens, int device) {
   return Plan{int(splits), int(part)};
 }
 
-// Tokens per lane group per warp step in the G = 4 vector kernel (its U): 4 keeps twice the loads in flight per
-// warp, 2 fits it in 128 registers (4 blocks per SM instead of 3). KESTREL_CUDA_DECODE_U (2 or 4) overrides the
-// default (read at each launch, so a benchmark can compare both in one process; a CUDA graph keeps its capture's).
+// Tokens per lane group per warp step in the G = 4 vector kernel (its U): 4 keeps the most loads in flight per
+// warp, 2 fits it in 128 registers (4 blocks per SM instead of 3), 1 in 96 (5). U = 2 was faster than 4 at every
+// batch and context kestrel bench gpu measured on the H200 (b64 x 512: 2,163 against 1,750 GB/s).
+// KESTREL_CUDA_DECODE_U (1, 2 or 4) overrides it (read at each launch, so a benchmark compares them in one
+// process; a CUDA graph keeps its capture's).
 int tokens_per_step() {
   if (const char* e = std::getenv("KESTREL_CUDA_DECODE_U")) {
+    if (e[0] == '1' && e[1] == 0) return 1;
     if (e[0] == '2' && e[1] == 0) return 2;
     if (e[0] == '4' && e[1] == 0) return 4;
   }
-  return 4;
+  return 2;
 }
 
 template <class T>
@@ -504,6 +510,7 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
     constexpr int HD = decltype(hd_c)::value;
     if constexpr (HD / E <= 32) {
       if (G == 8) return run(paged_decode_vec_kernel<T, HD, 8, 2>);
+      if (G == 4 && tokens_per_step() == 1) return run(paged_decode_vec_kernel<T, HD, 4, 1>);
       if (G == 4 && tokens_per_step() == 2) return run(paged_decode_vec_kernel<T, HD, 4, 2>);
       if (G == 4) return run(paged_decode_vec_kernel<T, HD, 4, 4>);
       if (G == 2) return run(paged_decode_vec_kernel<T, HD, 2, 4>);

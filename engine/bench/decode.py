@@ -261,9 +261,9 @@ def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 163
                                                      out=o, part_tokens=-splits) for t in tables])
                 res["graphs_by_splits"][splits] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
             # the kernel's tokens per lane group and step (KESTREL_CUDA_DECODE_U, read at each launch) at the
-            # graphs' partitions: 4 keeps more loads in flight, 2 fits four blocks per SM
+            # graphs' partitions: 4 keeps more loads in flight, 2 and 1 fit four and five blocks per SM
             res["graphs_by_tokens_per_step"] = {}
-            for u in ("2", "4"):
+            for u in ("1", "2", "4"):
                 with _env("KESTREL_CUDA_DECODE_U", u):
                     sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
                                                          out=o, part_tokens=partition_tokens(b, nkv, sms))

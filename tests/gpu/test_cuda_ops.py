@@ -154,7 +154,7 @@ def test_token_positions_and_slots(block_size):
         assert [t.tolist() for t in got] == [positions, slots]
 
 
-@pytest.mark.parametrize("tokens_per_step", ["2", "4"])  # the G = 4 kernel's U (read at each launch)
+@pytest.mark.parametrize("tokens_per_step", ["1", "2", "4"])  # the G = 4 kernel's U (read at each launch)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_paged_decode_attention(dtype, tokens_per_step, monkeypatch):
     monkeypatch.setenv("KESTREL_CUDA_DECODE_U", tokens_per_step)
