@@ -128,11 +128,10 @@ class EngineCore:
             if self.executor is not None:
                 self.executor.shutdown()
             raise
-        capacity = self.runner.num_blocks * self.runner.block_size
-        if capacity < max_len:
-            log.warning("KV cache holds %d tokens: context length capped from %d", capacity, max_len)
-            max_len = capacity
-        self.max_model_len = max_len
+        if self.runner.max_model_len < max_len:  # the runner capped it at what its KV cache holds
+            log.warning("KV cache holds %d tokens: context length capped from %d", self.runner.max_model_len,
+                        max_len)
+        self.max_model_len = self.runner.max_model_len
         self.blocks = BlockManager(self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching,
                                    salt=str(self.checkpoint.path))
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)

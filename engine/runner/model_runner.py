@@ -97,8 +97,7 @@ class ModelRunner:
         if self.device.type == "cpu" and replays and ops.native_available():
             self.tapes = self._decode_tapes(capture_sizes(config.max_num_seqs, CPU_TAPE_MAX))
         if not defer_kv:  # TP: the executor decides the number of blocks for all ranks (allocate_kv)
-            self.num_blocks = self.num_kv_blocks_that_fit()
-            self._allocate_kv_cache()
+            self.allocate_kv(self.num_kv_blocks_that_fit())
             if self.graph_sizes:
                 self.capture_decode_graphs()
         self.generators: dict[str, torch.Generator] = {}
@@ -202,9 +201,17 @@ class ModelRunner:
         return peak
 
     def allocate_kv(self, num_blocks: int) -> None:
-        """Allocate the KV cache with exactly num_blocks blocks (tensor parallelism: every rank the same)."""
+        """Allocate the KV cache with exactly num_blocks blocks (tensor parallelism: every rank the same) and cap
+        the context at what it holds: max_model_len (which the core and the decode graphs' tables read) and the
+        rotary table, which needs no position past it."""
         self.num_blocks = num_blocks
         self._allocate_kv_cache()
+        capacity = num_blocks * self.block_size
+        if capacity < self.max_model_len:
+            self.max_model_len = capacity
+            rotary = getattr(self.model, "rotary", None)
+            if rotary is not None:
+                rotary.keep_positions(capacity)
 
     def _allocate_kv_cache(self) -> None:
         if self.tapes is not None:
@@ -214,9 +221,6 @@ class ModelRunner:
         for attn in self.model.attention_layers():
             attn.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
             attn.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
-        rotary = getattr(self.model, "rotary", None)
-        if rotary is not None:  # the engine caps the context at what the cache holds: no position beyond it
-            rotary.keep_positions(min(self.max_model_len, self.num_blocks * self.block_size))
 
     # -- per-request sampling state -----------------------------------------------------------
     def add_request(self, req: SequenceState) -> None:

@@ -162,3 +162,16 @@ def test_steps_launched_ahead_equal_the_synchronous_loop(tiny_model_dir, eager):
     n_sync, want = _ahead_run(d, "off", eager)
     assert n_ahead > 10 and n_sync == 0
     assert got == want
+
+
+def test_the_profiling_pass_leaves_the_rotary_table_the_whole_context(tiny_model_dir):
+    # the activation profile runs one step on a scratch cache of max_num_batched_tokens; only the real cache may
+    # cap the context (and the rotary table with it)
+    with LLM(str(tiny_model_dir("llama")), dtype="bfloat16", device="cuda", max_num_batched_tokens=64,
+             max_model_len=1024, kv_cache_memory_gib=0.25) as llm:
+        runner = llm.core.runner
+        assert llm.core.max_model_len == runner.max_model_len == 1024
+        assert runner.model.rotary.max_position >= 1024
+        prompt = list(range(5, 905))  # positions far past the scratch cache's 64 tokens
+        out = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
+        assert len(out.outputs[0].token_ids) == 4
