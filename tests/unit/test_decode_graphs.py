@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.llm import LLM
-from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes
+from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes, partition_tokens
 from engine.sampling_params import SamplingParams
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog", "Paged attention over a block table", "x",
@@ -24,6 +24,14 @@ def test_capture_sizes():
     assert capture_sizes(3) == [1, 2, 3]
     assert capture_sizes(1) == [1]
     assert capture_sizes(1024)[-1] == 256  # larger batches decode eagerly
+
+
+def test_partitions_fill_one_wave_of_the_decode_kernel_at_most():
+    # 8 KV heads on 132 SMs, 4 blocks per SM: (sequence, KV head) pairs x partitions <= 528
+    assert [-partition_tokens(b, 8, 132) for b in (1, 2, 8, 16, 32, 64, 66, 67, 256)] == [66, 33, 8, 4, 2, 1, 1, 1, 1]
+    for b in range(1, 300):
+        splits = -partition_tokens(b, 8, 132)
+        assert splits == 1 or b * 8 * splits <= 4 * 132 < b * 8 * (splits + 1)
 
 
 def test_bucket():
