@@ -24,7 +24,7 @@ import time
 
 import zmq
 
-from engine import ipc, progress
+from engine import heap, ipc, progress
 from engine.errors import InvalidRequestError, KestrelError, as_request_error
 from engine.metrics import TokenRate
 from engine.tokenizer.grammar import token_bytes
@@ -63,28 +63,6 @@ def _shutdown_core(core) -> None:
             core.shutdown()
         except Exception:
             log.exception("engine core shutdown failed")
-
-
-_libc_trim = None
-
-
-def trim_heap() -> None:
-    """glibc's malloc_trim(0): return the free memory of the heap's arenas to the system. The step loop's
-    buffers differ in size from step to step; without this the process's RSS keeps the high-water mark of
-    every batch shape seen so far (hundreds of MB after a burst of load). Costs about a millisecond; a no-op
-    elsewhere than glibc."""
-    global _libc_trim
-    if _libc_trim is None:
-        _libc_trim = False
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-
-                _libc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-            except (OSError, AttributeError):
-                pass
-    if _libc_trim:
-        _libc_trim(0)
 
 
 def _factory(path: str):
@@ -194,9 +172,11 @@ class EngineServer:
         while self.running:
             busy = core.has_unfinished()
             if not busy:
-                if self._worked:  # the engine just went idle: give the freed heap back to the system
+                # the engine just went idle: the freed heap back to the system (step buffers differ in size from
+                # step to step; untrimmed, the RSS keeps the high-water mark of every batch shape seen so far)
+                if self._worked:
                     self._worked = False
-                    trim_heap()
+                    heap.trim()
                 self.poller.poll()  # idle: block until a message comes
             else:
                 self._worked = True

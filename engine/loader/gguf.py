@@ -22,6 +22,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from gguf import quants as gguf_quants
 
+from engine import heap
 from engine.errors import CheckpointError
 from engine.loader.gguf_file import GGUFFile, GGUFTensorInfo
 from engine.loader.weights import WeightSource
@@ -365,24 +366,10 @@ class GGUFWeights(WeightSource):
         give them back by itself: 6-7 MiB on SmolLM2 Q4_1). One ``malloc_trim`` per load, not per tensor (per
         tensor it cost the 1B Q8_0 file 0.7-1.4 s of load time: docs/benchmarks/cpu_gguf_models_2026-12-03.md)."""
         self.file.loaded()
-        malloc_trim()
+        heap.trim()
 
     def close(self) -> None:
         self.file.close()
-
-
-def malloc_trim() -> None:
-    """glibc's malloc_trim(0): the free pages of the heap back to the system (a no-op elsewhere)."""
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc (musl has no malloc_trim)
 
 
 def _block(info: GGUFTensorInfo) -> tuple[int, int]:

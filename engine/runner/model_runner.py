@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import ops, progress
+from engine import heap, ops, progress
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.layers.penalties import PenaltyState, has_penalty
@@ -212,6 +212,7 @@ class ModelRunner:
             rotary = getattr(self.model, "rotary", None)
             if rotary is not None:
                 rotary.keep_positions(capacity)
+                heap.trim()  # the dropped rows (2 MiB for SmolLM2's 8,192 positions) back to the system
 
     def _allocate_kv_cache(self) -> None:
         if self.tapes is not None:

@@ -67,10 +67,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_C", ("engine._C",)),
     # The foundation, importable from anywhere (most of it torch-free, for the app): checkpoint loading,
     # configs, tokenizers, output and error types, KESTREL_* variables, sampling parameters, capabilities,
-    # CPU flags, metrics, the engine<->client IPC messages, start-up progress reports. They import only each other.
+    # CPU flags, metrics, the engine<->client IPC messages, start-up progress reports, the C heap's trim. They
+    # import only each other.
     ("foundation", ("engine.loader", "engine.config", "engine.tokenizer", "engine.outputs", "engine.errors",
                     "engine.envs", "engine.sampling_params", "engine.capabilities", "engine.cpu_features",
-                    "engine.metrics", "engine.ipc", "engine.progress")),
+                    "engine.metrics", "engine.ipc", "engine.progress", "engine.heap")),
 )
 
 # Known upward imports, (importer, imported module), each with its reason beside it; none today (the runner reads
