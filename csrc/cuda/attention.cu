@@ -479,12 +479,9 @@ Plan plan(int64_t base, int64_t max_tokens, int64_t part_tokens, int device) {
 // KESTREL_CUDA_DECODE_U (1, 2 or 4) overrides it (read at each launch, so a benchmark compares them in one
 // process; a CUDA graph keeps its capture's).
 int tokens_per_step() {
-  if (const char* e = std::getenv("KESTREL_CUDA_DECODE_U")) {
-    if (e[0] == '1' && e[1] == 0) return 1;
-    if (e[0] == '2' && e[1] == 0) return 2;
-    if (e[0] == '4' && e[1] == 0) return 4;
-  }
-  return 2;
+  const char* e = std::getenv("KESTREL_CUDA_DECODE_U");
+  const int u = e ? std::atoi(e) : 0;
+  return u == 1 || u == 4 ? u : 2;
 }
 
 template <class T>
@@ -510,9 +507,12 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
     constexpr int HD = decltype(hd_c)::value;
     if constexpr (HD / E <= 32) {
       if (G == 8) return run(paged_decode_vec_kernel<T, HD, 8, 2>);
-      if (G == 4 && tokens_per_step() == 1) return run(paged_decode_vec_kernel<T, HD, 4, 1>);
-      if (G == 4 && tokens_per_step() == 2) return run(paged_decode_vec_kernel<T, HD, 4, 2>);
-      if (G == 4) return run(paged_decode_vec_kernel<T, HD, 4, 4>);
+      if (G == 4) {
+        const int u = tokens_per_step();
+        if (u == 1) return run(paged_decode_vec_kernel<T, HD, 4, 1>);
+        if (u == 2) return run(paged_decode_vec_kernel<T, HD, 4, 2>);
+        return run(paged_decode_vec_kernel<T, HD, 4, 4>);
+      }
       if (G == 2) return run(paged_decode_vec_kernel<T, HD, 2, 4>);
       return run(paged_decode_vec_kernel<T, HD, 1, 4>);
     }

@@ -4,10 +4,10 @@ so the host's share shows as the difference; the same step eager)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import statistics
+from unittest import mock
 
 import torch
 
@@ -205,20 +205,6 @@ def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, vari
     return out
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    """``name`` set to ``value`` inside the block (os.environ reaches the native module's getenv)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 16384), block_size: int = 64,
                              width_tokens: int = 16384, dtype=torch.bfloat16) -> dict:
     """GB/s of the paged decode attention kernel (keys and values read once) at each batch and context, as the
@@ -249,7 +235,8 @@ def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 163
             q = torch.randn(b, nh, hd, dtype=dtype, device="cuda")
             o = torch.empty_like(q)
             res = {}
-            for mode, part, tabs in (("graphs", partition_tokens(b, nkv, sms), tables),
+            graphs_part = partition_tokens(b, nkv, sms)
+            for mode, part, tabs in (("graphs", graphs_part, tables),
                                      ("eager", 0, [t[:, :blocks // b].contiguous() for t in tables])):
                 sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
                                                      out=o, part_tokens=part) for t in tabs])
@@ -264,12 +251,11 @@ def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 163
             # graphs' partitions: 4 keeps more loads in flight, 2 and 1 fit four and five blocks per SM
             res["graphs_by_tokens_per_step"] = {}
             for u in ("1", "2", "4"):
-                with _env("KESTREL_CUDA_DECODE_U", u):
+                with mock.patch.dict(os.environ, {"KESTREL_CUDA_DECODE_U": u}):  # reaches the native getenv
                     sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
-                                                         out=o, part_tokens=partition_tokens(b, nkv, sms))
-                                       for t in tables])
+                                                         out=o, part_tokens=graphs_part) for t in tables])
                 res["graphs_by_tokens_per_step"][u] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
-            out[f"b{b}_ctx{ctx}"] = {"bytes": nbytes, "graphs_splits": -partition_tokens(b, nkv, sms), **res}
+            out[f"b{b}_ctx{ctx}"] = {"bytes": nbytes, "graphs_splits": -graphs_part, **res}
             del kc, vc, tables
             torch.cuda.empty_cache()
     return out
