@@ -36,6 +36,7 @@ from engine.bench.timing import (
     random_ids,
     run_until_done,
     timed_prompts,
+    triton_compiles,
     ttft_runs,
 )
 
@@ -257,18 +258,19 @@ def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) 
     kinds = {"decode": [0, 0.0, 0], "mixed": [0, 0.0, 0]}  # steps, seconds, decode rows
     log = []  # every step: kind, ms, decode rows, prefill tokens (where the time goes, step by step)
     last = core.recent_steps[-1] if core.recent_steps else None
-    while core.has_unfinished():
-        core.step()
-        steps += 1
-        st = core.recent_steps[-1] if core.recent_steps else None
-        if st is not None and st is not last:  # a step that ran (an empty one records nothing)
-            last = st
-            name = "mixed" if st.num_prefill_tokens else "decode"
-            k = kinds[name]
-            k[0] += 1
-            k[1] += st.duration
-            k[2] += st.num_decode_tokens
-            log.append([name[0], round(st.duration * 1e3, 2), st.num_decode_tokens, st.num_prefill_tokens])
+    with triton_compiles() as compiles:
+        while core.has_unfinished():
+            core.step()
+            steps += 1
+            st = core.recent_steps[-1] if core.recent_steps else None
+            if st is not None and st is not last:  # a step that ran (an empty one records nothing)
+                last = st
+                name = "mixed" if st.num_prefill_tokens else "decode"
+                k = kinds[name]
+                k[0] += 1
+                k[1] += st.duration
+                k[2] += st.num_decode_tokens
+                log.append([name[0], round(st.duration * 1e3, 2), st.num_decode_tokens, st.num_prefill_tokens])
     dt = time.perf_counter() - t0
     mem1 = torch.cuda.memory_stats()
     mixed_ms = sorted(x[1] for x in log if x[0] == "m")
@@ -286,6 +288,8 @@ def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) 
             # the caching allocator during the run: cudaMalloc / cudaFree calls and retries after freeing its cache
             "allocator": {key: mem1.get(key, 0) - mem0.get(key, 0)
                           for key in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms")},
+            # Triton kernels built during the run (a long step at the same moment was waiting for one)
+            "triton_compiles": compiles,
             "step_log": log}
 
 
@@ -734,6 +738,11 @@ def print_throughput(title: str, t: dict) -> None:
         f"{name} steps {v['steps']} x {v['mean_ms']:.1f} ms (decode batch {v['mean_decode_batch']:.0f})"
         for name, v in t["by_step_kind"].items()) + f"; mixed steps min / median / max {t['mixed_ms_min_median_max']} "
         f"ms; allocator {t['allocator']}", flush=True)
+    compiles = t.get("triton_compiles", [])
+    if compiles:
+        print(f"  Triton kernels built during the run: {len(compiles)}, {sum(c['seconds'] for c in compiles):.2f} s: "
+              + ", ".join(f"{c['kernel']} at {c['at_s']:.1f} s ({c['seconds']:.2f} s)" for c in compiles[:8]),
+              flush=True)
 
 
 def best_gemm_shares(report: dict) -> float | None:

@@ -5,9 +5,11 @@ its max_tokens; the prefix cache is reset before each measurement so prompts are
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +31,41 @@ def cuda_time(fn, repeats: int, warmups: int = 1) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b) / 1e3)
     return statistics.median(times)
+
+
+@contextlib.contextmanager
+def triton_compiles() -> Iterator[list[dict]]:
+    """Within: every Triton kernel variant built (compiled, or read from Triton's disk cache) is appended to the
+    yielded list as {"kernel", "at_s" (since entering), "seconds"}: a step that ran long for a compile shows here.
+    Nothing is recorded where Triton is missing or too old to have knobs.runtime hooks (< 3.4)."""
+    found: list[dict] = []
+    try:
+        from triton import knobs
+        runtime = knobs.runtime
+        saved = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+    except (ImportError, AttributeError):
+        yield found
+        return
+    t0 = time.perf_counter()
+    began: list[float] = []
+
+    def before(**kw):  # called before every in-memory cache miss; returning a true value would skip the compile
+        began.append(time.perf_counter())
+        return None
+
+    def after(**kw):
+        fn = kw.get("fn")
+        name = getattr(fn, "name", None) or str(kw.get("repr", "?")).split("[")[0]
+        now = time.perf_counter()
+        start = began.pop() if began else now
+        found.append({"kernel": name, "at_s": round(start - t0, 3), "seconds": round(now - start, 3)})
+        return None
+
+    runtime.jit_cache_hook, runtime.jit_post_compile_hook = before, after
+    try:
+        yield found
+    finally:
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = saved
 
 
 def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:

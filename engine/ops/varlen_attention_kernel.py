@@ -32,7 +32,15 @@ def _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
     return m_new, l_i, acc
 
 
-@triton.jit
+# Arguments that change from step to step: Triton would compile a variant per value class (a pointer's or an int's
+# divisibility by 16, an int equal to 1), so a serving run met fresh compiles in the middle of its steps (slices of
+# one packed upload start at any 4-byte offset; the block table's width and the chunk's log-sum-exp stride follow
+# the step). The kernel loads through them a scalar or a row at a time, where alignment buys nothing.
+STEP_VARYING_ARGS = ["BLOCK_TABLES", "SEQ_LENS", "QUERY_START", "TILE_SEQ", "TILE_START", "stride_lt", "stride_lh",
+                     "stride_bt"]
+
+
+@triton.jit(do_not_specialize=STEP_VARYING_ARGS)
 def varlen_paged_attention_kernel(
     Q, K, V, K_DESC, V_DESC, O, LSE, BLOCK_TABLES, SEQ_LENS, QUERY_START, TILE_SEQ, TILE_START,
     qk_scale,  # softmax scale * log2(e)

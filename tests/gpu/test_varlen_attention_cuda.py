@@ -75,6 +75,35 @@ def test_resume_over_the_prefix_on_gpu(target, block_size):
     run_case(rng, 8, 8, 128, [(600, 7), (513, 2000)], torch.float16, **kw)
 
 
+def test_steps_of_other_shapes_reuse_the_built_kernel():
+    """The arguments that change from step to step (block-table width, tile count and so the offset of the packed
+    tile starts, the chunk's log-sum-exp stride) build no new Triton variant: a serving run once met compiles in
+    the middle of its steps. The recorder itself is checked on a kernel new to this process."""
+    import triton
+    import triton.language as tl
+
+    from engine.bench.timing import triton_compiles
+
+    @triton.jit
+    def add_one(x, n, B: tl.constexpr):
+        i = tl.arange(0, B)
+        tl.store(x + i, tl.load(x + i, mask=i < n) + 1, mask=i < n)
+
+    with triton_compiles() as built:
+        add_one[(1,)](torch.zeros(16, device="cuda"), 16, B=16)
+    assert [c["kernel"] for c in built] == ["add_one"]
+
+    rng = random.Random(13)
+    for resume in (False, True):
+        kw = {"target": "sm90", "device": "cuda", "block_size": 64, "resume": resume}
+        run_case(rng, 32, 8, 128, [(1, 700), (600, 64)], torch.bfloat16, **kw)  # builds the variant if new
+        with triton_compiles() as built:
+            for seqs in ([(1, 33), (517, 1500)], [(1, 4000), (1, 9), (129, 16)], [(2, 63), (1000, 15)],
+                         [(1, 5)] * 7 + [(301, 2048)], [(64, 1)], [(1, 64), (17, 4095)]):
+                run_case(rng, 32, 8, 128, seqs, torch.bfloat16, **kw)
+        assert [c for c in built if c["kernel"] == "varlen_paged_attention_kernel"] == [], (resume, built)
+
+
 def test_long_chunk_over_a_cached_prefix_takes_cudnn_then_the_kernel(monkeypatch):
     """The layer's path for one long chunk over a cached prefix: cuDNN's chunk attention with its log-sum-exp
     (natural log, checked against the float32 chunk state), then the kernel over the paged prefix merging it in; the
