@@ -81,30 +81,6 @@ def measure_skinny(cfg, rows_list=(1, 8, 16), dtype=torch.bfloat16) -> dict:
     return out
 
 
-def measure_gated_down(cfg, dtype=torch.bfloat16) -> dict:
-    """The MLP's down projection of one row two ways, graph-timed on weights from memory: silu_and_mul's kernel then
-    the GEMV, against the gated GEMV that applies the activation as it loads its input (ops.gated_linear)."""
-    from engine import ops
-    from engine.ops import skinny_gemm
-
-    N, K = linear_shapes(cfg)["down"]
-    ws = [torch.randn(N, K, dtype=dtype, device="cuda") * 0.02 for _ in range(max(1, -(-(256 << 20) // (N * K * 2))))]
-    h = torch.randn(1, 2 * K, dtype=dtype, device="cuda")
-    act = torch.empty(1, K, dtype=dtype, device="cuda")
-    y = torch.empty(1, N, dtype=dtype, device="cuda")
-
-    def two_kernels(w):
-        skinny_gemm.skinny_linear(ops.silu_and_mul(h, out=act), w, out=y)
-
-    us = {"silu_and_mul_then_gemv_us": 1e6 * _graph_time([lambda w=w: two_kernels(w) for w in ws]),
-          "gated_gemv_us": 1e6 * _graph_time([lambda w=w: skinny_gemm.skinny_linear(h, w, out=y, gated=True)
-                                              for w in ws])}
-    gated, plain = skinny_gemm.skinny_linear(h, ws[0], gated=True), ops.linear(ops.silu_and_mul(h), ws[0])
-    torch.cuda.empty_cache()
-    return {"shape": [N, K], **{k: round(v, 2) for k, v in us.items()},
-            "max_abs_diff": (gated.float() - plain.float()).abs().max().item()}
-
-
 def decode_breakdown(core, rng, batch: int, prompt: int = 512, steps: int = 16) -> dict:
     """One batch's decode step: the whole step (median, graphs as configured), the graph replay alone on the GPU
     (its bucket, the inputs of the last step) and its kernels by group (profile_replay), the host's share (their

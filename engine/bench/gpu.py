@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.decode import decode_breakdown, linear_shapes, measure_gated_down, measure_skinny
+from engine.bench.decode import decode_breakdown, linear_shapes, measure_skinny
 from engine.bench.timing import (
     cuda_time,
     decode_step_times,
@@ -566,10 +566,6 @@ def run(args) -> dict:
         for name, r in report["skinny_gemm_gb_s"].items():
             print(f"linear {name}: cuBLAS {r['cublas']:.0f}, GEMV {r.get('default', float('nan')):.0f} GB/s, best "
                   f"{r['best']} {r[r['best']]:.0f}", flush=True)
-        report["gated_down"] = g = measure_gated_down(cfg)
-        save()
-        print(f"down projection of one row: silu_and_mul + GEMV {g['silu_and_mul_then_gemv_us']:.1f} us, gated GEMV "
-              f"{g['gated_gemv_us']:.1f} us", flush=True)
     if "attention" not in args.skip:
         from engine.bench.decode import measure_decode_attention
 

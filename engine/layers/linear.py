@@ -167,20 +167,12 @@ class RowParallelLinear(LinearBase):
             raise ValueError(f"{name}.weight: shape {tuple(w.shape)} does not fit {tuple(self.weight.shape)}")
         self.weight.data.copy_(w)
 
-    def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None,
-                gated: bool = False) -> torch.Tensor | None:
+    def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | None:
         """This rank's partial product, summed over the ranks unless ``reduce`` is False (then the caller
         reduces it: micro-batch overlap issues the all-reduce itself, asynchronously). With ``residual`` and one
-        rank, the product may be added into it by the GEMM itself (ops.linear_into): then None is returned.
-        gated: x is [T, 2 * in] = [gate | up] and the layer's input is silu(gate) * up (the MLP), applied inside
-        the GEMV where it can be (ops.gated_linear), else first."""
-        if gated and not ops.fuses_gate(x, self.matmul_weight):
-            x, gated = ops.silu_and_mul(x), False
-        if gated:
-            partial = ops.gated_linear(x, self.matmul_weight)
-        elif residual is not None and reduce and self.tp.size == 1 and ops.linear_into(x, self.matmul_weight,
-                                                                                         residual):
+        rank, the product may be added into it by the GEMM itself (ops.linear_into): then None is returned."""
+        if residual is not None and reduce and self.tp.size == 1 and ops.linear_into(x, self.matmul_weight, residual):
             return None
-        else:
-            partial = ops.linear(x, self.matmul_weight)
+        partial = ops.linear(x, self.matmul_weight)
         return self.tp.all_reduce(partial) if reduce else partial

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import ops
 from engine.config import ModelConfig
 from engine.layers.attention import Attention, AttentionMetadata
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -51,7 +52,7 @@ class LlamaMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | None:
-        return self.down_proj(self.gate_up_proj(x), reduce, residual, gated=True)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)), reduce, residual)
 
 
 class LlamaDecoderLayer(torch.nn.Module):

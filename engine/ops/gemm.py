@@ -23,7 +23,6 @@ from engine.ops.native import (
     mode,
     native_lib,
 )
-from engine.ops.norm import silu_and_mul
 
 # Rows of x (M) from which a bfloat16 CPU call goes to torch's F.linear (oneDNN) on CPUs with AMX-BF16 (native.
 # amx_bf16(); not under set_batch_invariant). Measured side by side on the 2-core Sapphire Rapids dev machine
@@ -67,19 +66,6 @@ def _torch_linear(x, weight, bias, out):
     if bias is None:
         return torch.mm(x, weight.t(), out=out)
     return torch.addmm(bias, x, weight.t(), out=out)
-
-
-def fuses_gate(h: torch.Tensor, weight) -> bool:
-    """Whether gated_linear(h, weight) runs as one kernel (the one-row GEMV inside the decode graphs)."""
-    return skinny_gemm.wanted(h, weight, None, gated=True)
-
-
-def gated_linear(h: torch.Tensor, weight) -> torch.Tensor:
-    """linear(silu_and_mul(h), weight): h [T, 2K] = [gate | up] -> [T, N], with silu_and_mul's rounding. One kernel
-    where fuses_gate (the activation applied as the GEMV loads its input, never written); two elsewhere."""
-    if fuses_gate(h, weight):
-        return skinny_gemm.skinny_linear(h, weight, gated=True)
-    return linear(silu_and_mul(h), weight)
 
 
 def _validate_linear(op, x, weight, bias, out) -> None:

@@ -4,9 +4,7 @@ shapes, weights read from memory (not L2): 3.63 against 3.33 TB/s (qkv 6144 x 40
 4.21 / 4.16 (gate_up), 3.84 / 3.77 (down), 4.41 / 4.27 (LM head); at 8 and 16 rows cuBLAS was faster (3.7 against
 3.0 TB/s on down), so those stay with cuBLAS (`kestrel bench gpu`, engine/bench/decode.py, measures both).
 
-The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at the end (no shuffle per tile). Gated
-(the MLP's down projection, ops.gated_linear): x is the gate_up output [gate | up] and each program applies
-silu(gate) * up as it loads x, so the activation kernel and its [1, I] round trip are gone from the decode step.
+The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at the end (no shuffle per tile).
 
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
@@ -49,39 +47,32 @@ def for_graphs() -> Iterator[None]:
         _depth -= on
 
 
-def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False) -> bool:
+def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether ``linear`` hands this call to the GEMV kernel: within for_graphs(), CUDA, a 2-D x of one row with a
-    contiguous last dim, a contiguous bf16 / fp16 weight of x's dtype (bias too). gated: x is [gate | up], twice
-    the weight's width (ops.gated_linear)."""
-    return bool(_depth and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and isinstance(weight, torch.Tensor)
+    contiguous last dim, a contiguous bf16 / fp16 weight of x's dtype (bias too)."""
+    return bool(_depth and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
                 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and weight.dim() == 2
-                and weight.shape[1] * (2 if gated else 1) == x.shape[1] and weight.is_contiguous()
-                and x.stride(1) == 1
+                and weight.shape[1] == x.shape[1] and weight.is_contiguous() and x.stride(1) == 1
                 and weight.device == x.device
                 and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()
                                       and bias.shape == (weight.shape[0],))))
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  out: torch.Tensor | None = None, config: SkinnyConfig | None = None, gated: bool = False
-                  ) -> torch.Tensor:
+                  out: torch.Tensor | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias for x [1, K] (last dim contiguous), weight [N, K] contiguous; returns ``out`` ([1, N],
-    contiguous) or a new tensor. gated: x is [1, 2K] = [gate | up] and y = silu_and_mul(x) @ weight^T + bias, the
-    activation computed as x is loaded (never written). Triton (CUDA, or the interpreter on the CPU in tests)."""
+    contiguous) or a new tensor. Triton (CUDA, or the interpreter on the CPU in tests)."""
     from engine.ops import skinny_gemm_kernel as kern
 
-    M = x.shape[0]
-    N, K = weight.shape
+    M, K = x.shape
+    N = weight.shape[0]
     if M != 1:
         raise ValueError(f"skinny_linear: x has {M} rows; the GEMV takes one")
-    if x.shape[1] != K * (2 if gated else 1):
-        raise ValueError(f"skinny_linear: x is {list(x.shape)}, the weight {list(weight.shape)}"
-                         + (" (gated: x holds gate and up, twice the weight's width)" if gated else ""))
     if out is None:
         out = torch.empty(1, N, dtype=x.dtype, device=x.device)
     cfg = config or GEMV_CONFIG
     grid = (-(-N // cfg.block_n),)
     kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out, N, K, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, GATED=gated, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                           EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

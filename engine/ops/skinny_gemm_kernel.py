@@ -10,10 +10,9 @@ import triton.language as tl
 
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-                GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One row of x (batch-1 decode): elementwise products accumulated in a [BLOCK_N, BLOCK_K] fp32 tile, reduced
-    over K once at the end (no shuffle per tile). GATED: x is [gate | up] of 2K and the input is
-    silu(gate) * up, rounded as ops.silu_and_mul rounds it (T(T(silu(gate)) * up)), computed as it is loaded."""
+    over K once at the end (no shuffle per tile)."""
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
@@ -24,19 +23,11 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, EVEN_K
         kk = k0 + rk
         if EVEN_K:
             x = tl.load(x_ptr + kk)
-            if GATED:
-                up = tl.load(x_ptr + K + kk)
             w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
         else:
             kmask = kk < K
             x = tl.load(x_ptr + kk, mask=kmask, other=0.0)
-            if GATED:
-                up = tl.load(x_ptr + K + kk, mask=kmask, other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        if GATED:  # a masked gate is 0: silu(0) * up = 0
-            gate = x.to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
-            x = (act * up.to(tl.float32)).to(x_ptr.dtype.element_ty)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
