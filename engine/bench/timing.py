@@ -55,7 +55,7 @@ def triton_compiles() -> Iterator[list[dict]]:
 
     def after(**kw):
         fn = kw.get("fn")
-        name = getattr(fn, "name", None) or str(kw.get("repr", "?")).split("[")[0]
+        name = (getattr(fn, "name", None) or str(kw.get("repr", "?")).split("[")[0]).rsplit(".", 1)[-1]
         now = time.perf_counter()
         start = began.pop() if began else now
         found.append({"kernel": name, "at_s": round(start - t0, 3), "seconds": round(now - start, 3)})
