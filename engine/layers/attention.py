@@ -245,6 +245,51 @@ class Attention(torch.nn.Module):
         _RESUME_COMPILES[key] = True
         return out.reshape(T, self.num_heads * hd)
 
+    def warm_up_kernels(self) -> list[str]:
+        """Build now (compile, or read from Triton's disk cache) the Triton variants of the prefill attention this
+        layer's steps take on CUDA: short tiles (steps with decodes or short chunks), long tiles, and the merge
+        of a long chunk over a cached prefix. Each runs once on a one-token layout of the layer's own caches (their
+        size and block size are compile-time constants of the kernel); every layer shares the variants, so start-up
+        calls this on one. Without it the first such step of a serving run waited for a compile (1.25 s on the
+        H200, kestrel bench gpu 2026-12-04). Returns the variants run; none off CUDA or without the kernel."""
+        kc = self.k_cache
+        if (kc is None or not kc.is_cuda or not ops.varlen_attention_available()
+                or envs.KESTREL_PREFILL_ATTENTION == "sdpa"):
+            return []
+        return self._run_kernel_variants()
+
+    def _run_kernel_variants(self) -> list[str]:
+        """warm_up_kernels' launches (on the CPU under Triton's interpreter in tests)."""
+        kc, vc = self.k_cache, self.v_cache
+        dev, hd, nh, nkv = kc.device, self.head_dim, self.num_heads, self.num_kv_heads
+        # q as the step's q: a view of the fused qkv projection's rows
+        q3 = torch.zeros(1, (nh + 2 * nkv) * hd, dtype=kc.dtype, device=dev)[:, :nh * hd].view(1, nh, hd)
+        tables = torch.zeros(1, 1, dtype=torch.int32, device=dev)
+        starts = torch.tensor([0, 1], dtype=torch.int32, device=dev)
+        ran = []
+        configs = {ops.varlen_config(dev, hd, short=True): "short tiles", ops.varlen_config(dev, hd): "long tiles"}
+        for cfg, what in configs.items():
+            plan = ops.VarlenPlan.build([1], [1], cfg.block_m, dev)
+            ops.varlen_paged_attention(q3, kc, vc, tables, starts[1:], starts, plan, self.scale, config=cfg)
+            ran.append(what)
+        cfg = ops.varlen_config(dev, hd)
+        key = (dev, kc.dtype, hd, cfg)
+        if hd in RESUME_HEAD_DIMS and key not in _RESUME_COMPILES:  # one token over a cached one
+            plan = ops.VarlenPlan.build([1], [2], cfg.block_m, dev)
+            out = torch.zeros(1, nh, hd, dtype=kc.dtype, device=dev)
+            lse = torch.zeros(nh, 1, dtype=torch.float32, device=dev).t()  # head-major, as cuDNN lays it out
+            try:
+                ops.varlen_paged_attention(q3, kc, vc, tables, starts[1:] + 1, starts, plan, self.scale, out=out,
+                                           config=cfg, lse=lse)
+                _RESUME_COMPILES[key] = True
+                ran.append("merge over a cached prefix")
+            except Exception as e:  # as in _chunk_over_prefix: those chunks take the one-launch kernel
+                _RESUME_COMPILES[key] = False
+                log.warning("The merging attention kernel did not compile here (%s: %s); chunks over a cached "
+                            "prefix take the one-launch Triton kernel.", type(e).__name__,
+                            str(e).splitlines()[0][:200])
+        return ran
+
     def _fresh_sdpa(self, q3: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> torch.Tensor:
         """Causal attention of T / n fresh prompts of n tokens each, over the step's own keys and values: views
         [S, heads, n, hd] of the token-major tensors (no copy in, and the output is token-major again)."""

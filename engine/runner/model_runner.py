@@ -5,6 +5,7 @@ engine/runner/step.py (the core's objects satisfy them), never the core's types.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -213,6 +214,21 @@ class ModelRunner:
             if rotary is not None:
                 rotary.keep_positions(capacity)
                 heap.trim()  # the dropped rows (2 MiB for SmolLM2's 8,192 positions) back to the system
+        self.warm_up_kernels()
+
+    def warm_up_kernels(self) -> None:
+        """Build the prefill attention's Triton variants for the allocated caches now (Attention.warm_up_kernels;
+        every layer shares them), so that no step of a run waits for a compile; timed in the log and shown in the
+        Load panel's status."""
+        layers = self.model.attention_layers()
+        if self.device.type != "cuda" or not layers:
+            return
+        progress.report("compiling", "attention kernels")
+        t0 = time.perf_counter()
+        ran = layers[0].warm_up_kernels()
+        torch.cuda.synchronize(self.device)
+        if ran:
+            log.info("prefill attention kernels ready in %.2f s (%s)", time.perf_counter() - t0, ", ".join(ran))
 
     def _allocate_kv_cache(self) -> None:
         if self.tapes is not None:

@@ -104,6 +104,27 @@ def test_steps_of_other_shapes_reuse_the_built_kernel():
         assert [c for c in built if c["kernel"] == "varlen_paged_attention_kernel"] == [], (resume, built)
 
 
+def test_start_up_builds_the_kernels_the_steps_take(tiny_model_dir):
+    """The engine builds the prefill attention's variants at start-up (Attention.warm_up_kernels): a run of mixed
+    steps (decodes beside short chunks), long chunks and prefix hits builds none. A block size and dtype no other
+    test here loads, so the variants are new to this process and the start-up must build them."""
+    from engine.bench.timing import triton_compiles
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+
+    rng = random.Random(21)
+    prompts = [[rng.randrange(10, 1000) for _ in range(n)] for n in (700, 33, 5, 1200)]
+    with triton_compiles() as at_start:
+        llm = LLM(str(tiny_model_dir("llama")), dtype="float16", device="cuda", block_size=32,
+                  max_num_batched_tokens=600, kv_cache_memory_gib=0.25)
+    with llm:
+        assert "varlen_paged_attention_kernel" in [c["kernel"] for c in at_start]
+        with triton_compiles() as during:
+            for _ in range(2):  # the second round hits the prefix cache
+                llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    assert [c for c in during if c["kernel"] == "varlen_paged_attention_kernel"] == []
+
+
 def test_long_chunk_over_a_cached_prefix_takes_cudnn_then_the_kernel(monkeypatch):
     """The layer's path for one long chunk over a cached prefix: cuDNN's chunk attention with its log-sum-exp
     (natural log, checked against the float32 chunk state), then the kernel over the paged prefix merging it in; the

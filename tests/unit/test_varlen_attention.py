@@ -127,3 +127,20 @@ def test_engine_greedy_with_the_kernel_equals_sdpa(tiny_model_dir, arch, monkeyp
             return first
 
     assert greedy("triton") == greedy("sdpa")
+
+
+def test_start_up_runs_each_kernel_variant_once(monkeypatch):
+    """Attention.warm_up_kernels' launches (the interpreter here: one configuration, so one variant plus the merge
+    over a cached prefix), and the merge recorded as built so later steps trust it; off CUDA the start-up builds
+    nothing (the CPU engine never takes the Triton kernel)."""
+    from engine.layers import attention
+
+    monkeypatch.setattr(attention, "_RESUME_COMPILES", {})
+    layer = attention.Attention(8, 2, 128, 0)
+    assert layer.warm_up_kernels() == []  # no caches yet
+    layer.k_cache = torch.randn(3, 16, 2, 128).to(torch.bfloat16)
+    layer.v_cache = torch.randn(3, 16, 2, 128).to(torch.bfloat16)
+    assert layer.warm_up_kernels() == []  # CPU caches
+    assert layer._run_kernel_variants() == ["long tiles", "merge over a cached prefix"]
+    assert list(attention._RESUME_COMPILES.values()) == [True]
+    assert layer._run_kernel_variants() == ["long tiles"]  # the merge is known to build: not run again
