@@ -79,6 +79,11 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         "auto", _choice("auto", "off"),
         ("Linear layers of one row inside the decode CUDA graphs: auto (the Triton GEMV kernel) or off (cuBLAS) "
          "(engine/ops/skinny_gemm.py).")),
+    "KESTREL_PDL": (
+        "auto", _choice("auto", "off"),
+        ("The one-row GEMV of the decode CUDA graphs as a programmatic dependent launch on sm_90+: auto (its programs "
+         "launched while the kernel before it runs, waiting for its output) or off (a plain launch) "
+         "(engine/ops/skinny_gemm.py; kestrel bench gpu compares both).")),
     "KESTREL_CUDA_DECODE_U": (
         None, _str,
         ("Tokens each lane group of the CUDA decode attention kernel loads per step when 4 query heads share a KV "

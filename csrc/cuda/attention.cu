@@ -89,6 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                         const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                         const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
                         int part_tokens) {
+  allow_dependent_launch();
   constexpr int U = kTokensPerWarpStep;
   const int b = blockIdx.y, part = blockIdx.z, splits = gridDim.z;
   const int h0 = G == 1 ? int(blockIdx.x) : int(blockIdx.x) * G;  // the first query head of the block
@@ -261,6 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
                             const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                             const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
                             int part_tokens) {
+  allow_dependent_launch();
   constexpr int E = Pack<T>::N, LPT = HD / E, TPW = 32 / LPT;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   static_assert(LPT >= 1 && LPT <= 32 && (32 % LPT) == 0, "head size / vector width must divide a warp");
@@ -397,6 +399,7 @@ template <class T>
 __global__ void paged_decode_reduce_kernel(T* __restrict__ out, int64_t os0, int64_t os1,
                                            const float* __restrict__ ws, const int32_t* __restrict__ ctx_lens,
                                            int nh, int hd, int splits, int part_tokens) {
+  allow_dependent_launch();
   __shared__ float weight[kMaxSplits];
   const int h = blockIdx.x, b = blockIdx.y;
   const int64_t stride = 2 + hd;

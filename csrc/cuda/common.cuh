@@ -13,6 +13,17 @@
 
 namespace kestrel::cuda {
 
+// Lets a kernel launched after this one as a programmatic dependent (the one-row Triton GEMV of the decode CUDA
+// graphs: engine/ops/skinny_gemm.py, launch_pdl) be launched now, its programs resident and waiting while this grid
+// runs; the dependent still waits (griddepcontrol.wait) for this grid's completion and its memory before reading
+// anything. Called at the start of the kernels that precede a GEMV in a decode step (the norms, silu_and_mul, the
+// decode attention); a no-op without such a dependent, and before sm_90.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }

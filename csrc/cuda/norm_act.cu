@@ -15,6 +15,7 @@ int norm_threads(int64_t H) {
 template <class T>
 __global__ void rms_norm_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
                                 const T* __restrict__ w, int64_t H, float eps) {
+  allow_dependent_launch();
   const T* xr = x + blockIdx.x * xs;
   T* orow = out + blockIdx.x * os;
   float ss = 0.f;
@@ -30,6 +31,7 @@ __global__ void rms_norm_kernel(T* __restrict__ out, int64_t os, const T* __rest
 template <class T>
 __global__ void fused_add_rms_norm_kernel(T* __restrict__ x, int64_t xs, T* __restrict__ r, int64_t rs,
                                           const T* __restrict__ w, int64_t H, float eps) {
+  allow_dependent_launch();
   T* xr = x + blockIdx.x * xs;
   T* rr = r + blockIdx.x * rs;
   float ss = 0.f;
@@ -47,6 +49,7 @@ __global__ void fused_add_rms_norm_kernel(T* __restrict__ x, int64_t xs, T* __re
 template <class T>
 __global__ void silu_and_mul_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
                                     int64_t I) {
+  allow_dependent_launch();
   const T* g = x + blockIdx.y * xs;
   const T* u = g + I;
   T* o = out + blockIdx.y * os;
@@ -64,6 +67,7 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, int64_t os, const T* __
 template <class T>
 __global__ void rms_norm_vec_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
                                     const T* __restrict__ w, int64_t H, float eps) {
+  allow_dependent_launch();
   constexpr int V = Pack<T>::N;
   const auto* xr = reinterpret_cast<const Pack<T>*>(x + blockIdx.x * xs);
   const auto* wp = reinterpret_cast<const Pack<T>*>(w);
@@ -91,6 +95,7 @@ __global__ void rms_norm_vec_kernel(T* __restrict__ out, int64_t os, const T* __
 template <class T>
 __global__ void fused_add_rms_norm_vec_kernel(T* __restrict__ x, int64_t xs, T* __restrict__ r, int64_t rs,
                                               const T* __restrict__ w, int64_t H, float eps) {
+  allow_dependent_launch();
   constexpr int V = Pack<T>::N;
   auto* xr = reinterpret_cast<Pack<T>*>(x + blockIdx.x * xs);
   auto* rr = reinterpret_cast<Pack<T>*>(r + blockIdx.x * rs);
@@ -121,6 +126,7 @@ __global__ void fused_add_rms_norm_vec_kernel(T* __restrict__ x, int64_t xs, T* 
 template <class T>
 __global__ void silu_and_mul_vec_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
                                         int64_t I) {
+  allow_dependent_launch();
   constexpr int V = Pack<T>::N;
   const int64_t n = I / V;
   const auto* g = reinterpret_cast<const Pack<T>*>(x + blockIdx.y * xs);

@@ -165,15 +165,16 @@ def profile_replay(graph, replays: int = 5) -> dict:
 
 
 DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py)
-    "cublas": {"KESTREL_SKINNY_GEMM": "off"},
-    "gemv": {"KESTREL_SKINNY_GEMM": "auto"},
+    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_PDL": "auto"},
+    "gemv_plain_launch": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "off"},
+    "gemv": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto"},
 }
 
 
 def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, variants=None) -> dict:
     """TPOT and the graph replay's GPU time at each batch size with the decode graphs captured again under each
-    variant's settings (the one-row GEMV against cuBLAS), side by side in one run; the engine's own settings are
-    restored (and its graphs captured again) at the end."""
+    variant's settings (the one-row GEMV against cuBLAS; launched plainly against as a programmatic dependent),
+    side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
     import os
 
     runner = core.runner

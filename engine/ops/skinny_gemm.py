@@ -6,6 +6,11 @@ shapes, weights read from memory (not L2): 3.63 against 3.33 TB/s (qkv 6144 x 40
 
 The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at the end (no shuffle per tile).
 
+Launched as a programmatic dependent (PDL, sm_90+): the kernels before it in a decode step (norms, silu_and_mul,
+decode attention: csrc/cuda/common.cuh allow_dependent_launch) let it launch as they start, so its programs are
+resident and waiting (griddepcontrol.wait) when they finish, instead of launching after; ``KESTREL_PDL=off`` turns
+it off.
+
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
 ``KESTREL_SKINNY_GEMM=off`` keeps cuBLAS there too.
@@ -72,7 +77,21 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         out = torch.empty(1, N, dtype=x.dtype, device=x.device)
     cfg = config or GEMV_CONFIG
     grid = (-(-N // cfg.block_n),)
+    pdl = _pdl(x.device)
     kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out, N, K, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                           EVEN_K=K % cfg.block_k == 0, PDL=pdl, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}))
     return out
+
+
+_SM90: dict[int, bool] = {}  # CUDA device index -> compute capability >= 9.0
+
+
+def _pdl(device: torch.device) -> bool:
+    """Whether the GEMV launches as a programmatic dependent here: CUDA sm_90+, not KESTREL_PDL=off."""
+    if device.type != "cuda" or envs.KESTREL_PDL == "off":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM90:
+        _SM90[index] = torch.cuda.get_device_capability(index) >= (9, 0)
+    return _SM90[index]

@@ -10,9 +10,12 @@ import triton.language as tl
 
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One row of x (batch-1 decode): elementwise products accumulated in a [BLOCK_N, BLOCK_K] fp32 tile, reduced
-    over K once at the end (no shuffle per tile)."""
+    over K once at the end (no shuffle per tile). PDL: launched as a programmatic dependent of the kernel before
+    it (launch_pdl), so every program first waits for that grid's completion and memory (x is its output)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N

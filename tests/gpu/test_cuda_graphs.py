@@ -106,6 +106,43 @@ def test_gemv_on_the_8b_shapes():
         assert (err <= 2 ** -7 * ref.abs() + 2e-3).all(), (N, K, err.max().item())
 
 
+def test_gemv_as_a_programmatic_dependent_in_a_graph(monkeypatch):
+    """The GEMV launched as a programmatic dependent (PDL) of the norm, silu_and_mul and the fused add + norm before
+    it, in a captured chain of eight MLP-like layers each reading the last one's output: the replay equals the same
+    chain run eagerly with plain launches bit for bit (the GEMV waits for each producer's memory)."""
+    from engine import ops
+    from engine.ops import skinny_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    H, inter, layers = 4096, 14336, 8
+    w_up = [torch.randn(2 * inter, H, generator=g, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(2)]
+    w_down = [torch.randn(H, inter, generator=g, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(2)]
+    norm_w = torch.rand(H, generator=g, device="cuda", dtype=torch.bfloat16) + 0.5
+    x0 = torch.randn(1, H, generator=g, device="cuda", dtype=torch.bfloat16)
+
+    def chain(x, residual):
+        for i in range(layers):
+            h = ops.rms_norm(x, norm_w, 1e-5) if i % 2 else (ops.fused_add_rms_norm(x, residual, norm_w, 1e-5) or x)
+            act = ops.silu_and_mul(skinny_gemm.skinny_linear(h, w_up[i % 2]))
+            x = skinny_gemm.skinny_linear(act, w_down[i % 2])
+        return x
+
+    monkeypatch.setenv("KESTREL_PDL", "off")
+    want = chain(x0.clone(), torch.zeros_like(x0))
+    monkeypatch.setenv("KESTREL_PDL", "auto")
+    x, residual = x0.clone(), torch.zeros_like(x0)
+    chain(x.clone(), residual.clone())  # compiles the PDL variant outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain(x, residual)
+    for _ in range(3):
+        x.copy_(x0)
+        residual.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("part", [64, 512, -1, -66])
 def test_decode_attention_with_fixed_partitions(part):
     """The decode kernel as the graphs call it: a table as wide as the longest context, partitions of a fixed
