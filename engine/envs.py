@@ -84,16 +84,6 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         ("The one-row GEMV of the decode CUDA graphs as a programmatic dependent launch on sm_90+: auto (its programs "
          "launched while the kernel before it runs, waiting for its output) or off (a plain launch) "
          "(engine/ops/skinny_gemm.py; kestrel bench gpu compares both).")),
-    "KESTREL_GATED_GEMV": (
-        "auto", _choice("auto", "off"),
-        ("The MLP's gate_up projection of one row inside the decode CUDA graphs: auto (the GEMV applies silu(gate) "
-         "* up before its store, one kernel) or off (the GEMV, then silu_and_mul's kernel) (engine/ops/gemm.py "
-         "linear_silu_and_mul; kestrel bench gpu compares both).")),
-    "KESTREL_DECODE_MERGE": (
-        "auto", _choice("auto", "kernel"),
-        ("The merge of the split decode attention's partitions inside the CUDA graphs: auto (the last partition of "
-         "each sequence and KV head to finish merges them, through the graphs' counters) or kernel (a merge kernel "
-         "of its own) (engine/runner/cuda_graphs.py; kestrel bench gpu compares both).")),
     "KESTREL_CUDA_DECODE_U": (
         None, _str,
         ("Tokens each lane group of the CUDA decode attention kernel loads per step when 4 query heads share a KV "

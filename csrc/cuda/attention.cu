@@ -5,10 +5,7 @@
 // per step against all G heads (lanes split head_dim, each key and value loaded once, four independent loads and
 // reductions in flight), with an online softmax in fp32 per warp and head. Warps merge
 // through shared memory. With one split the block writes the output; with several, each writes its
-// partial (max, sum, acc[hd]) to a workspace and the partitions are merged: by the last of them to finish when the
-// caller passes counters (one int per (sequence, block of heads), zero, left zero: the CUDA graphs' own buffer),
-// else by a second kernel. At batch 1 the merge kernel was a launch per layer on the critical path (128 us of a
-// 4.45 ms step on the H200).
+// partial (max, sum, acc[hd]) to a workspace and a second kernel merges the partitions.
 // The number of splits depends only on host-known sizes (B, heads, block table capacity, and the partition
 // size or count when the caller fixes it), so the launch can be captured in a CUDA graph; partitions past a
 // sequence's context exit at once without writing, and the merge reads only the partitions its context covers.
@@ -44,107 +41,13 @@ __device__ __forceinline__ int part_len(int ctx, int splits, int part_tokens) {
   return p > kMinDynPart ? p : kMinDynPart;
 }
 
-// Merge the partitions of G heads of one sequence that its context covers (`parts` of the `splits` the workspace
-// holds, parts <= CAP), heads h0 .. h0 + G - 1. Warp w finds the maximum and the weights of heads w, w + warps, ..
-// (lanes over partitions) and keeps the weights in shared memory; then each thread sums the columns of OPT outputs
-// (of the G x hd), four partitions at a time, all OPT x 4 loads issued before their use: the merge is a chain of
-// L2 round trips (one per partition and output, serially, took 19.7 us per layer at batch 1 on the H200 inside
-// the decode kernel, against 9 us for the split kernel and a merge kernel together). The loads bypass L1
-// (ld.global.cg): the partials may come from other blocks of this very launch. Both ways of merging run this, so
-// they agree bit for bit.
-template <class T, int G, int OPT, int CAP>
-__device__ __forceinline__ void merge_heads(T* __restrict__ out, int64_t os0, int64_t os1, const float* ws, int b,
-                                            int h0, int nh, int hd, int splits, int parts) {
-  __shared__ float weight[G][CAP];
-  __shared__ float inv[G];
-  const int64_t stride = 2 + hd;
-  const float* base = ws + (int64_t(b) * nh + h0) * splits * stride;  // head h0 + g at + g * splits * stride
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int g = warp; g < G; g += warps) {
-    const float* wp = base + int64_t(g) * splits * stride;
-    float m = -INFINITY;
-    for (int p = lane; p < parts; p += 32)
-      if (__ldcg(wp + p * stride + 1) > 0.f) m = fmaxf(m, __ldcg(wp + p * stride));
-    const float M = warp_max(m);
-    float l = 0.f;
-    for (int p = lane; p < parts; p += 32) {
-      const float lp = __ldcg(wp + p * stride + 1);
-      const float f = lp > 0.f ? expf(__ldcg(wp + p * stride) - M) : 0.f;  // a partition with no token wrote zeros
-      weight[g][p] = f;
-      l += lp * f;
-    }
-    const float L = warp_sum(l);
-    if (lane == 0) inv[g] = L > 0.f ? 1.f / L : 0.f;
-  }
-  __syncthreads();
-  float acc[OPT];
-#pragma unroll
-  for (int j = 0; j < OPT; ++j) acc[j] = 0.f;
-  for (int p0 = 0; p0 < parts; p0 += 4) {
-    float v[OPT][4];
-#pragma unroll
-    for (int j = 0; j < OPT; ++j) {
-      const int i = threadIdx.x + j * blockDim.x, g = i / hd, d = i - g * hd;
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        v[j][u] = i < G * hd && p0 + u < parts ? __ldcg(base + (int64_t(g) * splits + p0 + u) * stride + 2 + d) : 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < OPT; ++j) {
-      const int i = threadIdx.x + j * blockDim.x, g = min(i / hd, G - 1);
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (p0 + u < parts) acc[j] += weight[g][p0 + u] * v[j][u];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < OPT; ++j) {
-    const int i = threadIdx.x + j * blockDim.x, g = i / hd, d = i - g * hd;
-    if (i < G * hd) out[b * os0 + (h0 + g) * os1 + d] = from_f<T>(acc[j] * inv[g]);
-  }
-}
-
-// Partitions at most that the decode kernel's blocks merge themselves (its shared weights); above, the host launches
-// the merge kernel even when given counters.
-constexpr int kSelfMergeMax = 128;
-
-// After a block has written its partials: count it on its (sequence, head block) counter; the block that counts
-// the last of the `parts` partitions zeroes the counter and merges the G heads. Each thread fences its own writes
-// before the count (the pattern of CUDA's threadFenceReduction sample). HDS >= hd: the outputs per thread.
-template <class T, int G, int HDS>
-__device__ __forceinline__ void merge_if_last(T* __restrict__ out, int64_t os0, int64_t os1, const float* ws,
-                                              int* counter, int b, int h0, int nh, int hd, int splits, int parts) {
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1) == parts - 1;
-    if (last) atomicExch(counter, 0);  // every partition has counted: zero for the next call
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  constexpr int kOpt = (G * HDS + kWarps * 32 - 1) / (kWarps * 32);
-  merge_heads<T, G, kOpt, kSelfMergeMax>(out, os0, os1, ws, b, h0, nh, hd, splits, parts);
-}
-
-// The partitions of a context of `ctx` tokens that hold any (the others exit at once).
-__device__ __forceinline__ int parts_of(int ctx, int splits, int plen) { return min(splits, (ctx + plen - 1) / plen); }
-
-// A sequence with no context when the partitions merge themselves: every block exits at once, so the first one
-// writes the zeros the merge kernel would.
-template <class T, int G>
-__device__ __forceinline__ void zero_heads(T* __restrict__ out, int64_t os0, int64_t os1, int b, int h0, int hd) {
-  for (int i = threadIdx.x; i < G * hd; i += blockDim.x) out[b * os0 + (h0 + i / hd) * os1 + i % hd] = from_f<T>(0.f);
-}
-
 // The output of one (query head, sequence) from the per-warp (max, sum, acc) in shared memory: written to `out`
-// with one split, to the workspace with several (then merged by the last partition when `counter` is given).
+// with one split, to the workspace with several.
 template <class T, int G, int HDS>
 __device__ __forceinline__ void finish_block(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
                                              const float (&sm_m)[kWarps][G], const float (&sm_l)[kWarps][G],
                                              const float (&sm_acc)[kWarps][G][HDS], int b, int h0, int nh, int hd,
-                                             int part, int splits, int* counter, int parts) {
+                                             int part, int splits) {
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     float M = -INFINITY;
@@ -174,7 +77,6 @@ __device__ __forceinline__ void finish_block(T* __restrict__ out, int64_t os0, i
         out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
     }
   }
-  if (splits > 1 && counter) merge_if_last<T, G, HDS>(out, os0, os1, ws, counter, b, h0, nh, hd, splits, parts);
 }
 
 // G query heads per block: the query heads that share one KV head (GQA) read each key and value once for all of
@@ -186,7 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                         const T* __restrict__ q, int64_t qs0, int64_t qs1, const T* __restrict__ kc,
                         const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                         const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
-                        int part_tokens, int* __restrict__ counters) {
+                        int part_tokens) {
   allow_dependent_launch();
   constexpr int U = kTokensPerWarpStep;
   const int b = blockIdx.y, part = blockIdx.z, splits = gridDim.z;
@@ -197,11 +99,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int plen = part_len(ctx, splits, part_tokens);
   const int t_begin = part * plen;
   const int t_end = min(ctx, t_begin + plen);
-  if (splits > 1 && t_begin >= ctx) {  // past the context: the merge does not read this partition
-    if (counters && ctx == 0 && part == 0) zero_heads<T, G>(out, os0, os1, b, h0, hd);
-    return;
-  }
-  int* counter = counters ? counters + b * gridDim.x + blockIdx.x : nullptr;
+  if (splits > 1 && t_begin >= ctx) return;  // past the context: the merge does not read this partition
   const int32_t* bt = block_tables + b * bts;
   const int64_t tok_stride = int64_t(nkv) * hd;
 
@@ -302,8 +200,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (d < hd) sm_acc[warp][g][d] = acc[g][v];
     }
   __syncthreads();
-  finish_block<T, G>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits, counter,
-                     parts_of(ctx, splits, plen));
+  finish_block<T, G>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits);
 }
 
 // A token's row in the paged cache: a shift and a mask when the block size is a power of two (16, 64: the usual
@@ -364,7 +261,7 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
                             const T* __restrict__ q, int64_t qs0, int64_t qs1, const T* __restrict__ kc,
                             const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                             const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
-                            int part_tokens, int* __restrict__ counters) {
+                            int part_tokens) {
   allow_dependent_launch();
   constexpr int E = Pack<T>::N, LPT = HD / E, TPW = 32 / LPT;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
@@ -378,11 +275,7 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
   const int plen = part_len(ctx, splits, part_tokens);
   const int t_begin = part * plen;
   const int t_end = min(ctx, t_begin + plen);
-  if (splits > 1 && t_begin >= ctx) {  // past the context: the merge does not read this partition
-    if (counters && ctx == 0 && part == 0) zero_heads<T, G>(out, os0, os1, b, h0, hd);
-    return;
-  }
-  int* counter = counters ? counters + b * gridDim.x + blockIdx.x : nullptr;
+  if (splits > 1 && t_begin >= ctx) return;
   const int32_t* bt = block_tables + b * bts;
   const PageIndex page{bs, (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1};
   const int64_t tok_stride = int64_t(nkv) * HD;
@@ -495,19 +388,42 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
       for (int e = 0; e < E; ++e) sm_acc[warp][g][li * E + e] = acc[g][e];
   }
   __syncthreads();
-  finish_block<T, G>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits, counter,
-                     parts_of(ctx, splits, plen));
+  finish_block<T, G>(out, os0, os1, ws, sm_m, sm_l, sm_acc, b, h0, nh, hd, part, splits);
 }
 
-// The merge as a kernel of its own (no counters given): one block per (head, sequence).
+// Merge the partitions of one (head, sequence) that its context covers. The partitions' maxima and weights are
+// found by the block together (threads over partitions), the weights kept in shared memory, then one thread per
+// output element sums its column with loads that depend on nothing before them (a loop that tested each
+// partition's sum before loading its column took 8.8 us per layer at batch 1 over 17 partitions on the H200).
 template <class T>
 __global__ void paged_decode_reduce_kernel(T* __restrict__ out, int64_t os0, int64_t os1,
                                            const float* __restrict__ ws, const int32_t* __restrict__ ctx_lens,
                                            int nh, int hd, int splits, int part_tokens) {
   allow_dependent_launch();
-  const int b = blockIdx.y, ctx = ctx_lens[b];
-  merge_heads<T, 1, 1, kMaxSplits>(out, os0, os1, ws, b, blockIdx.x, nh, hd, splits,
-                                   parts_of(ctx, splits, part_len(ctx, splits, part_tokens)));
+  __shared__ float weight[kMaxSplits];
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int64_t stride = 2 + hd;
+  const float* wp = ws + (int64_t(b) * nh + h) * splits * stride;
+  const int plen = part_len(ctx_lens[b], splits, part_tokens);
+  const int parts = min(splits, (ctx_lens[b] + plen - 1) / plen);
+  float m = -INFINITY;
+  for (int p = threadIdx.x; p < parts; p += blockDim.x)
+    if (wp[p * stride + 1] > 0.f) m = fmaxf(m, wp[p * stride]);
+  const float M = block_max(m);
+  float l = 0.f;
+  for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+    const float lp = wp[p * stride + 1];
+    const float f = lp > 0.f ? expf(wp[p * stride] - M) : 0.f;  // a partition with no token wrote zeros
+    weight[p] = f;
+    l += lp * f;
+  }
+  const float L = block_sum(l);  // synchronises the block: the weights are visible below
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.f;
+    for (int p = 0; p < parts; ++p) o += weight[p] * wp[p * stride + 2 + d];
+    out[b * os0 + h * os1 + d] = from_f<T>(o * inv);
+  }
 }
 
 int sm_count(int device) {
@@ -575,7 +491,7 @@ template <class T>
 void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const Plan& p, uintptr_t out,
             int64_t os0, int64_t os1, float* ws, uintptr_t q, int64_t qs0, int64_t qs1, uintptr_t k_cache,
             uintptr_t v_cache, uintptr_t block_tables, int64_t bts, uintptr_t context_lens, int64_t nh, int64_t nkv,
-            int64_t hd, int64_t bs, float scale, int* counters) {
+            int64_t hd, int64_t bs, float scale) {
   T* o = reinterpret_cast<T*>(out);
   const T* qp = reinterpret_cast<const T*>(q);
   const T* kp = reinterpret_cast<const T*>(k_cache);
@@ -584,7 +500,7 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
   const int32_t* clp = reinterpret_cast<const int32_t*>(context_lens);
   auto run = [&](auto kernel) {
     kernel<<<grid, kWarps * 32, 0, st>>>(o, os0, os1, ws, qp, qs0, qs1, kp, vp, btp, bts, clp, int(nh), int(nkv),
-                                         int(hd), int(bs), scale, p.part_tokens, counters);
+                                         int(hd), int(bs), scale, p.part_tokens);
   };
   const int G = group_for(nh, nkv, hd);
   constexpr int E = Pack<T>::N;
@@ -619,7 +535,7 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
   else if (vpl <= 2) pick(std::integral_constant<int, 2>{});
   else if (vpl <= 4) pick(std::integral_constant<int, 4>{});
   else pick(std::integral_constant<int, 8>{});
-  if (p.splits > 1 && counters == nullptr)
+  if (p.splits > 1)
     paged_decode_reduce_kernel<T><<<rgrid, rthreads, 0, st>>>(o, os0, os1, ws, clp, int(nh), int(hd), p.splits,
                                                                p.part_tokens);
 }
@@ -636,8 +552,7 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
                             uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables, int64_t bts,
                             int64_t max_blocks, uintptr_t context_lens, int64_t B, int64_t nh, int64_t nkv,
                             int64_t hd, int64_t bs, double scale, uintptr_t workspace, int64_t workspace_floats,
-                            int64_t part_tokens, uintptr_t counters, int64_t counters_len, int device,
-                            uintptr_t stream) {
+                            int64_t part_tokens, int device, uintptr_t stream) {
   if (B <= 0 || nh <= 0) return;
   if (hd > kMaxHeadDim) throw std::invalid_argument("paged_decode_attention (CUDA): head_size must be <= 256");
   if (nkv <= 0 || nh % nkv) throw std::invalid_argument("paged_decode_attention: num_heads % num_kv_heads != 0");
@@ -648,8 +563,6 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
   const Plan p = plan(B * nh / group, max_tokens, part_tokens, device);
   if (p.splits > 1 && workspace_floats < B * nh * p.splits * (2 + hd))
     throw std::invalid_argument("paged_decode_attention (CUDA): workspace too small");
-  if (counters && counters_len < B * (nh / group))
-    throw std::invalid_argument("paged_decode_attention (CUDA): fewer counters than sequences x head blocks");
   use_device(device);
   auto st = reinterpret_cast<cudaStream_t>(stream);
   const int vpl = int((hd + 31) / 32);
@@ -658,8 +571,7 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
   dim3 rgrid(static_cast<unsigned>(nh), static_cast<unsigned>(B));
   const int rthreads = int((hd + 31) / 32 * 32);
   KESTREL_CUDA_DTYPE_SWITCH(dt, launch<T>(vpl, grid, rgrid, rthreads, st, p, out, os0, os1, ws, q, qs0, qs1, k_cache,
-                                          v_cache, block_tables, bts, context_lens, nh, nkv, hd, bs, float(scale),
-                                          p.splits <= kSelfMergeMax ? reinterpret_cast<int*>(counters) : nullptr));
+                                          v_cache, block_tables, bts, context_lens, nh, nkv, hd, bs, float(scale)));
   check_launch("paged_decode_attention");
 }
 

@@ -42,14 +42,11 @@ int64_t paged_decode_attention_workspace(int64_t B, int64_t num_heads, int64_t n
 // the step's longest context); > 0 = partitions of that many tokens over the whole capacity (the partitions past
 // a sequence's context exit at once); < 0 = -splits: each sequence's context cut on the device into that many
 // partitions of >= 32 tokens (CUDA graphs, whose table has the width of the longest possible context).
-// counters (0: none): int32, at least B * num_heads entries, all zero, left zero; with them the last partition of
-// each (sequence, head block) to finish merges the partitions, without a second kernel. Calls that may run at the
-// same time (two streams) need counters of their own.
 void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t out_s1, uintptr_t q, int64_t q_s0,
                             int64_t q_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables,
                             int64_t bt_stride, int64_t max_blocks_per_seq, uintptr_t context_lens, int64_t B,
                             int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
                             double scale, uintptr_t workspace, int64_t workspace_floats, int64_t part_tokens,
-                            uintptr_t counters, int64_t counters_len, int device, uintptr_t stream);
+                            int device, uintptr_t stream);
 
 }  // namespace kestrel::cuda

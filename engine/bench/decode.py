@@ -164,22 +164,16 @@ def profile_replay(graph, replays: int = 5) -> dict:
             "top_kernels_us": {k: round(v, 1) for k, v in top}}
 
 
-_FUSED = {"KESTREL_GATED_GEMV": "auto", "KESTREL_DECODE_MERGE": "auto"}
 DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py)
-    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_PDL": "auto", **_FUSED},
-    "gemv_plain_launch": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "off", **_FUSED},
-    "gemv_unfused": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GATED_GEMV": "off",
-                     "KESTREL_DECODE_MERGE": "kernel"},  # silu_and_mul's and the attention merge's own kernels
-    "gemv_gated_only": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GATED_GEMV": "auto",
-                        "KESTREL_DECODE_MERGE": "kernel"},
-    "gemv": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", **_FUSED},
+    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_PDL": "auto"},
+    "gemv_plain_launch": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "off"},
+    "gemv": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto"},
 }
 
 
 def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, variants=None) -> dict:
     """TPOT and the graph replay's GPU time at each batch size with the decode graphs captured again under each
-    variant's settings (the one-row GEMV against cuBLAS; launched plainly against as a programmatic dependent; with
-    and without the gated GEMV and the attention's merge by its last partition),
+    variant's settings (the one-row GEMV against cuBLAS; launched plainly against as a programmatic dependent),
     side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
     import os
 
@@ -243,18 +237,16 @@ def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 163
             o = torch.empty_like(q)
             res = {}
             graphs_part = partition_tokens(b, nkv, sms)
-            counters = torch.zeros(b * nh, dtype=torch.int32, device="cuda")  # the graphs' merge by the last partition
-            for mode, part, tabs, cnt in (("graphs", graphs_part, tables, counters),
-                                          ("graphs_merge_kernel", graphs_part, tables, None),
-                                          ("eager", 0, [t[:, :blocks // b].contiguous() for t in tables], None)):
+            for mode, part, tabs in (("graphs", graphs_part, tables),
+                                     ("eager", 0, [t[:, :blocks // b].contiguous() for t in tables])):
                 sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
-                                                     out=o, part_tokens=part, counters=cnt) for t in tabs])
+                                                     out=o, part_tokens=part) for t in tabs])
                 res[mode] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
             # the graphs' partitions per context against other counts (partition_tokens' choice is the -splits)
             res["graphs_by_splits"] = {}
             for splits in (1, 2, 4, 8, 16, 32):
                 sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
-                                                     out=o, part_tokens=-splits, counters=counters) for t in tables])
+                                                     out=o, part_tokens=-splits) for t in tables])
                 res["graphs_by_splits"][splits] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
             # the kernel's tokens per lane group and step (KESTREL_CUDA_DECODE_U, read at each launch) at the
             # graphs' partitions: 4 keeps more loads in flight, 2 and 1 fit four and five blocks per SM
@@ -262,8 +254,7 @@ def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 163
             for u in ("1", "2", "4"):
                 with mock.patch.dict(os.environ, {"KESTREL_CUDA_DECODE_U": u}):  # reaches the native getenv
                     sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
-                                                         out=o, part_tokens=graphs_part, counters=counters)
-                                       for t in tables])
+                                                         out=o, part_tokens=graphs_part) for t in tables])
                 res["graphs_by_tokens_per_step"][u] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
             out[f"b{b}_ctx{ctx}"] = {"bytes": nbytes, "graphs_splits": -graphs_part, **res}
             del kc, vc, tables

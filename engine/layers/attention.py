@@ -75,9 +75,6 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # [num_decode] view of seq_lens
     fresh_len: int = 0  # every sequence a whole new prompt of this many tokens (no decode, no cached prefix); else 0
     decode_part_tokens: int = 0  # CUDA graphs: -(the decode kernel's partitions per context) (0: sized per step)
-    # CUDA graphs: int32 zeros with which the decode kernel's last partition merges the others (ops.
-    # paged_decode_attention's counters); None: a merge kernel of its own. Never shared by metas that run at once.
-    decode_counters: torch.Tensor | None = None
 
     @classmethod
     def build(cls, seqs: list[SeqSpan], block_size: int, device: torch.device) -> AttentionMetadata:
@@ -213,7 +210,7 @@ class Attention(torch.nn.Module):
         if nd:
             ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
                                        meta.decode_context_lens, self.scale, out=out[:nd],
-                                       part_tokens=meta.decode_part_tokens, counters=meta.decode_counters)
+                                       part_tokens=meta.decode_part_tokens)
         for i, seg in enumerate(meta.prefills, start=nd):
             s, n = seg.query_start, seg.query_len
             out[s:s + n] = self._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)

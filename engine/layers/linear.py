@@ -150,11 +150,6 @@ class MergedColumnParallelLinear(LinearBase):
         self._copy_rows([(f"{prefix}.{n}", weights.get_slice(f"{prefix}.{n}.weight", 0, *self.rows), None)
                          for n in self.names])
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of [gate | up] = this layer's product (the MLP): one kernel where the one-row GEMV runs
-        (ops.linear_silu_and_mul), the GEMM then ops.silu_and_mul elsewhere."""
-        return ops.linear_silu_and_mul(x, self.matmul_weight)
-
 
 class RowParallelLinear(LinearBase):
     """Input dimension split across ranks; the partial outputs are summed by an all-reduce."""

@@ -52,7 +52,7 @@ class LlamaMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | None:
-        return self.down_proj(self.gate_up_proj.silu_and_mul(x), reduce, residual)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)), reduce, residual)
 
 
 class LlamaDecoderLayer(torch.nn.Module):

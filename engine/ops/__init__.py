@@ -21,7 +21,7 @@ each row the same way whatever else is in the call.
 Modules: ``native`` (loading engine._C, and the dispatch and validation every op shares), ``norm`` (rms_norm,
 fused_add_rms_norm, silu_and_mul), ``rotary`` (rotary_embedding; rotary_and_cache: rope and the cache write, one
 CUDA kernel), ``attention`` (token_positions_and_slots,
-reshape_and_cache, paged_decode_attention), ``gemm`` (linear; linear_silu_and_mul: the MLP's gate_up and its activation, one kernel inside the decode graphs), ``int8`` (Int8Weight), ``gguf_quant`` (GGUFWeight: GGUF Q4_0 /
+reshape_and_cache, paged_decode_attention), ``gemm`` (linear), ``int8`` (Int8Weight), ``gguf_quant`` (GGUFWeight: GGUF Q4_0 /
 Q4_1 / Q5_0 / Q8_0 / K-quant blocks kept quantized, gguf_linear, gguf_embedding), ``reference`` (the pure-torch
 references), ``bench`` (``python -m engine.ops.bench``), ``varlen_attention`` (the paged varlen attention of steps with a
 prefill: a Triton kernel, ``varlen_attention_kernel``), ``skinny_gemm`` (the one-row Triton GEMV inside the decode
@@ -30,7 +30,7 @@ CUDA graphs, reached through ``gemm.linear``). This file only re-exports their p
 
 from engine.ops import reference
 from engine.ops.attention import paged_decode_attention, reshape_and_cache, token_positions_and_slots
-from engine.ops.gemm import linear, linear_into, linear_silu_and_mul
+from engine.ops.gemm import linear, linear_into
 from engine.ops.gguf_quant import GGUFSegments, GGUFWeight, gguf_embedding, gguf_isa, gguf_isas, gguf_linear
 from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
@@ -58,7 +58,6 @@ __all__ = [
     "rotary_and_cache",
     "silu_and_mul",
     "linear",
-    "linear_silu_and_mul",
     "Int8Weight",
     "GGUFWeight",
     "GGUFSegments",

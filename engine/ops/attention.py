@@ -154,7 +154,6 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     part_tokens: int = 0,
-    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: q [B, nh, hd] (one token per sequence; strided views fine, last dim contiguous)
     over the first context_lens[b] tokens of the caches [num_blocks, block_size, nkv, hd] through
@@ -169,11 +168,7 @@ def paged_decode_attention(
     width x block size: an eager step's longest context); > 0 fixes them at that many tokens over the whole
     capacity (the partitions past each sequence's context exit at once); < 0 cuts each sequence's context on the
     device into -part_tokens partitions of at least 32 tokens (CUDA graphs: their table is as wide as the longest
-    possible context).
-
-    counters (CUDA): int32 zeros of at least B x num_heads entries, on q's device, that the call leaves zero; with
-    them the last partition of each (sequence, heads of one KV head) to finish merges the partitions, without a
-    second kernel (the decode CUDA graphs own one such buffer). Calls that may run at the same time need their own."""
+    possible context)."""
     if native_lib is None:
         y = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
         return y if out is None else out.copy_(y)
@@ -202,17 +197,12 @@ def paged_decode_attention(
         n_ws = native_lib.cuda_paged_decode_attention_workspace(B, nh, cshape[2], hd, btshape[1] * cshape[1],
                                                                 part_tokens, dev)
         ws = torch.empty(n_ws, dtype=torch.float32, device=q.device) if n_ws else None
-        if counters is not None and (counters.dtype != torch.int32 or counters.device != q.device
-                                     or not counters.is_contiguous() or counters.numel() < B * nh):
-            fail("paged_decode_attention", f"counters must be contiguous int32 on {q.device} with at least "
-                 f"B x num_heads = {B * nh} entries, got {counters.dtype} {list(counters.shape)} on {counters.device}")
         native_lib.cuda_paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
                                                k_cache.data_ptr(), v_cache.data_ptr(),
                                                block_tables.data_ptr(), block_tables.stride(0), btshape[1],
                                                context_lens.data_ptr(), B, nh, cshape[2], hd, cshape[1],
-                                               scale, ws.data_ptr() if n_ws else 0, n_ws, part_tokens,
-                                               counters.data_ptr() if counters is not None else 0,
-                                               counters.numel() if counters is not None else 0, dev, raw_stream(q))
+                                               scale, ws.data_ptr() if n_ws else 0, n_ws, part_tokens, dev,
+                                               raw_stream(q))
     else:
         if not (q.is_cpu and k_cache.is_cpu and v_cache.is_cpu and block_tables.is_cpu and context_lens.is_cpu
                 and out.is_cpu):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine import envs
 from engine.ops import skinny_gemm
 from engine.ops.gguf_quant import GGUFSegments, GGUFWeight, gguf_linear
 from engine.ops.int8 import Int8Weight
@@ -24,7 +23,6 @@ from engine.ops.native import (
     mode,
     native_lib,
 )
-from engine.ops.norm import silu_and_mul
 
 # Rows of x (M) from which a bfloat16 CPU call goes to torch's F.linear (oneDNN) on CPUs with AMX-BF16 (native.
 # amx_bf16(); not under set_batch_invariant). Measured side by side on the 2-core Sapphire Rapids dev machine
@@ -68,16 +66,6 @@ def _torch_linear(x, weight, bias, out):
     if bias is None:
         return torch.mm(x, weight.t(), out=out)
     return torch.addmm(bias, x, weight.t(), out=out)
-
-
-def linear_silu_and_mul(x: torch.Tensor, weight) -> torch.Tensor:
-    """silu_and_mul(linear(x, weight)): the MLP's gate_up projection (weight [2I, K] = [gate | up], no bias) and
-    its activation, [T, K] -> [T, I]. One kernel where the one-row GEMV runs (inside the decode CUDA graphs: the
-    GEMV applies the activation before its store, with the two kernels' rounding); linear then silu_and_mul
-    elsewhere."""
-    if envs.KESTREL_GATED_GEMV != "off" and skinny_gemm.wanted(x, weight, None) and weight.shape[0] % 2 == 0:
-        return skinny_gemm.skinny_linear(x, weight, gated=True)
-    return silu_and_mul(linear(x, weight))
 
 
 def _validate_linear(op, x, weight, bias, out) -> None:

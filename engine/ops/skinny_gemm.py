@@ -5,15 +5,11 @@ shapes, weights read from memory (not L2): 3.63 against 3.33 TB/s (qkv 6144 x 40
 3.0 TB/s on down), so those stay with cuBLAS (`kestrel bench gpu`, engine/bench/decode.py, measures both).
 
 The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at the end (no shuffle per tile).
-Gated (the MLP's gate_up projection, ops.linear_silu_and_mul): each program computes the gate and the up rows of
-the same outputs and applies silu(gate) * up before its store, so silu_and_mul's kernel and the [1, 2I] round trip
-are gone from the decode step. (An earlier variant applied the activation as the down projection loaded its input:
-each of its programs recomputed the whole row's activation, and it measured slower, 36.8 against 33.3 us.)
 
 Launched as a programmatic dependent (PDL, sm_90+): the kernels before it in a decode step (norms, silu_and_mul,
 decode attention: csrc/cuda/common.cuh allow_dependent_launch) let it launch as they start, so its programs are
-resident and waiting (griddepcontrol.wait) when they finish, instead of launching after; the GEMV allows the same
-to the GEMV after it (the down projection after the gated gate_up). ``KESTREL_PDL=off`` turns it off.
+resident and waiting (griddepcontrol.wait) when they finish, instead of launching after; ``KESTREL_PDL=off`` turns
+it off.
 
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
@@ -40,7 +36,6 @@ class SkinnyConfig:
 
 
 GEMV_CONFIG = SkinnyConfig(8, 512, 4, 3)  # within 2% of the best candidate on every 8B shape (H200)
-GATED_CONFIG = SkinnyConfig(4, 512, 4, 3)  # 4 gate + 4 up rows: the plain GEMV's 8 rows per program
 
 _depth = 0  # for_graphs() nesting with the kernels enabled
 
@@ -60,7 +55,7 @@ def for_graphs() -> Iterator[None]:
 def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether ``linear`` hands this call to the GEMV kernel: within for_graphs(), CUDA, a 2-D x of one row with a
     contiguous last dim, a contiguous bf16 / fp16 weight of x's dtype (bias too)."""
-    return bool(_depth and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and isinstance(weight, torch.Tensor)
+    return bool(_depth and x.is_cuda and x.dim() == 2 and x.shape[0] == 1
                 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and weight.dim() == 2
                 and weight.shape[1] == x.shape[1] and weight.is_contiguous() and x.stride(1) == 1
                 and weight.device == x.device
@@ -69,32 +64,22 @@ def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  out: torch.Tensor | None = None, config: SkinnyConfig | None = None, gated: bool = False
-                  ) -> torch.Tensor:
+                  out: torch.Tensor | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias for x [1, K] (last dim contiguous), weight [N, K] contiguous; returns ``out`` ([1, N],
-    contiguous) or a new tensor. gated: weight [2N, K] = [gate | up] without bias, and y [1, N] =
-    silu_and_mul(x @ weight^T) with the rounding of the two kernels it replaces. Triton (CUDA, or the interpreter
-    on the CPU in tests)."""
+    contiguous) or a new tensor. Triton (CUDA, or the interpreter on the CPU in tests)."""
     from engine.ops import skinny_gemm_kernel as kern
 
     M, K = x.shape
     N = weight.shape[0]
     if M != 1:
         raise ValueError(f"skinny_linear: x has {M} rows; the GEMV takes one")
-    if gated:
-        if N % 2 or bias is not None:
-            raise ValueError(f"skinny_linear: a gated call takes a [gate | up] weight of even rows and no bias, "
-                             f"got {list(weight.shape)}{' and a bias' if bias is not None else ''}")
-        N //= 2
     if out is None:
         out = torch.empty(1, N, dtype=x.dtype, device=x.device)
-    cfg = config or (GATED_CONFIG if gated else GEMV_CONFIG)
+    cfg = config or GEMV_CONFIG
     grid = (-(-N // cfg.block_n),)
     pdl = _pdl(x.device)
     kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out, N, K, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, GATED=gated, PDL=pdl, TRIGGER=pdl and kern.CAN_TRIGGER,
-                           BLOCK_N=cfg.block_n,
-                           BLOCK_K=cfg.block_k,
+                           EVEN_K=K % cfg.block_k == 0, PDL=pdl, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}))
     return out
 

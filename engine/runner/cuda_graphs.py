@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine import envs
 from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.ops import skinny_gemm
 
@@ -62,7 +61,7 @@ class DecodeGraphs:
 
     def __init__(self, forward: Callable[[torch.Tensor, AttentionMetadata], torch.Tensor], device: torch.device,
                  sizes: Sequence[int], max_blocks_per_seq: int, block_size: int, num_kv_heads: int,
-                 capture: bool = True, num_heads: int = 0):
+                 capture: bool = True):
         self.forward = forward
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
@@ -76,10 +75,6 @@ class DecodeGraphs:
         self.longs = torch.zeros(3 * cap, dtype=torch.long, device=device)
         self.ints = torch.zeros(cap * (1 + self.width), dtype=torch.int32, device=device)
         pin = device.type == "cuda"
-        # the decode attention's merge counters (ops.paged_decode_attention), one per (row, query head) at most:
-        # every layer of every bucket uses them in turn on the graphs' one stream, each call leaving them zero
-        merge_by_last = pin and num_heads > 0 and envs.KESTREL_DECODE_MERGE != "kernel"
-        self.merge_counters = torch.zeros(cap * num_heads, dtype=torch.int32, device=device) if merge_by_last else None
         self.host_longs = torch.zeros(3 * cap, dtype=torch.long, pin_memory=pin)
         self.host_ints = torch.zeros(cap * (1 + self.width), dtype=torch.int32, pin_memory=pin)
         self._longs_np = self.host_longs.numpy()
@@ -100,8 +95,7 @@ class DecodeGraphs:
         meta = AttentionMetadata(positions=positions, slot_mapping=slots, num_decode_tokens=b, seqs=[],
                                  block_tables=table, seq_lens=context_lens, query_start_loc=None,
                                  decode_block_tables=table, decode_context_lens=context_lens,
-                                 decode_part_tokens=partition_tokens(b, self.num_kv_heads, self.sm_count),
-                                 decode_counters=self.merge_counters)
+                                 decode_part_tokens=partition_tokens(b, self.num_kv_heads, self.sm_count))
         return ids, meta
 
     def bucket(self, n: int) -> int | None:

@@ -158,8 +158,7 @@ class ModelRunner:
         """Capture the decode graphs (engine/runner/cuda_graphs.py) over the allocated KV cache; start-up's last
         step, timed and reported. ``capture=False`` sets up the same bucketed path to run eagerly (tests)."""
         sizes = self.graph_sizes or capture_sizes(self.config.max_num_seqs)
-        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, *self._decode_table(), capture=capture,
-                                   num_heads=self.model.layers[0].self_attn.attn.num_heads)
+        self.graphs = DecodeGraphs(self._decode_forward, self.device, sizes, *self._decode_table(), capture=capture)
         self.graphs.capture(lambda what: progress.report("capturing", what))
 
     def _decode_forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -42,50 +42,6 @@ def test_random_shapes(seed, dtype):
         assert ((y.float() - ref).abs() <= tol).all(), (N, K)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("seed", range(3))
-def test_gated_equals_linear_then_silu_and_mul(seed, dtype):
-    """The gated GEMV (gate and up rows of the same outputs in one program, silu(gate) * up before the store)
-    against the float32 product and activation: within the roundings of the two kernels it replaces (the gate's
-    error grows by silu's slope times the gate, the up's, the activation's and the output's by one each)."""
-    rng = random.Random(100 + seed)
-    eps = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10  # an ulp, relative (the interpreter truncates)
-    for _ in range(2):
-        inter, K = rng.choice([8, 20, 36]), rng.choice([64, 128, 96, 200])
-        g = torch.Generator().manual_seed(rng.randrange(1 << 30))
-        x = torch.randn(1, K, generator=g).to(dtype).to(DEV)
-        w = (torch.randn(2 * inter, K, generator=g) * 0.3).to(dtype).to(DEV)  # gates well into silu's curve
-        gu = x.float() @ w.float().t()
-        gate, up = gu[:, :inter], gu[:, inter:]
-        sig = torch.sigmoid(gate)
-        exact = gate * sig * up
-        slope = (sig * (1 + gate * (1 - sig))).abs()  # d silu / d gate
-        y = skinny_gemm.skinny_linear(x, w, config=SMALL, gated=True)
-        assert y.shape == (1, inter) and y.dtype == dtype
-        tol = 4 * eps * ((gate * sig * up).abs() + (slope * gate * up).abs()) + 1e-3
-        assert ((y.float() - exact).abs() <= tol).all(), (inter, K)
-        # the halves the right way round: swapping gate and up is far off
-        swapped = up * torch.sigmoid(up) * gate
-        assert ((y.float() - swapped).abs() > tol).any()
-    with pytest.raises(ValueError, match="even rows"):
-        skinny_gemm.skinny_linear(x, w[:-1], gated=True)
-    with pytest.raises(ValueError, match="bias"):
-        skinny_gemm.skinny_linear(x, w, torch.zeros(2 * inter, dtype=dtype, device=DEV), gated=True)
-
-
-def test_linear_silu_and_mul_routes_like_linear():
-    from engine import ops
-
-    x = torch.randn(1, 64, dtype=torch.bfloat16, device=DEV)
-    w = torch.randn(64, 64, dtype=torch.bfloat16, device=DEV) * 0.1
-    two_kernels = ops.silu_and_mul(ops.linear(x, w))
-    assert torch.equal(ops.linear_silu_and_mul(x, w), two_kernels)  # outside the graphs: the same two calls
-    with skinny_gemm.for_graphs():  # inside: one kernel on CUDA (the same rounding), the two calls on the CPU
-        torch.testing.assert_close(ops.linear_silu_and_mul(x, w).float(), two_kernels.float(), atol=0.02, rtol=0.02)
-        rows = torch.cat([x, x])
-        torch.testing.assert_close(ops.linear_silu_and_mul(rows, w), ops.silu_and_mul(ops.linear(rows, w)))
-
-
 def test_default_config_and_out():
     x, w, b, ref = _case(random.Random(9), 48, 1024, True, torch.bfloat16)
     out = torch.full((1, 48), float("nan"), dtype=torch.bfloat16, device=DEV)
