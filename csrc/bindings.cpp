@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cpu/gemm_pool.h"
 #include "cpu/gguf_ops.h"
 #include "cpu/ops.h"
 #ifdef KESTREL_WITH_CUDA
@@ -47,6 +48,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("linear_isas", &kestrel::cpu::linear_isas, "Levels the linear kernels can be forced to here");
   m.def("set_num_threads", &kestrel::cpu::set_num_threads, py::arg("n"), "Threads the CPU kernels may use");
   m.def("get_num_threads", &kestrel::cpu::get_num_threads);
+  m.def("gemm_on_pool", &kestrel::cpu::gemm_on_pool,
+        "Whether the GEMM regime runs on the linear pool (else OpenMP): KESTREL_GEMM_THREADS, or OMP_WAIT_POLICY");
 
   m.def("rms_norm", &kestrel::cpu::rms_norm, release(), py::arg("dtype"), py::arg("out"), py::arg("out_stride"),
         py::arg("x"), py::arg("x_stride"), py::arg("weight"), py::arg("T"), py::arg("H"), py::arg("eps"));

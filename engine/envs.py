@@ -98,6 +98,12 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         False, _flag,
         ("Set by the engine, not the user: marks that OMP_WAIT_POLICY came from KESTREL_OMP_PASSIVE, so the "
          "bench's llama.cpp peer drops it again (engine/bench/llamacpp_peer.py).")),
+    "KESTREL_GEMM_THREADS": (
+        "auto", _choice("auto", "pool", "openmp"),
+        ("Threads of the CPU GEMM regime (prefill: the float GEMM, the GGUF panels and their dequantization): pool "
+         "(the linear kernels' own workers, as decode uses), openmp (an OpenMP region per call) or auto (the pool "
+         "when OMP_WAIT_POLICY is passive, as the engine sets it, else OpenMP). Read by csrc/cpu/gemm_pool.cpp at "
+         "each call, so a benchmark compares both in one process.")),
     # -- tensor parallelism: start-up and workers ------------------------------------------------------------
     "KESTREL_TP_STARTUP_TIMEOUT_S": (
         1800.0, float,

@@ -397,7 +397,9 @@ void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_
 //    the caller never waits for a worker that has not started, so a busy machine costs at most the
 //    second core's help, not a time slice per call: measured 3.5 MB GEMV 0.2 ms -> 8 ms and a decode
 //    step 4x slower with an OpenMP region on the loaded 2-core dev machine).
-//  - GEMM regime (prefill): an OpenMP region, one contiguous range per thread. Prefill interleaves the
+//  - GEMM regime (prefill): one contiguous range per thread, on the pool when OpenMP's workers sleep
+//    between regions (gemm_pool.h gemm_on_pool: OMP_WAIT_POLICY=passive, the engine's default), else in an
+//    OpenMP region. With spinning workers (libgomp's default) the region is better: prefill interleaves the
 //    linears with OpenMP regions of torch (attention) and of the kernels above, whose idle workers
 //    spin for a while after each region; a separate pool's worker then finds its core taken and the
 //    linears ran at ~1.3 cores (prefill linears 421-469 ms against 291 ms with OMP_WAIT_POLICY=passive
@@ -454,6 +456,15 @@ void run_linear(const LinearTable& L, const LinearParams& p) {
 #endif
   if (nt <= 1) {
     L.linear(p, 0, N);
+    return;
+  }
+  if (M > L.gemv_max_m && !p.gemv_any_m && gemm_on_pool()) {  // one aligned range per thread, as below
+    LinearJob job;
+    job.table = &L;
+    job.p = &p;
+    job.cols = ((N + align - 1) / align + nt - 1) / nt * align;
+    pool_run(int(nt), (N + job.cols - 1) / job.cols, linear_chunk, &job);
+    if (job.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
     return;
   }
 #ifdef _OPENMP

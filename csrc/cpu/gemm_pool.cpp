@@ -23,7 +23,10 @@
 #define KESTREL_PAUSE() std::this_thread::yield()
 #endif
 
+#include <strings.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 namespace kestrel::cpu {
 namespace {
@@ -137,6 +140,17 @@ Pool* get_pool(int n) {
 }
 
 }  // namespace
+
+bool gemm_on_pool() {
+  static const bool passive = [] {  // libgomp reads its policy once, at start-up: so does this
+    const char* e = std::getenv("OMP_WAIT_POLICY");
+    return e != nullptr && strcasecmp(e, "passive") == 0;
+  }();
+  const char* f = std::getenv("KESTREL_GEMM_THREADS");
+  if (f != nullptr && strcasecmp(f, "pool") == 0) return true;
+  if (f != nullptr && strcasecmp(f, "openmp") == 0) return false;
+  return passive;
+}
 
 void pool_run(int threads, int64_t chunks, void (*fn)(void* ctx, int64_t chunk), void* ctx) {
   if (chunks <= 0) return;

@@ -20,4 +20,14 @@ namespace kestrel::cpu {
 // with another caller's job. fn must not throw.
 void pool_run(int threads, int64_t chunks, void (*fn)(void* ctx, int64_t chunk), void* ctx);
 
+// Whether the GEMM regime (prefill: the float GEMM, the GGUF panels and their dequantization) runs on this pool
+// too, rather than in OpenMP regions. With OpenMP's workers sleeping after each region (OMP_WAIT_POLICY=passive,
+// the engine's default: engine/__init__.py), every region wakes them again, and a prefill opens hundreds (on the
+// 2-core Zen 5 dev VM, whose idle vCPUs halt, the 1B Q4_0 prefill lost ~22%: 268-271 against 345 tok/s); the
+// pool's workers stay awake between calls. With spinning OpenMP workers (libgomp's default), sharing OpenMP's team
+// is faster (the workers would take this pool's cores: dispatch.cpp run_linear). KESTREL_GEMM_THREADS = pool /
+// openmp forces either (read at each call, so that a benchmark compares both in one process); auto or unset: by
+// OMP_WAIT_POLICY.
+bool gemm_on_pool();
+
 }  // namespace kestrel::cpu

@@ -1,6 +1,7 @@
 // Dispatcher of the GGUF linear kernels (gguf.h): ISA selection, argument validation, the two regimes and their
-// threads (the decode GEMV on the linear pool, gemm_pool.h; the prefill panels in an OpenMP region, as
-// dispatch.cpp's run_linear does and for the same reasons).
+// threads (the decode GEMV on the linear pool, gemm_pool.h; the prefill panels and the dequantization where
+// dispatch.cpp's run_linear puts its GEMM, for the same reasons: on the pool when OpenMP's workers sleep between
+// regions, gemm_on_pool, else in an OpenMP region).
 
 #include "gguf_ops.h"
 
@@ -8,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -206,6 +208,29 @@ void run_panels(const GGUFTable& G, const GGUFParams& p, const void* x_in, int64
   nt = std::min<int64_t>(nt, int64_t(est_us / kMinUs));
 #ifdef _OPENMP
   if (omp_in_parallel()) nt = 1;
+#endif
+  if (nt > 1 && gemm_on_pool()) {  // x's rows quantized in nt ranges, then the panels claimed one at a time
+    struct Job {
+      std::function<void(int64_t, int64_t)> quantize, panels;
+      int64_t M, nt;
+      std::atomic<bool> failed{false};
+    } job{quantize_rows, do_panels, M, nt};
+    pool_run(int(nt), nt, [](void* ctx, int64_t c) {
+      auto* j = static_cast<Job*>(ctx);
+      j->quantize(j->M * c / j->nt, j->M * (c + 1) / j->nt);
+    }, &job);
+    pool_run(int(nt), panels, [](void* ctx, int64_t c) {
+      auto* j = static_cast<Job*>(ctx);
+      try {
+        j->panels(c, c + 1);
+      } catch (...) {  // scratch allocation: reported once every panel has finished
+        j->failed.store(true, std::memory_order_relaxed);
+      }
+    }, &job);
+    if (job.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
+    return;
+  }
+#ifdef _OPENMP
   if (nt > 1) {
     bool failed = false;
 #pragma omp parallel num_threads(int(nt)) reduction(|| : failed)
@@ -290,13 +315,31 @@ void gguf_dequantize(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, i
   const uint8_t* base = ptr<const uint8_t>(w);
   char* o = ptr<char>(out);
   const size_t row_out = size_t(K) * (dtype == kFloat32 ? 4 : 2);
-  // ~1 ns per weight and thread: a thread gets at least 256k weights. An OpenMP team, like the torch GEMM that
-  // multiplies the panel next, so the same threads run both: on the linear pool instead, torch's spinning OpenMP
-  // threads took the pool's cores and the route ran ~1.5-2x slower at 16-64 rows (python -m engine.ops.bench
-  // --prefill-rows, SmolLM2 shapes).
+  // ~1 ns per weight and thread: a thread gets at least 256k weights. On the threads of the GEMM that multiplies
+  // the panel next (gemm_on_pool): on the linear pool while torch's OpenMP threads spun, they took the pool's
+  // cores and the route ran ~1.5-2x slower at 16-64 rows (python -m engine.ops.bench --prefill-rows, SmolLM2
+  // shapes).
   int64_t nt = std::min<int64_t>(get_num_threads(), N * K / (256 * 1024));
 #ifdef _OPENMP
   if (omp_in_parallel()) nt = 1;
+#endif
+  if (nt > 1 && gemm_on_pool()) {
+    struct Job {
+      const GGUFTable* G;
+      int qtype, dtype;
+      const uint8_t* base;
+      int64_t row_bytes, K, N, chunks;
+      char* o;
+      size_t row_out;
+    } job{&G, qtype, dtype, base, row_bytes, K, N, 2 * nt, o, row_out};
+    pool_run(int(nt), job.chunks, [](void* ctx, int64_t c) {
+      auto* j = static_cast<Job*>(ctx);
+      const int64_t n0 = j->N * c / j->chunks, n1 = j->N * (c + 1) / j->chunks;
+      j->G->dequantize(j->qtype, j->dtype, j->base, j->row_bytes, j->K, n0, n1, j->o + size_t(n0) * j->row_out);
+    }, &job);
+    return;
+  }
+#ifdef _OPENMP
   if (nt > 1) {
 #pragma omp parallel num_threads(int(nt))
     {
