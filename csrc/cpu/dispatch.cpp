@@ -204,21 +204,10 @@ void parallel_for(int64_t n, int64_t work_per_item, const F& f) {
 #endif
 }
 
-// f(i) for each i in [0, n), claimed one at a time by the caller and up to nt - 1 workers of the linear kernels'
-// pool (gemm_pool.h), as OpenMP's schedule(dynamic, 1) would: paged decode attention runs between the GEMVs of a
+// Paged decode attention runs on the linear kernels' pool (gemm_pool.h pool_for): it runs between the GEMVs of a
 // decode step, and an OpenMP team there left its threads spinning (libgomp's default wait policy) on the cores the
 // next GEMV's pool workers needed. Measured on the 2-core dev machine, 1B Llama Q4_0 with --quantization gguf,
 // batch-1 decode: 17.6-17.9 tok/s with OpenMP here, 26.4-27.1 on the pool (SmolLM2: the same within the noise).
-// f must not throw.
-template <class F>
-void pool_for(int nt, int64_t n, const F& f) {
-  if (nt <= 1 || n <= 1) {
-    for (int64_t i = 0; i < n; ++i) f(i);
-    return;
-  }
-  pool_run(nt, n, [](void* ctx, int64_t i) { (*static_cast<const F*>(ctx))(i); },
-           const_cast<void*>(static_cast<const void*>(&f)));
-}
 
 void check(bool ok, const char* msg) {
   if (!ok) throw std::invalid_argument(msg);
@@ -458,17 +447,10 @@ void run_linear(const LinearTable& L, const LinearParams& p) {
     L.linear(p, 0, N);
     return;
   }
-  if (M > L.gemv_max_m && !p.gemv_any_m && gemm_on_pool()) {  // one aligned range per thread, as below
-    LinearJob job;
-    job.table = &L;
-    job.p = &p;
-    job.cols = ((N + align - 1) / align + nt - 1) / nt * align;
-    pool_run(int(nt), (N + job.cols - 1) / job.cols, linear_chunk, &job);
-    if (job.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
-    return;
-  }
+  const bool gemm = M > L.gemv_max_m && !p.gemv_any_m;
+  const bool gemm_pool = gemm && gemm_on_pool();
 #ifdef _OPENMP
-  if (M > L.gemv_max_m && !p.gemv_any_m) {
+  if (gemm && !gemm_pool) {
     const int64_t chunks = (N + align - 1) / align;
     bool failed = false;
 #pragma omp parallel num_threads(int(nt)) reduction(|| : failed)
@@ -487,7 +469,8 @@ void run_linear(const LinearTable& L, const LinearParams& p) {
 #endif
   const double chunk_bytes =
       std::min(kLinearChunkMaxBytes, std::max(kLinearChunkMinBytes, bytes / double(kLinearChunksPerThread * nt)));
-  const int64_t blocks = std::max<int64_t>(1, int64_t(chunk_bytes / (row_bytes * double(align))));
+  const int64_t blocks = gemm_pool ? ((N + align - 1) / align + nt - 1) / nt  // GEMM: one aligned range per thread
+                                   : std::max<int64_t>(1, int64_t(chunk_bytes / (row_bytes * double(align))));
   LinearJob job;
   job.table = &L;
   job.p = &p;

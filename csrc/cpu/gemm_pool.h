@@ -20,6 +20,18 @@ namespace kestrel::cpu {
 // with another caller's job. fn must not throw.
 void pool_run(int threads, int64_t chunks, void (*fn)(void* ctx, int64_t chunk), void* ctx);
 
+// pool_run for a callable: f(i) for each i in [0, n), claimed one at a time by the caller and up to nt - 1 workers
+// (as OpenMP's schedule(dynamic, 1) would). f must not throw.
+template <class F>
+void pool_for(int nt, int64_t n, const F& f) {
+  if (nt <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  pool_run(nt, n, [](void* ctx, int64_t i) { (*static_cast<const F*>(ctx))(i); },
+           const_cast<void*>(static_cast<const void*>(&f)));
+}
+
 // Whether the GEMM regime (prefill: the float GEMM, the GGUF panels and their dequantization) runs on this pool
 // too, rather than in OpenMP regions. With OpenMP's workers sleeping after each region (OMP_WAIT_POLICY=passive,
 // the engine's default: engine/__init__.py), every region wakes them again, and a prefill opens hundreds (on the

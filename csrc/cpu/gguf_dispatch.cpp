@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -210,24 +209,16 @@ void run_panels(const GGUFTable& G, const GGUFParams& p, const void* x_in, int64
   if (omp_in_parallel()) nt = 1;
 #endif
   if (nt > 1 && gemm_on_pool()) {  // x's rows quantized in nt ranges, then the panels claimed one at a time
-    struct Job {
-      std::function<void(int64_t, int64_t)> quantize, panels;
-      int64_t M, nt;
-      std::atomic<bool> failed{false};
-    } job{quantize_rows, do_panels, M, nt};
-    pool_run(int(nt), nt, [](void* ctx, int64_t c) {
-      auto* j = static_cast<Job*>(ctx);
-      j->quantize(j->M * c / j->nt, j->M * (c + 1) / j->nt);
-    }, &job);
-    pool_run(int(nt), panels, [](void* ctx, int64_t c) {
-      auto* j = static_cast<Job*>(ctx);
+    pool_for(int(nt), nt, [&](int64_t c) { quantize_rows(M * c / nt, M * (c + 1) / nt); });
+    std::atomic<bool> failed{false};
+    pool_for(int(nt), panels, [&](int64_t q) {
       try {
-        j->panels(c, c + 1);
+        do_panels(q, q + 1);
       } catch (...) {  // scratch allocation: reported once every panel has finished
-        j->failed.store(true, std::memory_order_relaxed);
+        failed.store(true, std::memory_order_relaxed);
       }
-    }, &job);
-    if (job.failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
+    });
+    if (failed.load(std::memory_order_relaxed)) throw std::bad_alloc();
     return;
   }
 #ifdef _OPENMP
@@ -324,19 +315,11 @@ void gguf_dequantize(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, i
   if (omp_in_parallel()) nt = 1;
 #endif
   if (nt > 1 && gemm_on_pool()) {
-    struct Job {
-      const GGUFTable* G;
-      int qtype, dtype;
-      const uint8_t* base;
-      int64_t row_bytes, K, N, chunks;
-      char* o;
-      size_t row_out;
-    } job{&G, qtype, dtype, base, row_bytes, K, N, 2 * nt, o, row_out};
-    pool_run(int(nt), job.chunks, [](void* ctx, int64_t c) {
-      auto* j = static_cast<Job*>(ctx);
-      const int64_t n0 = j->N * c / j->chunks, n1 = j->N * (c + 1) / j->chunks;
-      j->G->dequantize(j->qtype, j->dtype, j->base, j->row_bytes, j->K, n0, n1, j->o + size_t(n0) * j->row_out);
-    }, &job);
+    const int64_t chunks = 2 * nt;
+    pool_for(int(nt), chunks, [&](int64_t c) {
+      const int64_t n0 = N * c / chunks, n1 = N * (c + 1) / chunks;
+      G.dequantize(qtype, dtype, base, row_bytes, K, n0, n1, o + size_t(n0) * row_out);
+    });
     return;
   }
 #ifdef _OPENMP
