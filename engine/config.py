@@ -115,12 +115,15 @@ class EngineConfig:
     dtype: str = _opt("Weights and activations dtype", default="auto",
                       choices=["auto", "float32", "bfloat16", "float16"])
     device: str = _opt("Device", default="auto", choices=["auto", "cpu", "cuda"])
-    quantization: str = _opt("Weights quantized while loading: none (the checkpoint's float weights, or its "
-                             "GGUF blocks dequantized to the dtype), int8 (weight-only, one scale per 32 "
-                             "weights; CPU) or gguf (a .gguf file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K linear weights kept as "
-                             "their blocks for the CPU kernels: about the file's size in memory, faster decode; "
-                             "greedy outputs may then change with batching)", default="none",
-                             choices=["none", "int8", "gguf"])
+    quantization: str = _opt("Weights quantized while loading: none (the checkpoint's own weights: float, or a GPTQ / "
+                             "AWQ / FP8 checkpoint's quantized ones; a GGUF file's blocks dequantized to the dtype), "
+                             "int8 (weight-only; CPU: one scale per 32 weights, GPU: one per output channel), int4 "
+                             "(GPU: weight-only, groups of 128 with a scale and zero point), fp8 (GPU with fp8 tensor "
+                             "cores, sm_89+: e4m3 weights with a scale per channel, activations quantized per token "
+                             "for prefills) or gguf (a .gguf file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K "
+                             "linear weights kept as their blocks for the CPU kernels: about the file's size in "
+                             "memory, faster decode; greedy outputs may then change with batching)", default="none",
+                             choices=["none", "int8", "int4", "fp8", "gguf"])
     max_model_len: int | None = _opt("Context length (default: the model's, capped at 8192)")
     block_size: int | None = _opt("KV-cache block size in tokens (default: 64 on a GPU, where the prefill "
                                   "attention kernel copies a key tile out of one block with TMA; 16 on the CPU)")
