@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine import ops
 from engine.ops.gguf_quant import GGUFSegments, fuse_rows
+from engine.weight_quant import Fp8Weight, IntCodes, IntWeight, concat_rows, quantize_int
 from engine.parallel.context import TPContext
+
+log = logging.getLogger(__name__)
+
+# What ``LinearBase.quantize`` makes of a float weight for the GPU kernels (--quantization int8 | int4 | fp8)
+INT4_GROUP = 128  # or the largest of 64 / 32 dividing K where 128 does not (SmolLM2's K = 576)
 
 
 def _param(shape, dtype) -> torch.nn.Parameter:
@@ -38,33 +46,95 @@ def load_gguf_blocks(weights, slices: list[tuple[str, int, int, int]], param: to
     return w
 
 
+def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], param: torch.nn.Parameter
+                          ) -> IntWeight | Fp8Weight | None:
+    """The weight as a GPTQ / AWQ / FP8 checkpoint stores it, packed for the GPU kernels, when ``param`` lives on a
+    GPU and the source has the slices quantized (``QuantizedWeights.quantized``: engine/loader/quantized.py); row
+    slices are stacked in order. ``param``'s float storage is then dropped. None (the caller loads float weights,
+    which that source dequantizes): another device, fp8 on a GPU without fp8 support (compute capability < 8.9),
+    or an act-order slice whose groups cannot be packed (logged)."""
+    get = getattr(weights, "quantized", None)
+    if get is None or param.device.type != "cuda":
+        return None
+    parts = [get(*s) for s in slices]
+    if any(p is None for p in parts):
+        return None
+    try:
+        w = concat_rows(parts)
+        if isinstance(w, Fp8Weight) and torch.cuda.get_device_capability(param.device) < (8, 9):
+            log.info("%s: fp8 weights are dequantized to %s (this GPU has no fp8 support)", slices[0][0], param.dtype)
+            return None
+        packed = w.pack(w.scales.dtype) if isinstance(w, IntCodes) else w
+    except ValueError as e:
+        log.info("%s: loaded dequantized to %s (%s)", slices[0][0], param.dtype, e)
+        return None
+    if tuple(packed.shape) != tuple(param.shape):
+        raise ValueError(f"{slices[0][0]}: quantized weight of shape {tuple(packed.shape)} does not fit "
+                         f"{tuple(param.shape)}")
+    packed = packed.to(param.device)
+    param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+    return packed
+
+
+def quantize_for_gpu(w: torch.Tensor, mode: str) -> IntWeight | Fp8Weight | None:
+    """--quantization on a GPU: int8 (symmetric, one scale per output channel), int4 (asymmetric, groups of
+    INT4_GROUP, or 64 / 32 where K needs), fp8 (e4m3, one scale per output channel). None where K does not allow."""
+    k = w.shape[1]
+    if mode == "fp8":
+        return Fp8Weight.quantize(w, "channel")
+    if mode == "int8":
+        return quantize_int(w, 8, None, symmetric=True).pack()
+    if mode == "int4":
+        group = next((g for g in (INT4_GROUP, 64, 32) if k % g == 0), None)
+        return None if group is None else quantize_int(w, 4, group, symmetric=False).pack()
+    raise ValueError(f"unknown quantization {mode!r}")
+
+
 class LinearBase(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
         super().__init__()
         self.weight = _param((out_features, in_features), dtype)
         self.bias = _param((out_features,), dtype) if bias else None
 
-    int8: ops.Int8Weight | None = None  # set by quantize_int8(); then the float weight is dropped
+    # Quantized weights, then the float weight is dropped: ops.Int8Weight (CPU, quantize_int8), or for the GPU
+    # kernels (engine/ops/quant_linear.py) an IntWeight (GPTQ / AWQ checkpoints, --quantization int8 | int4) or an
+    # Fp8Weight (FP8 checkpoints, --quantization fp8).
+    quant: ops.Int8Weight | IntWeight | Fp8Weight | None = None
     # GGUF blocks kept as the file stores them (CPU, a type with a kernel: engine/ops/gguf_quant.py); then the
     # float weight is dropped. A fused weight whose parts differ in type (a Q4_K_M file's q/k Q4_K, v Q6_K) holds
     # one GGUFWeight per run of one type (GGUFSegments), each computed on by its own native call.
     gguf: ops.GGUFWeight | GGUFSegments | None = None
 
     @property
-    def matmul_weight(self) -> torch.Tensor | ops.Int8Weight | ops.GGUFWeight | GGUFSegments:
+    def matmul_weight(self) -> torch.Tensor | ops.Int8Weight | IntWeight | Fp8Weight | ops.GGUFWeight | GGUFSegments:
         if self.gguf is not None:
             return self.gguf
-        return self.weight if self.int8 is None else self.int8
+        return self.weight if self.quant is None else self.quant
 
     def quantize_int8(self) -> bool:
         """Replace the weight by int8 groups of 32 (where K allows); True when done. GGUF blocks stay as they are."""
         if self.gguf is not None:
             return False
-        if self.int8 is not None or not ops.Int8Weight.supports(self.weight):
-            return self.int8 is not None
-        self.int8 = ops.Int8Weight.quantize(self.weight.data)
-        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+        if self.quant is not None or not ops.Int8Weight.supports(self.weight):
+            return isinstance(self.quant, ops.Int8Weight)
+        self.quant = ops.Int8Weight.quantize(self.weight.data)
+        self._drop_float()
         return True
+
+    def quantize(self, mode: str) -> bool:
+        """--quantization int8 | int4 | fp8 on a GPU (``quantize_for_gpu``); True when done. A checkpoint's own
+        quantized weights stay as they are."""
+        if self.quant is not None or self.gguf is not None:
+            return False
+        q = quantize_for_gpu(self.weight.data, mode)
+        if q is None:
+            return False
+        self.quant = q
+        self._drop_float()
+        return True
+
+    def _drop_float(self) -> None:
+        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # engine.ops.linear: native GEMV / GEMM on CPU (torch's F.linear is pathological there at decode
@@ -72,9 +142,12 @@ class LinearBase(torch.nn.Module):
         return ops.linear(x, self.matmul_weight, self.bias)
 
     def _load_quantized(self, weights, slices: list[tuple[str, int, int, int]]) -> bool:
-        """``load_gguf_blocks`` into this layer; False: the caller loads float weights as usual."""
+        """``load_gguf_blocks`` or ``load_checkpoint_quant`` into this layer; False: the caller loads float weights
+        as usual."""
         self.gguf = load_gguf_blocks(weights, slices, self.weight)
-        return self.gguf is not None
+        if self.gguf is None:
+            self.quant = load_checkpoint_quant(weights, slices, self.weight)
+        return self.gguf is not None or self.quant is not None
 
     def _copy_bias_rows(self, parts: list[tuple[str, torch.Tensor]]) -> None:
         row = 0

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from engine.ops import skinny_gemm
 from engine.ops.gguf_quant import GGUFSegments, GGUFWeight, gguf_linear
 from engine.ops.int8 import Int8Weight
+from engine.ops.quant_linear import Fp8Weight, IntWeight, quant_linear
 from engine.ops.native import (
     amx_bf16,
     check_contiguous,
@@ -87,18 +88,22 @@ def _validate_linear(op, x, weight, bias, out) -> None:
         check_last_contiguous(op, "out", out)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight | GGUFWeight | GGUFSegments, bias: torch.Tensor | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight | GGUFWeight | GGUFSegments | IntWeight | Fp8Weight,
+           bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias, like F.linear: x [..., K] (rows may be strided, last dim contiguous),
     weight [N, K] contiguous, bias [N] or None, all of one dtype; fp32 accumulation, one rounding.
     weight may be an Int8Weight (engine/ops/int8.py): int8 with a scale per group of 32, x's dtype out; or a
-    GGUFWeight / GGUFSegments (engine/ops/gguf_quant.py): GGUF blocks, computed on by gguf_linear.
+    GGUFWeight / GGUFSegments (engine/ops/gguf_quant.py): GGUF blocks, computed on by gguf_linear; or an IntWeight /
+    Fp8Weight (engine/ops/quant_linear.py: GPTQ / AWQ / FP8 checkpoints, --quantization int8 | int4 | fp8 on a GPU),
+    computed on by quant_linear.
 
     Returns `out`: a new [..., N] tensor unless given (then [M, N] for a 2-D x, rows may be strided;
     for x with more dims, a tensor that views as [M, N]). CPU calls run the native GEMV (decode, M <= 16)
     / GEMM kernels on up to set_num_threads() threads (fewer when the call is small), or the GEMV kernels at
     every M under set_batch_invariant; CUDA tensors (and CPU calls without engine._C, or bfloat16 ones of at
     least AMX_MIN_M rows on a CPU with AMX) go to torch's F.linear."""
+    if isinstance(weight, (IntWeight, Fp8Weight)):
+        return quant_linear(x, weight, bias, out)
     if isinstance(weight, Int8Weight):
         return _linear_int8(x, weight, bias, out)
     if isinstance(weight, (GGUFWeight, GGUFSegments)):

@@ -1,306 +1,24 @@
-"""Quantized linear weights for the GPU (and, dequantized, anywhere): integer codes with a scale and a zero point per
-group of K positions (GPTQ, AWQ, ``--quantization int8 | int4``), and float8 e4m3 weights with a per-tensor,
-per-channel or 128 x 128 block scale (FP8 checkpoints, ``--quantization fp8``).
-
-Three forms, one meaning:
-- ``IntCodes``: what a checkpoint reader (engine/loader/quantized.py) or the at-load quantizer produces, unpacked
-  on the CPU: ``codes`` uint8 [N, K], ``scales`` [N, G], ``zeros`` uint8 [N, G] (the code of 0.0), and GPTQ's
-  act-order ``g_idx`` [K] (the group of each K position) or None (position k is in group k // group). The weight is
-  ``(codes[n, k] - zeros[n, g]) * scales[n, g]`` with g the group of k. Sliced by rows or columns for tensor
-  parallelism, then packed.
-- ``IntWeight``: packed for the kernels (``IntCodes.pack``): 4 bits as int32 [N, K // 8] (position 8j + i in bits
-  4i..4i+3 of word j), 8 bits as uint8 [N, K]; act-order weights stored with their K positions sorted by group
-  (``perm``: x is gathered as x[:, perm] before the product), so every group is a contiguous run of ``group``
-  positions.
-- ``Fp8Weight``: e4m3 values [N, K] and float32 scales: [] (per tensor), [N] (per output channel) or
-  [ceil(N / 128), ceil(K / 128)] (blocks of 128 x 128, as DeepSeek / Qwen FP8 releases store them).
-
-``engine.ops.linear`` takes either where it takes a weight tensor: ``quant_linear`` below.
-"""
+"""The product with a quantized weight (the forms: engine/weight_quant.py): ``quant_linear``, reached through
+``engine.ops.linear``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-FP8_BLOCK = 128  # the block scales' tile (rows and columns)
+from engine.weight_quant import (FP8, FP8_BLOCK, FP8_MAX, Fp8Weight, IntCodes, IntWeight, QuantWeight, concat_rows,
+                                 quantize_int)
 
-
-def _group_index(k: int, group: int, g_idx: torch.Tensor | None) -> torch.Tensor:
-    return torch.arange(k) // group if g_idx is None else g_idx.long()
-
-
-@dataclass(frozen=True)
-class IntCodes:
-    codes: torch.Tensor       # uint8 [N, K], each < 2**bits
-    scales: torch.Tensor      # float [N, G]
-    zeros: torch.Tensor       # uint8 [N, G]: the code of 0.0 (2**(bits-1) for symmetric formats)
-    bits: int                 # 4 or 8
-    group: int                # K positions per group (K itself: one scale per output channel)
-    g_idx: torch.Tensor | None = None  # int [K]: each position's group (GPTQ act-order); None: k // group
-
-    def __post_init__(self):
-        n, k = self.codes.shape
-        if self.bits not in (4, 8):
-            raise ValueError(f"integer weights of {self.bits} bits: only 4 and 8 are supported")
-        if self.scales.dim() != 2 or self.scales.shape[0] != n or self.zeros.shape != self.scales.shape:
-            raise ValueError(f"scales {tuple(self.scales.shape)} / zeros {tuple(self.zeros.shape)} do not fit codes "
-                             f"{tuple(self.codes.shape)}")
-        if self.g_idx is None and (self.group <= 0 or -(-k // self.group) != self.scales.shape[1]):
-            raise ValueError(f"{self.scales.shape[1]} groups do not fit K = {k} in groups of {self.group}")
-        if self.g_idx is not None and self.g_idx.shape != (k,):
-            raise ValueError(f"g_idx of shape {tuple(self.g_idx.shape)} does not fit K = {k}")
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.codes.shape
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        g = _group_index(self.codes.shape[1], self.group, self.g_idx)
-        s = self.scales.float()[:, g]
-        z = self.zeros.float()[:, g]
-        return ((self.codes.float() - z) * s).to(dtype)
-
-    def rows(self, start: int, stop: int) -> IntCodes:
-        return replace(self, codes=self.codes[start:stop], scales=self.scales[start:stop],
-                       zeros=self.zeros[start:stop])
-
-    def cols(self, start: int, stop: int) -> IntCodes:
-        """K positions [start, stop): without act-order the slice must start and end on group edges."""
-        if self.g_idx is not None:
-            return replace(self, codes=self.codes[:, start:stop], g_idx=self.g_idx[start:stop])
-        k = self.codes.shape[1]
-        if self.group >= k:  # one group per output channel: any slice keeps it
-            return replace(self, codes=self.codes[:, start:stop], group=stop - start)
-        if start % self.group or (stop % self.group and stop != k):
-            raise ValueError(f"columns [{start}:{stop}] cut groups of {self.group}")
-        g0, g1 = start // self.group, -(-stop // self.group)
-        return replace(self, codes=self.codes[:, start:stop], scales=self.scales[:, g0:g1],
-                       zeros=self.zeros[:, g0:g1])
-
-    def pack(self, scale_dtype: torch.dtype = torch.float16) -> IntWeight:
-        """The kernels' form. Act-order: positions sorted by group; every group used must then have the same
-        number of positions (true of a whole GPTQ weight; a column slice of one may not: ValueError)."""
-        n, k = self.codes.shape
-        codes, scales, zeros, group, perm = self.codes, self.scales, self.zeros, self.group, None
-        if self.g_idx is not None:
-            g = self.g_idx.long()
-            if torch.equal(g, torch.arange(k) // group):
-                pass  # act-order off in effect: the plain layout
-            else:
-                perm = torch.argsort(g, stable=True)
-                used, counts = torch.unique_consecutive(g[perm], return_counts=True)
-                if not bool((counts == counts[0]).all()):
-                    raise ValueError("act-order groups of unequal size in this slice; load it dequantized")
-                group = int(counts[0])
-                codes, scales, zeros = codes[:, perm], scales[:, used], zeros[:, used]
-        if k % group:
-            raise ValueError(f"K = {k} is not a multiple of the group size {group}")
-        if self.bits == 4:
-            if k % 8:
-                raise ValueError(f"4-bit weights need K a multiple of 8, got {k}")
-            c = codes.to(torch.int32).reshape(n, k // 8, 8)
-            q = torch.zeros(n, k // 8, dtype=torch.int32)
-            for i in range(8):
-                q |= c[:, :, i] << (4 * i)
-        else:
-            q = codes.to(torch.uint8)
-        return IntWeight(q=q.contiguous(), scales=scales.to(scale_dtype).contiguous(), zeros=zeros.to(torch.uint8).contiguous(),
-                         bits=self.bits, group=group, k=k,
-                         perm=None if perm is None else perm.to(torch.int64).contiguous())
-
-
-@dataclass(frozen=True)
-class IntWeight:
-    q: torch.Tensor          # 4 bits: int32 [N, K // 8]; 8 bits: uint8 [N, K]
-    scales: torch.Tensor     # float16 / bfloat16 / float32 [N, K // group]
-    zeros: torch.Tensor      # uint8 [N, K // group]
-    bits: int
-    group: int
-    k: int
-    perm: torch.Tensor | None = None  # int64 [K]: the kernels take x[:, perm]
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.q.shape[0], self.k))
-
-    @property
-    def device(self) -> torch.device:
-        return self.q.device
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.zeros))
-
-    def to(self, device) -> IntWeight:
-        return replace(self, q=self.q.to(device), scales=self.scales.to(device), zeros=self.zeros.to(device),
-                       perm=None if self.perm is None else self.perm.to(device))
-
-    def codes(self) -> torch.Tensor:
-        """uint8 [N, K] in the stored (sorted) order."""
-        if self.bits == 8:
-            return self.q
-        shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=self.q.device)
-        c = (self.q.unsqueeze(-1) >> shifts) & 0xF
-        return c.reshape(self.q.shape[0], self.k).to(torch.uint8)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """[N, K] in the checkpoint's order (torch ops: the reference of the kernels)."""
-        g = torch.arange(self.k, device=self.q.device) // self.group
-        w = (self.codes().float() - self.zeros.float()[:, g]) * self.scales.float()[:, g]
-        if self.perm is not None:
-            w = torch.empty_like(w).index_copy_(1, self.perm, w)
-        return w.to(dtype)
-
-
-def quantize_int(w: torch.Tensor, bits: int, group: int | None, symmetric: bool) -> IntCodes:
-    """Round to nearest, per group of ``group`` K positions (None: per output channel). Symmetric: scale absmax /
-    (2**(bits-1) - 1), zero code 2**(bits-1); asymmetric: the group's [min, max] (widened to hold 0) onto
-    [0, 2**bits - 1]. Scales are rounded to float16 first, so the codes fit the stored scale."""
-    n, k = w.shape
-    group = k if group is None else group
-    if k % group:
-        raise ValueError(f"K = {k} is not a multiple of the group size {group}")
-    g = w.detach().float().reshape(n, k // group, group)
-    top = 2 ** bits - 1
-    if symmetric:
-        half = 2 ** (bits - 1)
-        scales = (g.abs().amax(-1) / (half - 1)).half().float()
-        zeros = torch.full_like(scales, half)
-    else:
-        lo = g.amin(-1).clamp(max=0)
-        hi = g.amax(-1).clamp(min=0)
-        scales = ((hi - lo) / top).half().float()
-        zeros = torch.where(scales > 0, torch.round(-lo / scales), torch.zeros_like(scales)).clamp(0, top)
-    inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
-    codes = (torch.round(g * inv.unsqueeze(-1)) + zeros.unsqueeze(-1)).clamp_(0, top)
-    codes = torch.where(scales.unsqueeze(-1) > 0, codes, zeros.unsqueeze(-1))
-    return IntCodes(codes.reshape(n, k).to(torch.uint8), scales.half(), zeros.to(torch.uint8), bits, group)
-
-
-@dataclass(frozen=True)
-class Fp8Weight:
-    w: torch.Tensor       # float8_e4m3fn [N, K]
-    scale: torch.Tensor   # float32: [] per tensor, [N] per channel, [ceil(N/128), ceil(K/128)] per block
-
-    def __post_init__(self):
-        n, k = self.w.shape
-        ok = {(): True, (n,): True, (-(-n // FP8_BLOCK), -(-k // FP8_BLOCK)): True}
-        if tuple(self.scale.shape) not in ok:
-            raise ValueError(f"fp8 scale of shape {tuple(self.scale.shape)} fits neither a tensor, its {n} rows "
-                             f"nor its {FP8_BLOCK} x {FP8_BLOCK} blocks")
-
-    @property
-    def kind(self) -> str:
-        return {0: "tensor", 1: "channel", 2: "block"}[self.scale.dim()]
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.w.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.w.device
-
-    @property
-    def nbytes(self) -> int:
-        return self.w.numel() + 4 * self.scale.numel()
-
-    def to(self, device) -> Fp8Weight:
-        return Fp8Weight(self.w.to(device), self.scale.to(device))
-
-    def row_scales(self) -> torch.Tensor:
-        """float32 [N]: the scale of each output channel (per tensor: repeated). Not for block scales."""
-        if self.kind == "block":
-            raise ValueError("block-scaled fp8 weights have no scale per channel")
-        return self.scale.float().expand(self.w.shape[0]).contiguous() if self.kind == "tensor" else self.scale
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        w = self.w.float()
-        if self.kind == "block":
-            n, k = w.shape
-            s = self.scale.float().repeat_interleave(FP8_BLOCK, 0)[:n].repeat_interleave(FP8_BLOCK, 1)[:, :k]
-        elif self.kind == "channel":
-            s = self.scale.float()[:, None]
-        else:
-            s = self.scale.float()
-        return (w * s).to(dtype)
-
-    def rows(self, start: int, stop: int) -> Fp8Weight:
-        if self.kind == "tensor":
-            return Fp8Weight(self.w[start:stop], self.scale)
-        if self.kind == "channel":
-            return Fp8Weight(self.w[start:stop], self.scale[start:stop])
-        _check_block_edges(start, stop, self.w.shape[0], "rows")
-        return Fp8Weight(self.w[start:stop], self.scale[start // FP8_BLOCK:-(-stop // FP8_BLOCK)])
-
-    def cols(self, start: int, stop: int) -> Fp8Weight:
-        if self.kind != "block":
-            return Fp8Weight(self.w[:, start:stop], self.scale)
-        _check_block_edges(start, stop, self.w.shape[1], "columns")
-        return Fp8Weight(self.w[:, start:stop], self.scale[:, start // FP8_BLOCK:-(-stop // FP8_BLOCK)])
-
-    @classmethod
-    def quantize(cls, w: torch.Tensor, per: str = "channel") -> Fp8Weight:
-        """absmax / 448 per output channel (or per tensor), rounded to e4m3 (torch's cast: to nearest, even)."""
-        wf = w.detach().float()
-        amax = wf.abs().amax(dim=1) if per == "channel" else wf.abs().amax()
-        scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-        q = (wf / (scale[:, None] if per == "channel" else scale)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-        return cls(q.contiguous(), scale.float())
-
-
-def _check_block_edges(start: int, stop: int, size: int, what: str) -> None:
-    if start % FP8_BLOCK or (stop % FP8_BLOCK and stop != size):
-        raise ValueError(f"{what} [{start}:{stop}] cut the fp8 weight's {FP8_BLOCK} x {FP8_BLOCK} scale blocks")
-
-
-def concat_rows(parts: list[IntCodes | Fp8Weight]) -> IntCodes | Fp8Weight:
-    """Row blocks stacked in order (q/k/v into one qkv weight, gate/up): one format, group and K for all."""
-    first = parts[0]
-    if len(parts) == 1:
-        return first
-    if isinstance(first, Fp8Weight):
-        if any(not isinstance(p, Fp8Weight) or p.kind != first.kind for p in parts):
-            raise ValueError("fused fp8 parts with different scale kinds")
-        w = torch.cat([p.w for p in parts])
-        if first.kind == "channel":
-            return Fp8Weight(w, torch.cat([p.scale for p in parts]))
-        if first.kind == "block":
-            if any(p.w.shape[0] % FP8_BLOCK for p in parts[:-1]):
-                raise ValueError("fused fp8 parts whose rows cut the scale blocks")
-            return Fp8Weight(w, torch.cat([p.scale for p in parts]))
-        # per tensor, different scales: per channel with each part's scale repeated (no precision lost)
-        return Fp8Weight(w, torch.cat([p.scale.float().expand(p.w.shape[0]) for p in parts]))
-    if any(not isinstance(p, IntCodes) or (p.bits, p.group, p.codes.shape[1]) != (first.bits, first.group,
-                                                                                    first.codes.shape[1])
-           for p in parts):
-        raise ValueError("fused integer parts with different bits, groups or K")
-    if first.g_idx is not None and any(p.g_idx is None or not torch.equal(p.g_idx, first.g_idx) for p in parts):
-        raise ValueError("fused act-order parts with different g_idx")
-    return replace(first, codes=torch.cat([p.codes for p in parts]), scales=torch.cat([p.scales for p in parts]),
-                   zeros=torch.cat([p.zeros for p in parts]))
-
-
-QuantWeight = IntWeight | Fp8Weight
-
-
-# ------------------------------------------------------------------------------------------------------------
-# the product
-
-SKINNY_MAX_M = 16  # rows up to which CUDA calls run the fused dequantize-and-multiply kernel
+__all__ = ["FP8", "FP8_BLOCK", "FP8_MAX", "Fp8Weight", "IntCodes", "IntWeight", "QuantWeight", "concat_rows",
+           "quant_linear", "quantize_int"]
 
 
 def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ W^T + bias with W the weight dequantized; x [..., K] of the compute dtype. CUDA: up to SKINNY_MAX_M
-    rows the Triton kernel that reads the packed weight once (engine/ops/quant_linear_kernel.py); more rows (a
-    prefill) per-channel / per-tensor fp8 on a GPU with fp8 tensor cores through ``torch._scaled_mm`` with x
-    quantized per token, else the weight dequantized into x's dtype by a kernel and torch's GEMM. Elsewhere (CPU):
-    dequantized by torch ops for the call."""
+    """y = x @ W^T + bias with W the weight dequantized; x [..., K] of the compute dtype. CUDA: up to FUSED_MAX_M
+    rows (decode batches) the Triton kernel that reads the packed weight once and dequantizes it in registers
+    (engine/ops/quant_linear_kernel.py); more rows (a prefill): per-channel / per-tensor fp8 on a GPU with fp8
+    tensor cores through ``torch._scaled_mm`` with x quantized per token, else the weight dequantized into x's
+    dtype by a kernel, then torch's GEMM. Elsewhere (CPU): dequantized by torch ops for the call."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"linear: x's last dim {x.shape[-1]} does not match the quantized weight's K {k}")
@@ -310,8 +28,8 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
     if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
         from engine.ops import quant_linear_triton as kern
 
-        if x.shape[0] <= SKINNY_MAX_M and kern.supported(weight):
-            return kern.skinny(x, weight, bias, out)
+        if x.shape[0] <= kern.FUSED_MAX_M and kern.supported(weight):
+            return kern.fused(x, weight, bias, out)
         if isinstance(weight, Fp8Weight) and kern.scaled_mm_fits(x, weight):
             return _put(kern.fp8_scaled_mm(x, weight, bias), out)
         w = kern.dequantize(weight, x.dtype)  # in the checkpoint's order of K

@@ -34,17 +34,16 @@ def quant_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm
                     stride_zn, CODE: tl.constexpr, GROUP: tl.constexpr, S_ROWS: tl.constexpr,
                     HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y[:M] = x[:M] @ W^T (+ bias) for M <= BLOCK_M rows: each program streams BLOCK_N rows of the packed weight
-    once. Per group the codes themselves go through the tensor cores (exact in x's dtype: integers below 256, or
+    """y = x @ W^T (+ bias), x [M, K]: program (i, j) computes rows j * BLOCK_M .. of output columns i * BLOCK_N ..,
+    streaming those BLOCK_N rows of the packed weight once (decode batches: one program row, M <= BLOCK_M). Per group the codes themselves go through the tensor cores (exact in x's dtype: integers below 256, or
     e4m3 values), and the group's scale and zero are applied to the group's partial sums:
     sum_k x_k (c_k - z) s = s * (sum_k x_k c_k - z * sum_k x_k). BLOCK_K divides GROUP, GROUP divides K.
     F32_DOT: the products in float32 (Triton's interpreter, whose bf16 dot is wrong; same values)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
-    rm = tl.arange(0, BLOCK_M)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mmask = rm < M
     srow = rn // S_ROWS
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

@@ -8,19 +8,28 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.ops.quant_linear import FP8, FP8_BLOCK, Fp8Weight, IntWeight, QuantWeight
+from engine.weight_quant import FP8, FP8_BLOCK, Fp8Weight, IntWeight, QuantWeight
 from engine.ops.skinny_gemm import _pdl
 
 
 @dataclass(frozen=True)
 class QuantConfig:
+    block_m: int
     block_n: int
     block_k: int  # at most; the launch takes the largest power of two <= this that divides the group
     num_warps: int = 4
     num_stages: int = 4
 
 
-SKINNY_CONFIG = QuantConfig(32, 128, 4, 4)
+FUSED_MAX_M = 256  # rows up to which the fused kernel runs (beyond, a prefill: dequantize once, then the GEMM)
+
+
+def config_for(m: int) -> QuantConfig:
+    if m <= 16:
+        return QuantConfig(16, 32, 128, 4, 4)
+    if m <= 32:
+        return QuantConfig(32, 64, 128, 4, 3)
+    return QuantConfig(64, 64, 64, 4, 3)
 
 
 @dataclass(frozen=True)
@@ -70,14 +79,15 @@ def supported(weight: QuantWeight) -> bool:
     return block_k_for(lay.group, lay.code, 128) is not None
 
 
-def skinny(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           config: QuantConfig | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 16, last dim contiguous, bf16 / fp16) @ W^T (+ bias) -> out [M, N] (contiguous rows)."""
+def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+          config: QuantConfig | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 / fp16) @ W^T (+ bias) -> out [M, N] (rows may be strided, last dim contiguous), the weight
+    dequantized in registers (``config_for(M)`` unless given)."""
     from engine.ops import quant_linear_kernel as kern
 
     m, k = x.shape
     n = weight.shape[0]
-    cfg = config or SKINNY_CONFIG
+    cfg = config or config_for(m)
     lay = _layout(weight)
     bk = block_k_for(lay.group, lay.code, cfg.block_k)
     if bk is None:
@@ -89,11 +99,11 @@ def skinny(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = Non
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     pdl = _pdl(x.device)
-    kern.quant_mm_kernel[(-(-n // cfg.block_n),)](
+    kern.quant_mm_kernel[(-(-n // cfg.block_n), -(-m // cfg.block_m))](
         x, lay.q, lay.scales, lay.zeros_arg, bias if bias is not None else lay.scales, out, m, n, k, x.stride(0),
         out.stride(0), lay.stride_sn, lay.stride_sg, lay.stride_zn, CODE=lay.code, GROUP=lay.group,
         S_ROWS=lay.s_rows, HAS_ZERO=lay.zeros is not None, HAS_BIAS=bias is not None, PDL=pdl, F32_DOT=not x.is_cuda,
-        BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}))
     return out
 

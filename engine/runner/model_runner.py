@@ -82,13 +82,8 @@ class ModelRunner:
             weights.keep_quantized = True
         self.model.load_weights(weights)
         self.model.eval()
-        if config.quantization == "int8":
-            if self.device.type != "cpu":
-                from engine.errors import KestrelError
-                raise KestrelError("--quantization int8 runs on the CPU kernels; on a GPU load with "
-                                   "--quantization none")
-            n, total = self.model.quantize_int8()
-            log.info("int8 weights: %d of %d linear layers (the others have K not a multiple of 32)", n, total)
+        if config.quantization in ("int8", "int4", "fp8"):
+            self._quantize(config.quantization)
         # decode CUDA graphs: one GPU, not --enforce-eager (tensor parallelism waits for capturable all-reduces);
         # on the CPU, decode tapes of the native calls (engine/runner/cpu_tape.py), recorded by each bucket's first step
         replays = tp.size == 1 and not config.enforce_eager
@@ -106,6 +101,26 @@ class ModelRunner:
         self.penalties = PenaltyState(self.device)  # penalised requests' token counts (engine/layers/penalties.py)
         self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
         self.pooling_state: dict[str, torch.Tensor] = {}  # an embedding's pool over its chunks so far
+
+    def _quantize(self, mode: str) -> None:
+        """--quantization int8 on the CPU (its int8 kernels: groups of 32) or int8 / int4 / fp8 on a GPU (the
+        kernels of engine/ops/quant_linear.py), after the float weights are loaded."""
+        from engine.errors import KestrelError
+
+        if self.device.type == "cpu":
+            if mode != "int8":
+                raise KestrelError(f"--quantization {mode} runs on the GPU kernels; on the CPU use int8 (or gguf for "
+                                   "a .gguf file's blocks)")
+            n, total = self.model.quantize_int8()
+            log.info("int8 weights: %d of %d linear layers (the others have K not a multiple of 32)", n, total)
+            return
+        if mode == "fp8" and torch.cuda.get_device_capability(self.device) < (8, 9):
+            raise KestrelError("--quantization fp8 needs FP8 tensor cores (compute capability 8.9+: RTX 40-series, "
+                               "RTX 6000 Ada, L40, H100); use int8 or int4 on this GPU")
+        n, total = self.model.quantize_weights(mode)
+        log.info("%s weights: %d of %d linear layers and the LM head (the others keep %s)", mode, n, total,
+                 self.dtype)
+        torch.cuda.empty_cache()
 
     # -- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:

@@ -36,7 +36,7 @@ def test_int8_model_equals_transformers_on_dequantized_weights(arch, tiny_model_
         torch.testing.assert_close(llm.core.score(ids.tolist()), expected, atol=1e-4, rtol=1e-4)
         # and it really is the int8 path: the float weights are gone
         layer = llm.core.runner.model.layers[0]
-        assert layer.mlp.gate_up_proj.int8 is not None and layer.mlp.gate_up_proj.weight.numel() == 0
+        assert layer.mlp.gate_up_proj.quant is not None and layer.mlp.gate_up_proj.weight.numel() == 0
     finally:
         llm.close()
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.ops.quant_linear import FP8, Fp8Weight, IntCodes, IntWeight, concat_rows, quant_linear, quantize_int
+from engine.ops.quant_linear import quant_linear
+from engine.weight_quant import FP8, Fp8Weight, IntCodes, IntWeight, concat_rows, quantize_int
 
 triton = pytest.importorskip("triton")
 if torch.cuda.is_available():
@@ -124,20 +125,22 @@ CASES = [  # (name, n, k, weight factory)
 
 
 @pytest.mark.parametrize("name,n,k,make", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("m", [1, 5, 16])
-def test_skinny_kernel_against_reference(name, n, k, make, m):
+@pytest.mark.parametrize("m", [1, 5, 16, 40, 70])
+def test_fused_kernel_against_reference(name, n, k, make, m):
     gen = torch.Generator().manual_seed(n * k + m)
     weight = make(gen, n, k)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
     bias = torch.randn(n, generator=gen).to(torch.bfloat16) if m == 5 else None
     ref = _reference(x, weight.dequantize(), bias)
-    got = kern.skinny(x, weight, bias, config=kern.QuantConfig(32, 128))
+    got = kern.fused(x, weight, bias)
     scale = ref.abs().max().item()
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
     torch.testing.assert_close(got.float(), ref, atol=scale * 1e-2, rtol=1e-2)
-    out = torch.empty(m, n, dtype=torch.bfloat16)
-    assert kern.skinny(x, weight, bias, out=out) is out
+    wide = torch.zeros(m, n + 8, dtype=torch.bfloat16)  # strided output rows, another tile shape
+    out = wide[:, 4:4 + n]
+    assert kern.fused(x, weight, bias, out=out, config=kern.QuantConfig(16, 16, 32, 2, 2)) is out
     torch.testing.assert_close(out.float(), ref, atol=scale * 1e-2, rtol=1e-2)
+    assert not wide[:, :4].any() and not wide[:, 4 + n:].any()
 
 
 @pytest.mark.parametrize("name,n,k,make", CASES, ids=[c[0] for c in CASES])
