@@ -126,6 +126,12 @@ def cmd_bench_gpu(args) -> int:
     return bench_gpu(args)
 
 
+def cmd_bench_quant(args) -> int:
+    from engine.bench.quant import main as bench_quant
+
+    return bench_quant(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kestrel", description="Local LLM inference workstation")
     sub = parser.add_subparsers(dest="command")
@@ -162,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "against the GPU's measured limits")
     gpu_args(bg)
     bg.set_defaults(func=cmd_bench_gpu)
+    from engine.bench.quant import add_args as quant_args
+    bq = bsub.add_parser("quant", help="GPU quantization (int8 / int4 / fp8) against bf16 in one run: the kernels on "
+                                       "the Llama-3-8B shapes, then the engine's memory, TPOT and TTFT per mode")
+    quant_args(bq)
+    bq.set_defaults(func=cmd_bench_quant)
     from engine.server.args import add_serve_args
     s = _engine_parser(sub, "serve", "Serve the model over an OpenAI-compatible HTTP API")
     add_serve_args(s)
