@@ -91,8 +91,7 @@ def _candidates(m: int) -> list:
     from engine.ops.quant_linear_triton import QuantConfig
 
     if m <= 16:
-        return [QuantConfig(16, 16, 128, 4, 4), QuantConfig(16, 64, 128, 4, 4), QuantConfig(16, 32, 64, 4, 4),
-                QuantConfig(16, 32, 128, 8, 3), QuantConfig(16, 32, 256, 4, 3)]
+        return [QuantConfig(16, 16, 128, 4, 4), QuantConfig(16, 64, 128, 4, 4), QuantConfig(16, 32, 256, 4, 3)]
     return []
 
 
