@@ -41,7 +41,7 @@ class Checkpoint:
     generation_config: dict[str, Any]  # generation_config.json (temperature, top_p, ...) or {}
     weights: WeightSource
     tokenizer: "Tokenizer"
-    quantization: str | None = None  # GGUF: "Q4_1", "Q4_K_M", ...; None when not quantized
+    quantization: str | None = None  # GGUF: "Q4_1", "Q4_K_M", ...; "GPTQ int4 g128", "FP8 block 128x128", ...
 
     @property
     def name(self) -> str:
@@ -80,22 +80,25 @@ def _load_safetensors_dir(path: Path, validate: bool) -> Checkpoint:
         raise CheckpointError(path, "has no config.json")
     hf_config = read_json(config_file)
     qc = hf_config.get("quantization_config")
-    if isinstance(qc, dict) and qc.get("quant_method"):
-        raise CheckpointError(
-            config_file, f"describes a {qc['quant_method']}-quantized checkpoint, which Kestrel cannot load yet; "
-            "use the unquantized model or a GGUF file",
-        )
+    scheme = None
+    if isinstance(qc, dict) and qc.get("quant_method"):  # GPTQ / AWQ / FP8: engine/loader/quantized.py
+        from engine.loader.quantized import QuantizedWeights, parse_scheme
+
+        scheme = parse_scheme(qc, config_file)
     config = _config_from_hf(hf_config, config_file)
     gen_file = path / "generation_config.json"
     generation_config = read_json(gen_file) if gen_file.is_file() else {}
-    weights = SafetensorsWeights(path)
+    stored = SafetensorsWeights(path)
+    weights: WeightSource = stored if scheme is None else QuantizedWeights(
+        stored, scheme, hf_config.get("torch_dtype") or hf_config.get("dtype"))
     if validate:
         validate_weights(weights, config, "config.json")
     tokenizer = Tokenizer.from_dir(path, generation_config=generation_config,
                                    extra_eos_token_ids=config.eos_token_ids)
     return Checkpoint(
         path=path, format="safetensors", config=config, hf_config=hf_config,
-        generation_config=generation_config, weights=weights, tokenizer=tokenizer, quantization=None,
+        generation_config=generation_config, weights=weights, tokenizer=tokenizer,
+        quantization=None if scheme is None else scheme.name,
     )
 
 
