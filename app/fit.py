@@ -1,8 +1,11 @@
 """Will a model fit? An estimate per GPU of weights + KV cache for a chosen context + a fixed overhead,
 against the GPU's memory times the share the engine may use. Plain arithmetic, no I/O.
 
-Kestrel dequantizes GGUF weights at load today, so a quantized file takes its parameter count times the
-load dtype's width in memory, not its size on disk; ``weights_in_memory`` says which applies.
+Kestrel dequantizes GGUF weights at load unless asked to keep their blocks (--quantization gguf), so a quantized
+file takes its parameter count times the load dtype's width in memory, not its size on disk; and --quantization
+int8 / int4 / fp8 requantize the linear layers while loading. ``weights_bytes`` says what applies: the linear layers'
+parameters times the bytes a parameter takes in the chosen format, plus the token embedding, LM head and the rest
+(norms, biases) in the dtype.
 """
 
 from __future__ import annotations
@@ -14,7 +17,19 @@ from engine.config import tp_size_fits
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-INT8_BYTES_PER_PARAM = 1 + 4 / 32  # --quantization int8: int8 weights plus an fp32 scale per 32
+INT8_BYTES_PER_PARAM = 1 + 4 / 32  # --quantization int8 on the CPU: int8 weights plus an fp32 scale per 32
+# --quantization int8 on a GPU: int8 weights, one float16 scale + one uint8 zero per output channel (3 bytes a row:
+# negligible next to the row's K bytes). The LM head takes this form under every GPU mode (engine/layers/embedding.py
+# quantize_head: 4 bits or e4m3 would cost the logits more than the bytes they save)
+GPU_INT8_BYTES_PER_PARAM = 1.0
+INT4_BYTES_PER_PARAM = 0.5 + 3 / 128  # --quantization int4 (GPU): 4-bit codes, a float16 scale + uint8 zero per 128
+FP8_BYTES_PER_PARAM = 1.0  # --quantization fp8 (GPU): e4m3 weights, a float32 scale per output channel
+FP8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards
+FP8_REASON = "needs FP8 tensor cores (compute capability 8.9+: RTX 40-series, RTX 6000 Ada, L40, H100)"
+GPU_ONLY_QUANTIZATIONS = ("int4", "fp8")
+# checkpoints whose weights are already quantized (model_inspect: config.json's quantization_config.quant_method):
+# on a GPU they stay quantized (about the files' size); on the CPU they are dequantized to the dtype at load
+PREQUANTIZED_METHODS = ("GPTQ", "AWQ", "FP8")
 GPU_OVERHEAD = 1.0 * GIB  # CUDA context, activations, sampler buffers (rough)
 CPU_OVERHEAD = 0.5 * GIB
 
@@ -29,6 +44,7 @@ class ModelShape:
     vocab_size: int
     max_context: int | None = None
     intermediate_size: int | None = None  # the MLP's width (a TP size must divide it too)
+    tie_word_embeddings: bool | None = None  # the LM head is the token embedding; None: unknown (see param_split)
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelShape | None:
@@ -37,6 +53,7 @@ class ModelShape:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
             ffn = cfg.get("intermediate_size")
+            tied = cfg.get("tie_word_embeddings")
             return cls(
                 num_layers=int(cfg["num_hidden_layers"]),
                 num_attention_heads=heads,
@@ -46,6 +63,7 @@ class ModelShape:
                 vocab_size=int(cfg.get("vocab_size") or 0),
                 max_context=cfg.get("max_position_embeddings"),
                 intermediate_size=ffn if isinstance(ffn, int) and ffn > 0 else None,
+                tie_word_embeddings=tied if isinstance(tied, bool) else None,
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             return None
@@ -70,6 +88,14 @@ class ModelShape:
                        intermediate_size=int(ffn) if isinstance(ffn, int) and ffn > 0 else None)
         except (TypeError, ValueError, ZeroDivisionError):
             return None
+
+    def linear_params(self) -> int | None:
+        """Parameters of the linear layers (q, k, v, o, gate, up, down of every layer): the weights
+        --quantization int8 / int4 / fp8 quantize. None without the MLP's width."""
+        if not self.intermediate_size:
+            return None
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size)
 
     def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
         """K and V of every layer for one token, on one rank (KV heads are split across ranks, and
@@ -100,17 +126,129 @@ class Estimate:
         return (f"{gib(self.total)} {where} (weights {gib(self.weights)}, KV {gib(self.kv_cache)}, overhead {gib(self.overhead)})")
 
 
+@dataclass(frozen=True)
+class ParamSplit:
+    """A model's parameters by how --quantization treats them."""
+
+    linear: int  # q, k, v, o, gate, up, down: what int8 / int4 / fp8 quantize
+    embedding: int  # the token table
+    lm_head: int  # 0 when tied to the token table (counted once, in ``embedding``)
+    rest: int  # norms, biases: always in the dtype
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.embedding + self.lm_head + self.rest
+
+
+def param_split(shape: ModelShape | None, num_params: int | None) -> ParamSplit | None:
+    """Split a model's parameters into the linear layers, the token embedding, the LM head and the rest. The linear
+    layers come from the shape; with a parameter count (the files' tensors) the rest is what is left, which also
+    tells a tied LM head (the count then holds the token table once) where the config does not say. Without a
+    parameter count the embedding and head come from the shape too (tied only where the config says so).
+    None when neither the shape nor the count tells."""
+    if shape is None:
+        return ParamSplit(num_params, 0, 0, 0) if num_params else None
+    table = shape.vocab_size * shape.hidden_size
+    linear = shape.linear_params()
+    if linear is None:  # no MLP width: the linear layers are what the tables and norms leave
+        if not num_params:
+            return None
+        tied = bool(shape.tie_word_embeddings)
+        tables = table * (1 if tied else 2)
+        if num_params <= tables:
+            return ParamSplit(num_params, 0, 0, 0)
+        return ParamSplit(num_params - tables, table, 0 if tied else table, 0)
+    norms = (2 * shape.num_layers + 1) * shape.hidden_size
+    if num_params and num_params > linear:
+        other = num_params - linear
+        tied = shape.tie_word_embeddings
+        if tied is None:
+            tied = other < 1.5 * table
+        tables = min(other, table * (1 if tied else 2))
+        embedding = min(tables, table)
+        return ParamSplit(linear, embedding, tables - embedding, other - tables)
+    tied = bool(shape.tie_word_embeddings)
+    return ParamSplit(linear, table, 0 if tied else table, norms)
+
+
+def linear_bytes_per_param(quantization: str | None, gpu: bool, dtype: str) -> float:
+    """Bytes a linear layer's parameter takes with --quantization ``quantization`` on a GPU or the CPU."""
+    if quantization == "int8":
+        return GPU_INT8_BYTES_PER_PARAM if gpu else INT8_BYTES_PER_PARAM
+    if quantization == "int4":
+        return INT4_BYTES_PER_PARAM
+    if quantization == "fp8":
+        return FP8_BYTES_PER_PARAM
+    return DTYPE_BYTES.get(dtype, 2)
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """The weights in memory for the whole model (not per rank): ``linear`` the linear layers in the chosen format,
+    ``head`` the LM head where it is quantized (0 where it is in the dtype, counted in ``other``), ``other`` the token
+    embedding, the float LM head and the norms in the dtype; ``from_file``: the files' size (GGUF blocks kept, or a
+    checkpoint's quantized weights kept on a GPU)."""
+
+    linear: int
+    other: int
+    from_file: bool = False
+    head: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.head + self.other
+
+
+def prequantized_method(facts) -> str | None:
+    """"GPTQ" / "AWQ" / "FP8" for a checkpoint already quantized (a Hugging Face folder whose config names its
+    quantization method), else None."""
+    quant = (getattr(facts, "quantization", None) or "").upper()
+    return quant if getattr(facts, "format", "") == "safetensors" and quant in PREQUANTIZED_METHODS else None
+
+
+def weights_bytes(num_params: int | None, dtype: str, file_bytes: int | None, keeps_quantized: bool,
+                  quantization: str | None = "none", shape: ModelShape | None = None, gpu: bool = False,
+                  prequantized: str | None = None, fp8_ok: bool | None = None) -> WeightBytes | None:
+    """What the engine holds for the weights with --quantization ``quantization`` on a GPU (``gpu``) or the CPU
+    (engine/runner/model_runner.py ``_quantize``, engine/layers/linear.py ``load_checkpoint_quant``):
+    - none: the parameters times the dtype's width; GGUF blocks the engine keeps (``keeps_quantized``): the file's size;
+    - int8 (CPU): the linear layers and the LM head in int8 with an fp32 scale per 32 (a tied head gets an int8 copy
+      beside the token table, which stays in the dtype);
+    - int8 / int4 / fp8 (GPU): the linear layers at GPU_INT8 / INT4 / FP8_BYTES_PER_PARAM, the LM head in int8 with a
+      scale per row whatever the mode (a tied head: an int8 copy), the token table and the norms in the dtype;
+    - gguf: the file's size (its linear weights, token table and LM head stay as their blocks);
+    - a GPTQ / AWQ / FP8 checkpoint (``prequantized``: the method): on a GPU its quantized weights stay as they are,
+      whatever the mode: about the files' size (an FP8 one is dequantized on a GPU without FP8 tensor cores:
+      ``fp8_ok`` False); on the CPU dequantized to the dtype (then int8 if asked). Its parameter count from the files
+      counts packed words: the shape says the real one.
+    None when nothing tells the model's size."""
+    quantization = quantization or "none"
+    width = DTYPE_BYTES.get(dtype, 2)
+    if prequantized:
+        kept = gpu and not (prequantized.upper() == "FP8" and fp8_ok is False)
+        if kept and file_bytes:
+            return WeightBytes(0, file_bytes, from_file=True)
+        num_params = None  # packed codes: the files' element count is not the parameter count
+    elif quantization == "gguf" or (quantization == "none" and keeps_quantized):
+        if file_bytes:
+            return WeightBytes(0, file_bytes, from_file=True)
+    split = param_split(shape, num_params)
+    if split is None:
+        return WeightBytes(0, file_bytes, from_file=True) if file_bytes and not prequantized else None
+    if quantization in ("int8", "int4", "fp8") and (gpu or quantization == "int8"):
+        head = split.lm_head or split.embedding  # a tied head: a quantized copy beside the float token table
+        head_bytes = GPU_INT8_BYTES_PER_PARAM if gpu else INT8_BYTES_PER_PARAM
+        return WeightBytes(int(split.linear * linear_bytes_per_param(quantization, gpu, dtype)),
+                           (split.embedding + split.rest) * width, head=int(head * head_bytes))
+    return WeightBytes(split.linear * width, (split.embedding + split.lm_head + split.rest) * width)
+
+
 def weights_in_memory(num_params: int | None, dtype: str, file_bytes: int | None,
-                      keeps_quantized: bool, quantization: str = "none") -> int | None:
-    """Bytes the engine holds for the weights: int8 bytes when it quantizes them while loading, the file's size
-    where it keeps them quantized (--quantization gguf), else the parameter count times the dtype's width."""
-    if quantization == "int8" and num_params:
-        return int(num_params * INT8_BYTES_PER_PARAM)
-    if (keeps_quantized or quantization == "gguf") and file_bytes:
-        return file_bytes
-    if num_params:
-        return num_params * DTYPE_BYTES.get(dtype, 2)
-    return file_bytes
+                      keeps_quantized: bool, quantization: str = "none", shape: ModelShape | None = None,
+                      gpu: bool = False, prequantized: str | None = None) -> int | None:
+    """Bytes the engine holds for the weights (weights_bytes(...).total)."""
+    w = weights_bytes(num_params, dtype, file_bytes, keeps_quantized, quantization, shape, gpu, prequantized)
+    return w.total if w is not None else None
 
 
 def can_estimate(facts) -> tuple[bool, str]:
@@ -132,6 +270,24 @@ def estimate(weight_bytes: int, shape: ModelShape | None, context: int, tp: int,
     return Estimate(tp=tp, weights=-(-weight_bytes // tp), kv_cache=kv,
                     overhead=int(GPU_OVERHEAD if gpu else CPU_OVERHEAD), capacity=capacity,
                     device="GPU" if gpu else "CPU")
+
+
+def fp8_supported(capabilities: list[tuple[int, int] | None]) -> bool | None:
+    """Whether every GPU (its CUDA compute capability, None where unknown) has FP8 tensor cores: False when one is
+    known to be older than 8.9, None when one is unknown and none is known to be older."""
+    if any(c is not None and tuple(c) < FP8_MIN_CAPABILITY for c in capabilities):
+        return False
+    return None if not capabilities or any(c is None for c in capabilities) else True
+
+
+def max_context(capacity: int, weight_bytes: int, shape: ModelShape | None, tp: int, dtype: str,
+                gpu: bool = True) -> int | None:
+    """The longest context one sequence's KV cache leaves room for beside the weights and the overhead."""
+    if shape is None:
+        return None
+    per_token = shape.kv_bytes_per_token(DTYPE_BYTES.get(dtype, 2), tp)
+    room = capacity - estimate(weight_bytes, shape, 0, tp, dtype, capacity, gpu).total
+    return max(0, room // per_token) if per_token else None
 
 
 def tp_fits(tp: int, shape: ModelShape | None) -> bool:
@@ -174,6 +330,17 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def gib_round(n: float) -> str:
+    """A GPU's memory as its box says it: 24 GiB, 80 GiB, 11.5 GiB."""
+    g = n / GIB
+    return f"{g:.0f} GiB" if g >= 10 else f"{g:.1f}".removesuffix(".0") + " GiB"
+
+
+def context_words(tokens: int) -> str:
+    """A context length as people say it: 8k, 16k, 128k; 3,000 tokens where it is no whole number of 1024s."""
+    return f"{tokens // 1024}k" if tokens >= 1024 and tokens % 1024 == 0 else f"{tokens:,}-token"
 
 
 def human_count(n: int | None) -> str:

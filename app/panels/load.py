@@ -5,6 +5,8 @@ A failed load is explained in place and the app stays usable. Settings are kept 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import time
 from pathlib import Path
 
@@ -45,9 +47,11 @@ LABELS = {
 CHOICE_LABELS = {
     "comm_strategy": {"auto": "Auto (measured at start-up)", "nccl": "NCCL", "int8": "Int8-quantized all-reduce",
                       "host": "Host (shared memory + SIMD)", "overlap": "Dual-stream overlap"},
-    "quantization": {"none": "None (float weights in the chosen dtype)",
-                     "int8": "Int8 weights, a scale per 32 (CPU)",
-                     "gguf": "GGUF blocks kept: Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K (CPU)"},
+    "quantization": {"none": "None (the checkpoint's own weights; float ones in the chosen dtype)",
+                     "int8": "int8 (CPU or GPU: 8-bit weights; ~2x smaller than bf16)",
+                     "int4": "int4 (GPU: 4-bit weights, groups of 128; ~3.8x smaller than bf16)",
+                     "fp8": "fp8 (GPU: 8-bit float weights; ~2x smaller than bf16)",
+                     "gguf": "GGUF blocks kept (CPU: Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K)"},
     "async_scheduling": {"auto": "Auto (on a GPU)", "on": "On", "off": "Off"},
     "dtype": {"auto": "Auto"}, "device": {"auto": "Auto", "cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)"},
 }
@@ -59,6 +63,76 @@ NONE_TEXT = {"max_model_len": "model's (≤ 8192)", "kv_cache_memory_gib": "auto
              "num_threads": "physical cores", "block_size": "auto (GPU 64, CPU 16)"}
 SUFFIXES = {"kv_cache_memory_gib": " GiB", "max_model_len": " tokens"}
 ENGINE_DEFAULT_CONTEXT_CAP = 8192
+GPU_KERNELS_REASON = "runs on the GPU kernels"
+# what a chosen quantization does to the linear layers, for the estimate's note ({dtype}: the load dtype)
+# (the engine puts the LM head in int8 under every GPU mode: engine/layers/embedding.py quantize_head)
+GPU_QUANT_NOTES = {
+    "int8": "The linear layers and the LM head are quantized to int8 while loading (a scale per output channel: "
+            "~1 byte a weight); the token embeddings stay {dtype}.",
+    "int4": "The linear layers are quantized to 4 bits while loading (groups of 128 with a scale and zero point: "
+            "~0.52 bytes a weight), the LM head to int8; the token embeddings stay {dtype}.",
+    "fp8": "The linear layers are quantized to fp8 (e4m3) while loading (a scale per output channel: ~1 byte a "
+           "weight), the LM head to int8; the token embeddings stay {dtype}.",
+}
+
+
+def gpu_compute_capability(gpu) -> tuple[int, int] | None:
+    """A GPU's CUDA compute capability, e.g. (8, 9): from its hardware facts where they carry it, else from NVML by
+    its PCI bus id (once per GPU); None when unknown."""
+    cc = getattr(gpu, "compute_capability", None)
+    if cc:
+        return int(cc[0]), int(cc[1])
+    bus = getattr(gpu, "bus_id", "") or ""
+    return _nvml_compute_capability(bus) if bus else None
+
+
+@functools.lru_cache(maxsize=None)
+def _nvml_compute_capability(bus_id: str) -> tuple[int, int] | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no nvidia-ml-py, no driver
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return int(major), int(minor)
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@functools.lru_cache(maxsize=64)
+def _checkpoint_bits(config_path: str) -> int | None:
+    try:
+        qc = json.loads(Path(config_path).read_text()).get("quantization_config") or {}
+        bits = qc.get("bits", qc.get("w_bit"))
+        return int(bits) if bits else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def checkpoint_quantization(facts) -> str:
+    """A pre-quantized checkpoint's format in words: "GPTQ int4", "AWQ int4", "FP8"."""
+    method = (facts.quantization or "").upper()
+    bits = _checkpoint_bits(str(Path(facts.path) / "config.json")) if method in ("GPTQ", "AWQ") else None
+    return f"{method} int{bits}" if bits else method
+
+
+def _tokens(n: int) -> str:
+    """A context limit rounded down: 45k tokens, 700 tokens."""
+    return f"{n // 1024}k tokens" if n >= 1024 else f"{n:,} tokens"
+
+
+def _an(words: str) -> str:
+    """The article before a number said aloud: an 8k, an 11k, an 18,000-token; a 16k, a 128k."""
+    lead = words.split("k")[0].split(",")[0].split("-")[0]
+    return "an" if lead.startswith("8") or lead in ("11", "18") else "a"
 
 
 class LoadPanel(QWidget):
@@ -140,6 +214,11 @@ class LoadPanel(QWidget):
         self.form.advanced.hide()
         ol.addWidget(self.form.advanced)
         self.form.changed.connect(self._on_options_changed)
+        # the quantization choices carry the reasons they are off: sized by a short label, not the longest of them
+        # (which would widen the page), with a popup as wide as its items
+        quant = self.form.main.editors["quantization"]
+        quant.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        quant.setMinimumContentsLength(36)
         root.addWidget(opts)
 
         est = QGroupBox("Memory estimate")
@@ -288,12 +367,34 @@ class LoadPanel(QWidget):
             for c in f.main.specs["comm_strategy"].choices:
                 if c != "auto":
                     f.set_choice_enabled("comm_strategy", c, c in caps.comm_strategies, "not in this engine yet")
-        f.set_choice_enabled("quantization", "int8", not on_gpu, "the int8 kernels run on the CPU")
-        f.set_choice_enabled("quantization", "gguf", not on_gpu, "the GGUF block kernels run on the CPU")
-        if on_gpu and f.values().get("quantization") in ("int8", "gguf"):
-            f.set_value("quantization", "none")
+        self._apply_quantization_choices(on_gpu)
         f.set_field_enabled("gpu_memory_utilization", on_gpu, "applies when the model runs on a GPU")
         f.set_field_enabled("kv_cache_memory_gib", not on_gpu, "applies when the model runs on the CPU")
+
+    def _apply_quantization_choices(self, on_gpu: bool) -> None:
+        """CPU: none, int8, gguf (int4 and fp8 are GPU kernels). GPU: none, int8, int4, and fp8 where every GPU in use
+        has FP8 tensor cores (compute capability 8.9+; kept on where that is unknown, and the estimate says so); gguf
+        blocks are CPU kernels. A value the device does not offer goes back to none."""
+        f = self.form
+        f.set_choice_enabled("quantization", "int8", True)
+        for q in fit.GPU_ONLY_QUANTIZATIONS:
+            f.set_choice_enabled("quantization", q, on_gpu, GPU_KERNELS_REASON)
+        if on_gpu:
+            f.set_choice_enabled("quantization", "fp8", self._fp8_ok() is not False, fit.FP8_REASON)
+        f.set_choice_enabled("quantization", "gguf", not on_gpu, "the GGUF block kernels run on the CPU")
+        quant = f.values().get("quantization") or "none"
+        if not f.main.is_choice_enabled("quantization", quant):
+            f.set_value("quantization", "none")
+        view = f.main.editors["quantization"].view()
+        view.setMinimumWidth(view.sizeHintForColumn(0) + 2 * view.frameWidth() + 8)
+
+    def _gpus_in_use(self) -> list:
+        """The GPUs a load would use: the first tensor-parallel-size of them."""
+        snap = self.ctx.hardware_snapshot
+        if snap is None or not snap.gpus:
+            return []
+        tp = self.form.values().get("tensor_parallel_size") or 1
+        return list(snap.gpus[:max(1, tp)])
 
     def _apply_tp_sizes(self, on_gpu: bool) -> None:
         """Offer the TP sizes the selected model splits into (engine.config.tp_size_fits: its attention and KV
@@ -357,34 +458,19 @@ class LoadPanel(QWidget):
             dtype = ("bfloat16" if cpu_has_native_bf16() else "float32") if device == "cpu" else "bfloat16"
         context = values.get("max_model_len") or min(facts.context_length or ENGINE_DEFAULT_CONTEXT_CAP,
                                                      ENGINE_DEFAULT_CONTEXT_CAP)
-        int8 = values.get("quantization") == "int8"
-        weights = fit.weights_in_memory(facts.num_params, dtype, facts.size_bytes,
-                                        self.ctx.capabilities.keeps_quantized_weights, values.get("quantization"))
-        if weights is None:
-            self.estimate.setText("Not enough information about this model for an estimate.")
-            return
+        quant = values.get("quantization") or "none"
         tp = values.get("tensor_parallel_size") or 1
         snap = self.ctx.hardware_snapshot
-        gguf_blocks = values.get("quantization") == "gguf"
-        if int8:
-            quant_note = " Weights are quantized to int8 while loading (about half of bfloat16's bytes per token)."
-        elif gguf_blocks:
-            quant_note = (" The file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K weights (linear layers, token "
-                          "table, LM head) stay as their blocks (about the file's size); other types are dequantized.")
-        elif facts.quantization and not self.ctx.capabilities.keeps_quantized_weights:
-            quant_note = (f" The {facts.quantization} weights are dequantized to {dtype} when loaded; int8 "
-                          "quantization keeps about half of that, and a .gguf file's blocks can stay as they are "
-                          "(quantization: GGUF blocks kept).")
+        on_gpu = device == "cuda" and snap is not None and bool(snap.gpus)
+        wb = self._weights(facts, quant, dtype, on_gpu)
+        if wb is None:
+            self.estimate.setText("Not enough information about this model for an estimate.")
+            return
+        note = self._quant_note(facts, quant, dtype, on_gpu, wb)
+        if on_gpu:
+            text = self._gpu_estimate(facts, wb, quant, dtype, context, tp)
         else:
-            quant_note = ""
-        if device == "cuda" and snap is not None and snap.gpus:
-            util = values.get("gpu_memory_utilization") or 0.9
-            cap = min(g.memory_total or 0 for g in snap.gpus[:tp]) * util
-            est = fit.estimate(weights, facts.shape, context, tp, dtype, int(cap), gpu=True)
-            verdict = "fits" if est.fits else "does not fit"
-            text = (f"{est.describe()} at context {context:,} and TP {tp}: {verdict} in "
-                    f"{fit.gib(cap)} ({util:.0%} of each GPU's memory).")
-        else:
+            weights = wb.total
             ram = snap.ram_total if snap is not None else None
             kv_pool = int((values.get("kv_cache_memory_gib") or 2.0) * fit.GIB)  # the engine's CPU default: 2 GiB
             per_token = facts.shape.kv_bytes_per_token(fit.DTYPE_BYTES[dtype]) if facts.shape else None
@@ -396,7 +482,130 @@ class LoadPanel(QWidget):
             text = (f"About {fit.gib(total)} of RAM ({dtype}, CPU): weights {fit.gib(weights)}, KV cache "
                     f"{fit.gib(kv_pool)}{room}, overhead {fit.gib(fit.CPU_OVERHEAD)}"
                     f"{'; this machine has ' + fit.gib(ram) if ram else ''}.{verdict}")
-        self.estimate.setText(text + quant_note)
+        text += f"\n{note}" if note else ""
+        self.estimate.setText(text.replace(" GiB", "\u00a0GiB"))  # a size never wraps from its unit
+
+    def _weights(self, facts, quant: str, dtype: str, gpu: bool) -> fit.WeightBytes | None:
+        return fit.weights_bytes(facts.num_params, dtype, facts.size_bytes,
+                                 self.ctx.capabilities.keeps_quantized_weights, quant, facts.shape, gpu=gpu,
+                                 prequantized=fit.prequantized_method(facts),
+                                 fp8_ok=self._fp8_ok() if gpu else None)
+
+    def _fp8_ok(self) -> bool | None:
+        """Whether the GPUs in use have FP8 tensor cores (None: a compute capability is unknown)."""
+        return fit.fp8_supported([gpu_compute_capability(g) for g in self._gpus_in_use()])
+
+    def _gpu_estimate(self, facts, wb: fit.WeightBytes, quant: str, dtype: str, context: int, tp: int) -> str:
+        """The verdict for the chosen TP size in the user's terms ("Fits on 4 x 24 GiB with a 16k context" /
+        "Does not fit: needs ~27.1 GiB per GPU, the GPUs have 24 GiB ...; try int4 or ..."), then the per-GPU
+        breakdown."""
+        util = self.form.values().get("gpu_memory_utilization") or 0.9
+        gpus = self._gpus_in_use()
+        mem = min(g.memory_total or 0 for g in gpus)
+        cap = int(mem * util)
+        est = fit.estimate(wb.total, facts.shape, context, tp, dtype, cap or None, gpu=True)
+        n = len(gpus)
+        if not mem:  # NVML gave no memory size: the need without a verdict
+            return (f"About {est.describe()} at context {context:,} and TP {tp}; the GPU memory could not be read, "
+                    "so Kestrel cannot tell whether it fits.")
+        box = fit.gib_round(mem)
+        ctx_words = fit.context_words(context)
+        need = f"~{fit.gib(est.total)}" + (" per GPU" if n > 1 else "")
+        if est.fits:
+            where = f"one {box} GPU" if n == 1 else f"{n} x {box}"
+            head = (f"Fits on {where} with {_an(ctx_words)} {ctx_words} context: {need} of the {fit.gib(cap)} the "
+                    f"engine may use ({util:.0%}).")
+        else:
+            have = "the GPU has" if n == 1 else "the GPUs have"
+            tries = self._fit_suggestions(facts, wb, quant, dtype, context, tp, util)
+            head = f"Does not fit: needs {need}, {have} {box} ({fit.gib(cap)} at the {util:.0%} share); {tries}."
+        if wb.from_file:
+            what = "about the files' size"
+        elif quant in GPU_QUANT_NOTES:
+            parts = [(f"{quant} linear layers", wb.linear), ("int8 LM head", wb.head),
+                     (f"{dtype} embeddings", wb.other)]
+            what = ", ".join(f"{words} {fit.gib(-(-n // tp))}" for words, n in parts if n)
+        else:
+            what = dtype
+        per = "Per GPU" if n > 1 else "On the GPU"
+        return (f"{head}\n{per}: weights {fit.gib(est.weights)} ({what}), KV cache {fit.gib(est.kv_cache)} for one "
+                f"{ctx_words} sequence, overhead {fit.gib(est.overhead)}.")
+
+    def _fit_suggestions(self, facts, wb: fit.WeightBytes, quant: str, dtype: str, context: int, tp: int,
+                         util: float) -> str:
+        """What would make the model fit, each change alone: a smaller weight format the device offers, a larger
+        TP size, a shorter context; else a smaller format with a larger TP size; else more or larger GPUs."""
+        snap = self.ctx.hardware_snapshot
+        main = self.form.main
+
+        def capacity(size: int) -> int:
+            return int(min(g.memory_total or 0 for g in snap.gpus[:size]) * util)
+
+        def fits(w: fit.WeightBytes, size: int, ctx: int) -> bool:
+            return bool(fit.estimate(w.total, facts.shape, ctx, size, dtype, capacity(size), gpu=True).fits)
+
+        formats = []  # (words, weights) smaller than now, least lossy first
+        for group in (("int8", "fp8"), ("int4",)):
+            names = [q for q in group if q != quant and main.is_choice_enabled("quantization", q)]
+            w = self._weights(facts, names[0], dtype, True) if names else None
+            if w is not None and w.total < wb.total:
+                formats.append((" or ".join(names), w))
+        sizes = []
+        if main.is_field_enabled("tensor_parallel_size"):
+            limit = min(len(snap.gpus), RANGES["tensor_parallel_size"][1])
+            sizes = [s for s in fit.tp_sizes(limit, facts.shape) if s > tp]
+        tries = []
+        fmt = next((words for words, w in formats if fits(w, tp, context)), None)
+        if fmt:
+            tries.append(fmt)
+        size = next((s for s in sizes if fits(wb, s, context)), None)
+        if size:
+            tries.append(f"tensor-parallel size {size}")
+        longest = fit.max_context(capacity(tp), wb.total, facts.shape, tp, dtype) or 0
+        if longest >= 256:
+            tries.append(f"a context of at most {_tokens(longest)}")
+        if tries:
+            return "try " + (", ".join(tries[:-1]) + ", or " + tries[-1] if len(tries) > 1 else tries[0])
+        for words, w in formats:  # two changes together, the least lossy format first
+            size = next((s for s in sizes if fits(w, s, context)), None)
+            if size:
+                return f"try {words} with tensor-parallel size {size}"
+            longest = fit.max_context(capacity(tp), w.total, facts.shape, tp, dtype) or 0
+            if longest >= 256:
+                return f"try {words} with a context of at most {_tokens(longest)}"
+        return "it needs more or larger GPUs (or a smaller model)"
+
+    def _quant_note(self, facts, quant: str, dtype: str, on_gpu: bool, wb: fit.WeightBytes) -> str:
+        """What the chosen quantization (or the checkpoint's own) does to the weights in memory."""
+        caps = self.ctx.capabilities
+        if fit.prequantized_method(facts):
+            what = checkpoint_quantization(facts)
+            if wb.from_file:  # on a GPU: kept as they are, whatever the mode (only a float LM head is requantized)
+                also = "" if quant == "none" else f"; {quant} applies only to layers the checkpoint keeps in float"
+                return f"The checkpoint's {what} weights stay quantized on the GPU (about the files' size){also}."
+            ratio = wb.total / facts.size_bytes if facts.size_bytes else 0
+            times = f": ~{ratio:.1f}x the files' size" if ratio else ""
+            where = "on this GPU (no FP8 tensor cores)" if on_gpu else "on the CPU"
+            then = "" if quant == "none" else f", then quantized to {quant}"
+            return f"The checkpoint's {what} weights are dequantized to {dtype} {where}{then}{times}."
+        if quant == "int8" and not on_gpu:
+            return "Weights are quantized to int8 while loading (about half of bfloat16's bytes per token)."
+        if quant in GPU_QUANT_NOTES and on_gpu:
+            note = GPU_QUANT_NOTES[quant].format(dtype=dtype)
+            if quant == "fp8" and self._fp8_ok() is None:
+                note += f" fp8 {fit.FP8_REASON}; this GPU's compute capability could not be read."
+            return note
+        if quant == "gguf":
+            return ("The file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K weights (linear layers, token "
+                    "table, LM head) stay as their blocks (about the file's size); other types are dequantized.")
+        if facts.quantization and not caps.keeps_quantized_weights and quant == "none":
+            if on_gpu:
+                return (f"The {facts.quantization} weights are dequantized to {dtype} when loaded; int8 or fp8 "
+                        "quantization keeps about half of that, int4 about a quarter.")
+            return (f"The {facts.quantization} weights are dequantized to {dtype} when loaded; int8 quantization "
+                    "keeps about half of that, and a .gguf file's blocks can stay as they are (quantization: GGUF "
+                    "blocks kept).")
+        return ""
 
     # ------------------------------------------------------------------------------------------------
     # loading

@@ -138,3 +138,131 @@ def test_fit_estimate():
     odd = fit.ModelShape(30, 9, 3, 64, 576, 49152)
     assert fit.tp_choices(8, odd) == [1]
     assert "per GPU" in two.describe() and fit.gib(1.5 * fit.GIB) == "1.5 GiB"
+
+
+# Llama-3-8B's shape, and its parameters counted tensor by tensor (independently of app.fit's formulas)
+LLAMA8B = {"hidden": 4096, "layers": 32, "ffn": 14336, "vocab": 128256, "heads": 32, "kv_heads": 8, "head_dim": 128}
+
+
+def llama8b_tensors(tied: bool = False) -> dict[str, list[int]]:
+    h, f, v, hd = LLAMA8B["hidden"], LLAMA8B["ffn"], LLAMA8B["vocab"], LLAMA8B["head_dim"]
+    q, kv = LLAMA8B["heads"] * hd, LLAMA8B["kv_heads"] * hd
+    out = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h]}
+    for i in range(LLAMA8B["layers"]):
+        p = f"model.layers.{i}"
+        out.update({f"{p}.self_attn.q_proj.weight": [q, h], f"{p}.self_attn.k_proj.weight": [kv, h],
+                    f"{p}.self_attn.v_proj.weight": [kv, h], f"{p}.self_attn.o_proj.weight": [h, q],
+                    f"{p}.mlp.gate_proj.weight": [f, h], f"{p}.mlp.up_proj.weight": [f, h],
+                    f"{p}.mlp.down_proj.weight": [h, f],
+                    f"{p}.input_layernorm.weight": [h], f"{p}.post_attention_layernorm.weight": [h]})
+    if not tied:
+        out["lm_head.weight"] = [v, h]
+    return out
+
+
+def llama8b_counts(tied: bool = False) -> tuple[int, int]:
+    """(linear parameters, everything else) of the 8B Llama."""
+    linear = other = 0
+    for name, shape in llama8b_tensors(tied).items():
+        n = 1
+        for d in shape:
+            n *= d
+        if "_proj." in name:
+            linear += n
+        else:
+            other += n
+    return linear, other
+
+
+def llama8b_shape(tied: bool | None = None) -> fit.ModelShape:
+    s = LLAMA8B
+    return fit.ModelShape(num_layers=s["layers"], num_attention_heads=s["heads"], num_kv_heads=s["kv_heads"],
+                          head_dim=s["head_dim"], hidden_size=s["hidden"], vocab_size=s["vocab"], max_context=8192,
+                          intermediate_size=s["ffn"], tie_word_embeddings=tied)
+
+
+def test_fit_weights_by_quantization_for_an_8b_llama():
+    linear, other = llama8b_counts()
+    assert linear + other == 8_030_261_248  # Llama-3-8B's published count
+    shape = llama8b_shape()
+    split = fit.param_split(shape, linear + other)
+    assert (split.linear, split.embedding + split.lm_head + split.rest) == (linear, other)
+    assert split.lm_head == split.embedding == 128256 * 4096
+    assert fit.param_split(shape, None).total == linear + other  # from the shape alone: the same
+    # bytes per linear parameter: GPU int8 1 (a scale + zero per channel), int4 0.5 + 3/128, fp8 1; the LM head in
+    # int8 under each (engine/layers/embedding.py quantize_head); the token table and norms in bf16
+    table = 128256 * 4096
+    expected = {"none": 2 * linear + 2 * other, "int8": linear + table + 2 * (other - table),
+                "int4": int(linear * (0.5 + 3 / 128)) + table + 2 * (other - table),
+                "fp8": linear + table + 2 * (other - table)}
+    gpu16 = int(24 * fit.GIB * 0.9)
+    for quant, want in expected.items():
+        got = fit.weights_bytes(linear + other, "bfloat16", 4_900_000_000, False, quant, shape, gpu=True)
+        assert got.total == want, quant
+        assert not got.from_file and got.head == (0 if quant == "none" else table)
+        for tp in (1, 4):
+            est = fit.estimate(got.total, shape, 8192, tp, "bfloat16", gpu16, gpu=True)
+            assert est.weights == -(-want // tp)  # the linear layers, embedding and LM head all split over the ranks
+            assert est.kv_cache == 2 * 32 * (8 // tp) * 128 * 2 * 8192
+            assert est.total == -(-want // tp) + est.kv_cache + fit.GIB
+    assert expected["int4"] / fit.GIB == pytest.approx(4.87, abs=0.01)
+    assert expected["none"] / expected["int4"] == pytest.approx(3.07, abs=0.01)
+    # int8 on the CPU: the linear layers and the LM head in int8 + an fp32 scale per 32, the token table in bf16
+    cpu = fit.weights_bytes(linear + other, "bfloat16", None, False, "int8", shape, gpu=False)
+    assert cpu.total == int((linear + table) * (1 + 4 / 32)) + 2 * (other - table)
+    # without a shape the old rule: every parameter in int8 + scale, or in the dtype
+    assert fit.weights_in_memory(linear + other, "bfloat16", None, False, "int8") == int((linear + other) * 1.125)
+    assert fit.weights_in_memory(linear + other, "float32", None, False, "int4", None, True) == \
+        int((linear + other) * 0.5234375)
+    # GGUF blocks kept, and a GGUF file without the blocks kept: the file's size / the dequantized parameters
+    assert fit.weights_in_memory(linear + other, "bfloat16", 4_900_000_000, False, "gguf", shape) == 4_900_000_000
+    assert fit.weights_in_memory(linear + other, "bfloat16", 4_900_000_000, True, "none", shape) == 4_900_000_000
+
+
+def test_fit_tied_embeddings_count_once():
+    linear, other = llama8b_counts(tied=True)
+    table = 128256 * 4096
+    for shape in (llama8b_shape(tied=True), llama8b_shape(tied=None)):  # said by the config, or told by the count
+        split = fit.param_split(shape, linear + other)
+        assert split.lm_head == 0 and split.embedding == table
+        # the head's int8 copy beside the bf16 table (which the count holds once)
+        assert fit.weights_in_memory(linear + other, "bfloat16", None, False, "int4", shape, gpu=True) == \
+            int(linear * (0.5 + 3 / 128)) + table + 2 * other
+    assert fit.param_split(llama8b_shape(tied=True), None).total == linear + other
+    cfg = {"num_attention_heads": 32, "hidden_size": 4096, "num_hidden_layers": 32, "num_key_value_heads": 8,
+           "vocab_size": 128256, "intermediate_size": 14336, "tie_word_embeddings": True}
+    assert fit.ModelShape.from_hf_config(cfg).tie_word_embeddings is True
+    assert fit.ModelShape.from_hf_config({**cfg, "tie_word_embeddings": None}).tie_word_embeddings is None
+
+
+def test_fit_prequantized_checkpoints_and_fp8_capability():
+    linear, other = llama8b_counts()
+    shape, files = llama8b_shape(), 5_700_000_000
+    packed = linear // 8 + other  # a GPTQ int4 checkpoint's element count: int32 words of 8 codes
+    for quant in ("none", "int8", "int4", "fp8"):  # kept quantized on a GPU, whatever the mode
+        gpu = fit.weights_bytes(packed, "bfloat16", files, False, quant, shape, gpu=True, prequantized="GPTQ")
+        assert gpu.total == files and gpu.from_file
+    cpu = fit.weights_bytes(packed, "bfloat16", files, False, "none", shape, gpu=False, prequantized="GPTQ")
+    assert cpu.total == 2 * (linear + other)  # dequantized on the CPU: the shape's count, not the packed one
+    assert fit.weights_bytes(packed, "bfloat16", files, False, "none", None, gpu=False, prequantized="GPTQ") is None
+    # an FP8 checkpoint: kept on an FP8 GPU (or one of unknown capability), dequantized on an older one
+    assert fit.weights_in_memory(packed, "bfloat16", files, False, "none", shape, True, "FP8") == files
+    older = fit.weights_bytes(packed, "bfloat16", files, False, "none", shape, True, "FP8", fp8_ok=False)
+    assert older.total == 2 * (linear + other) and not older.from_file
+
+    class Facts:
+        format, quantization = "safetensors", "GPTQ"
+
+    assert fit.prequantized_method(Facts) == "GPTQ"
+    Facts.format = "gguf"
+    assert fit.prequantized_method(Facts) is None
+    assert fit.fp8_supported([(8, 9)]) is True and fit.fp8_supported([(9, 0), (10, 0)]) is True
+    assert fit.fp8_supported([(8, 6)]) is False and fit.fp8_supported([(9, 0), (8, 0)]) is False
+    assert fit.fp8_supported([None]) is None and fit.fp8_supported([(9, 0), None]) is None
+    assert fit.fp8_supported([None, (7, 5)]) is False
+    # the longest context beside the weights: bf16 8B on one 24 GiB GPU at 90%
+    cap = int(24 * fit.GIB * 0.9)
+    w = 2 * (linear + other)
+    assert fit.max_context(cap, w, shape, 1, "bfloat16") == (cap - w - fit.GIB) // (2 * 32 * 8 * 128 * 2)
+    assert fit.context_words(16384) == "16k" and fit.context_words(3000) == "3,000-token"
+    assert fit.gib_round(23.99 * fit.GIB) == "24 GiB" and fit.gib_round(7.8 * fit.GIB) == "7.8 GiB"
