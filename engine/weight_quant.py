@@ -8,10 +8,11 @@ Three forms, one meaning:
   act-order ``g_idx`` [K] (the group of each K position) or None (position k is in group k // group). The weight is
   ``(codes[n, k] - zeros[n, g]) * scales[n, g]`` with g the group of k. Sliced by rows or columns for tensor
   parallelism, then packed.
-- ``IntWeight``: packed for the kernels (``IntCodes.pack``): 4 bits as int32 [N, K // 8] (position 8j + i in bits
-  4i..4i+3 of word j), 8 bits as uint8 [N, K]; act-order weights stored with their K positions sorted by group
-  (``perm``: x is gathered as x[:, perm] before the product), so every group is a contiguous run of ``group``
-  positions.
+- ``IntWeight``: packed for the kernels (``IntCodes.pack``): per chunk of CHUNK (128) K positions, 16 int32 words
+  per plane of nibbles (4 bits: the code; 8 bits: its high nibble, then its low), nibble i of word j holding
+  position 16 i + j of the chunk (engine/ops/quant_linear_kernel.py says why); K padded to whole chunks with code
+  0. Act-order weights are stored with their K positions sorted by group (``perm``: x is gathered as x[:, perm]
+  before the product), so every group is a contiguous run of ``group`` positions.
 - ``Fp8Weight``: e4m3 values [N, K] and float32 scales: [] (per tensor), [N] (per output channel) or
   [ceil(N / 128), ceil(K / 128)] (blocks of 128 x 128, as DeepSeek / Qwen FP8 releases store them).
 
@@ -28,6 +29,7 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 FP8_BLOCK = 128  # the block scales' tile (rows and columns)
+CHUNK = 128  # K positions per chunk of packed integer codes
 
 
 def _group_index(k: int, group: int, g_idx: torch.Tensor | None, device) -> torch.Tensor:
@@ -100,23 +102,27 @@ class IntCodes:
                 codes, scales, zeros = codes[:, perm], scales[:, used], zeros[:, used]
         if k % group:
             raise ValueError(f"K = {k} is not a multiple of the group size {group}")
-        if self.bits == 4:
-            if k % 8:
-                raise ValueError(f"4-bit weights need K a multiple of 8, got {k}")
-            c = codes.to(torch.int32).reshape(n, k // 8, 8)
-            q = torch.zeros(n, k // 8, dtype=torch.int32, device=codes.device)
+        if k % 8:
+            raise ValueError(f"integer weights need K a multiple of 8, got {k}")
+        padded = torch.zeros(n, -(-k // CHUNK) * CHUNK, dtype=torch.int32, device=codes.device)
+        padded[:, :k] = codes
+        planes = [padded] if self.bits == 4 else [padded >> 4, padded & 0xF]
+        words = []
+        for plane in planes:  # [n, chunks, 8 (nibble i), 16 (word j)] -> [n, chunks, 16]
+            nib = plane.reshape(n, -1, 8, 16)
+            w = torch.zeros(n, nib.shape[1], 16, dtype=torch.int32, device=codes.device)
             for i in range(8):
-                q |= c[:, :, i] << (4 * i)
-        else:
-            q = codes.to(torch.uint8)
-        return IntWeight(q=q.contiguous(), scales=scales.to(scale_dtype).contiguous(), zeros=zeros.to(torch.uint8).contiguous(),
-                         bits=self.bits, group=group, k=k,
+                w |= nib[:, :, i, :] << (4 * i)
+            words.append(w)
+        q = torch.stack(words, dim=2).reshape(n, -1)  # per chunk: plane 0's 16 words, then plane 1's
+        return IntWeight(q=q.contiguous(), scales=scales.to(scale_dtype).contiguous(),
+                         zeros=zeros.to(torch.uint8).contiguous(), bits=self.bits, group=group, k=k,
                          perm=None if perm is None else perm.to(torch.int64).contiguous())
 
 
 @dataclass(frozen=True)
 class IntWeight:
-    q: torch.Tensor          # 4 bits: int32 [N, K // 8]; 8 bits: uint8 [N, K]
+    q: torch.Tensor          # int32 [N, chunks * 16 * bits // 4] (the module doc: the layout)
     scales: torch.Tensor     # float16 / bfloat16 / float32 [N, K // group]
     zeros: torch.Tensor      # uint8 [N, K // group]
     bits: int
@@ -140,13 +146,18 @@ class IntWeight:
         return replace(self, q=self.q.to(device), scales=self.scales.to(device), zeros=self.zeros.to(device),
                        perm=None if self.perm is None else self.perm.to(device))
 
+    @property
+    def planes(self) -> int:
+        return self.bits // 4
+
     def codes(self) -> torch.Tensor:
         """uint8 [N, K] in the stored (sorted) order."""
-        if self.bits == 8:
-            return self.q
+        n = self.q.shape[0]
         shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=self.q.device)
-        c = (self.q.unsqueeze(-1) >> shifts) & 0xF
-        return c.reshape(self.q.shape[0], self.k).to(torch.uint8)
+        words = self.q.reshape(n, -1, self.planes, 16)  # [n, chunks, plane, word j]
+        nib = (words.unsqueeze(-2) >> shifts[:, None]) & 0xF  # [n, chunks, plane, nibble i, word j]
+        c = nib[:, :, 0] if self.planes == 1 else nib[:, :, 0] * 16 + nib[:, :, 1]
+        return c.reshape(n, -1)[:, :self.k].to(torch.uint8)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[N, K] in the checkpoint's order (torch ops: the reference of the kernels)."""

@@ -14,7 +14,7 @@ import torch
 from engine.bench.timing import cuda_time, decode_step_times
 
 
-def _graph_time(fns, calls: int = 24) -> float:
+def graph_time(fns, calls: int = 24) -> float:
     """Seconds per call of ``calls`` calls cycling through fns, captured in one CUDA graph and replayed: the GPU's
     time without the host's launch cost (which an event pair around one small eager launch would measure instead),
     the calls spread over distinct weights so that they come from memory, not the L2 cache."""
@@ -32,7 +32,7 @@ def _graph_time(fns, calls: int = 24) -> float:
 
 def _rate(gbytes: float, weights: list, call) -> float:
     """GB/s of call(w) over the weights, graph-timed."""
-    return gbytes / _graph_time([lambda w=w: call(w) for w in weights])
+    return gbytes / graph_time([lambda w=w: call(w) for w in weights])
 
 
 def linear_shapes(cfg) -> dict[str, tuple[int, int]]:
@@ -239,13 +239,13 @@ def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 163
             graphs_part = partition_tokens(b, nkv, sms)
             for mode, part, tabs in (("graphs", graphs_part, tables),
                                      ("eager", 0, [t[:, :blocks // b].contiguous() for t in tables])):
-                sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
+                sec = graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
                                                      out=o, part_tokens=part) for t in tabs])
                 res[mode] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
             # the graphs' partitions per context against other counts (partition_tokens' choice is the -splits)
             res["graphs_by_splits"] = {}
             for splits in (1, 2, 4, 8, 16, 32):
-                sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
+                sec = graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
                                                      out=o, part_tokens=-splits) for t in tables])
                 res["graphs_by_splits"][splits] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
             # the kernel's tokens per lane group and step (KESTREL_CUDA_DECODE_U, read at each launch) at the
@@ -253,7 +253,7 @@ def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 163
             res["graphs_by_tokens_per_step"] = {}
             for u in ("1", "2", "4"):
                 with mock.patch.dict(os.environ, {"KESTREL_CUDA_DECODE_U": u}):  # reaches the native getenv
-                    sec = _graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
+                    sec = graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
                                                          out=o, part_tokens=graphs_part) for t in tables])
                 res["graphs_by_tokens_per_step"][u] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
             out[f"b{b}_ctx{ctx}"] = {"bytes": nbytes, "graphs_splits": -graphs_part, **res}

@@ -30,7 +30,7 @@ def _bytes(w) -> int:
 
 
 def kernel_rates(cfg, rows=(1, 16)) -> dict:
-    from engine.bench.decode import _graph_time, linear_shapes
+    from engine.bench.decode import graph_time, linear_shapes
     from engine.layers.linear import quantize_for_gpu
     from engine.ops import quant_linear_triton as kern
     from engine.ops import skinny_gemm
@@ -53,7 +53,7 @@ def kernel_rates(cfg, rows=(1, 16)) -> dict:
 
             def timed(key, weights, call, nbytes):
                 try:
-                    t = _graph_time([lambda w=w: call(w) for w in weights])
+                    t = graph_time([lambda w=w: call(w) for w in weights])
                     res[key] = {"us": round(t * 1e6, 2), "gb_s": round((nbytes + io) / t / 1e9, 1)}
                 except Exception as e:  # noqa: BLE001 - a variant that does not compile or run here: say so
                     res[key] = f"failed: {type(e).__name__}: {str(e)[:160]}"
@@ -66,7 +66,7 @@ def kernel_rates(cfg, rows=(1, 16)) -> dict:
                 if not qs or qs[0] is None:
                     continue
                 timed(f"{mode}_fused", qs, lambda w: kern.fused(x, w, out=y), _bytes(qs[0]))
-                for c in _candidates(m):
+                for c in _candidates(mode, m):
                     timed(f"{mode}_cfg_m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}", qs,
                           lambda w, c=c: kern.fused(x, w, out=y, config=c), _bytes(qs[0]))
             if tiny is not None:
@@ -87,12 +87,15 @@ def kernel_rates(cfg, rows=(1, 16)) -> dict:
     return out
 
 
-def _candidates(m: int) -> list:
+def _candidates(mode: str, m: int) -> list:
     from engine.ops.quant_linear_triton import QuantConfig
 
-    if m <= 16:
-        return [QuantConfig(16, 16, 128, 4, 4), QuantConfig(16, 64, 128, 4, 4), QuantConfig(16, 32, 256, 4, 3)]
-    return []
+    if m > 16:
+        return []
+    if mode == "fp8":
+        return [QuantConfig(16, 64, 128, 4, 4), QuantConfig(16, 32, 128, 4, 4)]
+    return [QuantConfig(16, 32, num_warps=4, num_stages=3), QuantConfig(16, 128, num_warps=4, num_stages=3),
+            QuantConfig(16, 64, num_warps=8, num_stages=3), QuantConfig(16, 64, num_warps=4, num_stages=2)]
 
 
 def _tinygemm_forms(int4: list):

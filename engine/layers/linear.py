@@ -56,10 +56,10 @@ def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], para
     get = getattr(weights, "quantized", None)
     if get is None or param.device.type != "cuda":
         return None
-    parts = [get(*s) for s in slices]
-    if any(p is None for p in parts):
-        return None
     try:
+        parts = [get(*s) for s in slices]
+        if any(p is None for p in parts):
+            return None
         w = concat_rows(parts)
         if isinstance(w, Fp8Weight) and torch.cuda.get_device_capability(param.device) < (8, 9):
             log.info("%s: fp8 weights are dequantized to %s (this GPU has no fp8 support)", slices[0][0], param.dtype)

@@ -1,9 +1,16 @@
 """The Triton kernels of engine/ops/quant_linear.py (imported only where Triton is installed).
 
-Codes (``CODE``): 0 = 4-bit codes packed eight to an int32 along K (position 8j + i in bits 4i..4i+3), 1 = uint8
-codes, 2 = float8 e4m3 values. A weight is ``(code - zero) * scale`` (fp8: no zero), with the scale of output row n
-and K group g at ``s_ptr + (n // S_ROWS) * stride_sn + g * stride_sg`` (per tensor: both strides 0; fp8 blocks:
-S_ROWS = 128), and the zero code at ``z_ptr + n * stride_zn + g``.
+Integer weights (IntWeight, engine/weight_quant.py): 4-bit codes in one plane of nibbles, 8-bit codes in two (the
+high nibble, then the low), laid out per chunk of 128 K positions as 16 int32 words per plane, nibble i of word j
+holding position 16 i + j of the chunk. So nibble i of a [BLOCK_N, 16] tile of words is the [BLOCK_N, 16] tile of
+weights at chunk positions 16 i .. 16 i + 15, and an OR with the bits of 128.0 (bf16; 1024.0 in fp16) turns four
+nibbles into two exact 16-bit floats 128 + c per instruction pair (``lop3`` then an unpack: no int-to-float
+conversion, whose units are a sixteenth of the FMA rate): the tensor cores multiply x by 128 + c, and the group's
+zero point absorbs the 128.
+
+Float8 weights (Fp8Weight): e4m3 values [N, K] converted to x's dtype in registers; the scale of output row n and K
+group g at ``s_ptr + (n // S_ROWS) * stride_sn + g * stride_sg`` (per tensor: both strides 0; 128 x 128 blocks:
+S_ROWS = 128).
 """
 
 from __future__ import annotations
@@ -13,61 +20,135 @@ import triton.language as tl
 
 
 @triton.jit
-def _codes(q_ptr, rn, nmask, k0, K, CODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The [BLOCK_N, BLOCK_K] tile of codes at rows rn, K positions k0 .. k0 + BLOCK_K (int32, or fp8 values)."""
-    rows = rn.to(tl.int64)[:, None]
-    if CODE == 0:
-        kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        packed = tl.load(q_ptr + rows * (K // 8) + kw[None, :], mask=nmask[:, None], other=0)
-        shifts = tl.arange(0, 8) * 4
-        c = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
-        return tl.reshape(c, (BLOCK_N, BLOCK_K))
-    kk = k0 + tl.arange(0, BLOCK_K)
-    if CODE == 1:
-        return tl.load(q_ptr + rows * K + kk[None, :], mask=nmask[:, None], other=0)
-    # fp8: rows past N are left undefined (they only reach outputs that are not stored)
-    return tl.load(q_ptr + rows * K + kk[None, :], mask=nmask[:, None])
+def _nibbles_bf16(words):
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t;
+        lop3.b32 t, $8, 0x000F000F, 0x43004300, 0xEA;
+        mov.b32 {$0, $4}, t;
+        shr.u32 t, $8, 4;
+        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
+        mov.b32 {$1, $5}, t;
+        shr.u32 t, $8, 8;
+        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
+        mov.b32 {$2, $6}, t;
+        shr.u32 t, $8, 12;
+        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
+        mov.b32 {$3, $7}, t;
+        }""",
+        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[words], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
 
 
 @triton.jit
-def quant_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_sn, stride_sg,
-                    stride_zn, CODE: tl.constexpr, GROUP: tl.constexpr, S_ROWS: tl.constexpr,
-                    HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y = x @ W^T (+ bias), x [M, K]: program (i, j) computes rows j * BLOCK_M .. of output columns i * BLOCK_N ..,
-    streaming those BLOCK_N rows of the packed weight once (decode batches: one program row, M <= BLOCK_M). Per group the codes themselves go through the tensor cores (exact in x's dtype: integers below 256, or
-    e4m3 values), and the group's scale and zero are applied to the group's partial sums:
-    sum_k x_k (c_k - z) s = s * (sum_k x_k c_k - z * sum_k x_k). BLOCK_K divides GROUP, GROUP divides K.
-    F32_DOT: the products in float32 (Triton's interpreter, whose bf16 dot is wrong; same values)."""
+def _nibbles_f16(words):
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t;
+        lop3.b32 t, $8, 0x000F000F, 0x64006400, 0xEA;
+        mov.b32 {$0, $4}, t;
+        shr.u32 t, $8, 4;
+        lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+        mov.b32 {$1, $5}, t;
+        shr.u32 t, $8, 8;
+        lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+        mov.b32 {$2, $6}, t;
+        shr.u32 t, $8, 12;
+        lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+        mov.b32 {$3, $7}, t;
+        }""",
+        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[words], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _nibbles_f32(words, OFF: tl.constexpr):
+    """The same values by plain integer ops in float32 (Triton's interpreter runs no PTX)."""
+    return ((words & 0xF).to(tl.float32) + OFF, ((words >> 4) & 0xF).to(tl.float32) + OFF,
+            ((words >> 8) & 0xF).to(tl.float32) + OFF, ((words >> 12) & 0xF).to(tl.float32) + OFF,
+            ((words >> 16) & 0xF).to(tl.float32) + OFF, ((words >> 20) & 0xF).to(tl.float32) + OFF,
+            ((words >> 24) & 0xF).to(tl.float32) + OFF, ((words >> 28) & 0xF).to(tl.float32) + OFF)
+
+
+@triton.jit
+def _nibbles(words, IS_F16: tl.constexpr, INTERPRET: tl.constexpr, OFF: tl.constexpr):
+    if INTERPRET:
+        return _nibbles_f32(words, OFF)
+    elif IS_F16:
+        return _nibbles_f16(words)
+    else:
+        return _nibbles_bf16(words)
+
+
+@triton.jit
+def _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride_zn, PLANES: tl.constexpr,
+           OFF: tl.constexpr):
+    """acc + (sum_k x_k (c_k - z)) * s for one group: part holds sum x (OFF + c) (two planes: 16 x the high
+    nibbles' plus the low nibbles'), xs sum x."""
+    s = tl.load(s_ptr + rn * stride_sn + g, mask=nmask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + rn * stride_zn + g, mask=nmask, other=0).to(tl.float32)
+    if PLANES == 2:
+        tot = part * 16.0 + part_lo
+        corr = z + 17.0 * OFF
+    else:
+        tot = part
+        corr = z + OFF
+    return acc + (tot - xs[:, None] * corr[None, :]) * s[None, :]
+
+
+@triton.jit
+def int_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, G, stride_xm, stride_ym, stride_qn, stride_sn,
+                  stride_zn, PLANES: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+                  IS_F16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y = x @ W^T (+ bias) for integer weights, x [M, K]: program (i, j) computes rows j * BLOCK_M .. of output
+    columns i * BLOCK_N .., streaming those BLOCK_N rows of codes once, 128 K positions (one chunk) per step as 8
+    tensor-core products of 16 positions. GROUP: K positions per scale, 16 / 32 / 64 (applied within a chunk) or a
+    multiple of 128, or K itself (one group per row; the last chunk may be partial: x is read as zero past K)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+    OFF: tl.constexpr = 1024.0 if IS_F16 else 128.0
+    OUTER: tl.constexpr = GROUP if GROUP >= 128 else 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mmask = rm < M
-    srow = rn // S_ROWS
+    rj = tl.arange(0, 16)
+    qrows = q_ptr + rn.to(tl.int64)[:, None] * stride_qn
+    xrows = x_ptr + rm[:, None] * stride_xm
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for g0 in range(0, K, GROUP):
+    for g0 in range(0, K, OUTER):
         part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        xsum = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for t in range(0, GROUP, BLOCK_K):
-            kk = g0 + t + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mmask[:, None], other=0.0)
-            # through float32: exact for codes below 256 and e4m3 values (the interpreter bit-casts int -> bf16)
-            w = _codes(q_ptr, rn, nmask, g0 + t, K, CODE, BLOCK_N, BLOCK_K).to(tl.float32)
-            if F32_DOT:
-                part = tl.dot(x.to(tl.float32), tl.trans(w), part, input_precision="ieee")
-            else:
-                part = tl.dot(x, tl.trans(w.to(x.dtype)), part)
-            if HAS_ZERO:
-                xsum += tl.sum(x.to(tl.float32), axis=1)
-        g = g0 // GROUP
-        s = tl.load(s_ptr + srow * stride_sn + g * stride_sg, mask=nmask, other=0.0).to(tl.float32)
-        if HAS_ZERO:
-            z = tl.load(z_ptr + rn * stride_zn + g, mask=nmask, other=0).to(tl.float32)
-            acc += (part - xsum[:, None] * z[None, :]) * s[None, :]
-        else:
-            acc += part * s[None, :]
+        part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for t in range(0, OUTER, 128):
+            k0 = g0 + t
+            words = tl.load(qrows + (k0 // 128) * 16 * PLANES + rj[None, :], mask=nmask[:, None], other=0)
+            hi = _nibbles(words, IS_F16, INTERPRET, OFF)
+            if PLANES == 2:
+                lo = _nibbles(tl.load(qrows + (k0 // 128) * 32 + 16 + rj[None, :], mask=nmask[:, None], other=0),
+                              IS_F16, INTERPRET, OFF)
+            for i in tl.static_range(8):
+                kk = k0 + 16 * i + rj
+                xi = tl.load(xrows + kk[None, :], mask=mmask[:, None] & (kk < K)[None, :], other=0.0)
+                if INTERPRET:
+                    xi = xi.to(tl.float32)
+                    part = tl.dot(xi, tl.trans(hi[i]), part, input_precision="ieee")
+                    if PLANES == 2:
+                        part_lo = tl.dot(xi, tl.trans(lo[i]), part_lo, input_precision="ieee")
+                else:
+                    part = tl.dot(xi, tl.trans(hi[i]), part)
+                    if PLANES == 2:
+                        part_lo = tl.dot(xi, tl.trans(lo[i]), part_lo)
+                xs += tl.sum(xi.to(tl.float32), axis=1)
+                if GROUP < 128:
+                    if (i + 1) * 16 % GROUP == 0:
+                        g = tl.minimum((k0 + 16 * i) // GROUP, G - 1)  # past K (padding): any finite scale
+                        acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride_zn,
+                                     PLANES, OFF)
+                        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                        part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                        xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if GROUP >= 128:
+            acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g0 // GROUP, stride_sn, stride_zn, PLANES,
+                         OFF)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -75,25 +156,84 @@ def quant_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm
 
 
 @triton.jit
-def dequantize_kernel(q_ptr, s_ptr, z_ptr, perm_ptr, w_ptr, N, K, stride_sn, stride_sg, stride_zn,
-                      CODE: tl.constexpr, GROUP: tl.constexpr, S_ROWS: tl.constexpr, HAS_ZERO: tl.constexpr,
-                      HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """W [N, K] in w_ptr's dtype, one [BLOCK_N, BLOCK_K] tile per program (BLOCK_K divides GROUP); act-order weights
-    (HAS_PERM) are written back to the checkpoint's order: stored position k goes to column perm[k]."""
+def int_dequantize_kernel(q_ptr, s_ptr, z_ptr, perm_ptr, w_ptr, N, K, stride_qn, stride_sn, stride_zn,
+                          PLANES: tl.constexpr, GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """W [N, K] in w_ptr's dtype, one chunk of 128 positions of BLOCK_N rows per program (any group size: each
+    position looks up its group); act-order weights (HAS_PERM) go back to the checkpoint's order: stored position
+    k to column perm[k]."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * 128
+    nmask = rn < N
+    rj = tl.arange(0, 16)
+    qrows = q_ptr + rn.to(tl.int64)[:, None] * stride_qn + (k0 // 128) * 16 * PLANES + rj[None, :]
+    hi = _nibbles_f32(tl.load(qrows, mask=nmask[:, None], other=0), 0.0)
+    if PLANES == 2:
+        lo = _nibbles_f32(tl.load(qrows + 16, mask=nmask[:, None], other=0), 0.0)
+    for i in tl.static_range(8):
+        kk = k0 + 16 * i + rj
+        kmask = kk < K
+        if PLANES == 2:
+            c = hi[i] * 16.0 + lo[i]
+        else:
+            c = hi[i]
+        g = kk // GROUP
+        m2 = nmask[:, None] & kmask[None, :]
+        s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :], mask=m2, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + rn[:, None] * stride_zn + g[None, :], mask=m2, other=0).to(tl.float32)
+        w = (c - z) * s
+        col = tl.load(perm_ptr + kk, mask=kmask, other=0) if HAS_PERM else kk
+        tl.store(w_ptr + rn.to(tl.int64)[:, None] * K + col[None, :], w.to(w_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def fp8_mm_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_sn, stride_sg,
+                  GROUP: tl.constexpr, S_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+                  F32_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y = x @ W^T (+ bias) for e4m3 weights: program (i, j) computes rows j * BLOCK_M .. of output columns
+    i * BLOCK_N ..; per scale group (GROUP positions: 128 for blocks, K per channel / tensor) the values go through
+    the tensor cores in x's dtype (exact: e4m3 fits bf16 and fp16) and the scale multiplies the group's sums.
+    BLOCK_K divides GROUP, GROUP divides K. F32_DOT: float32 products (the interpreter, whose bf16 dot is wrong)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mmask = rm < M
+    srow = rn // S_ROWS
+    rows = rn.to(tl.int64)[:, None] * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g0 in range(0, K, GROUP):
+        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for t in range(0, GROUP, BLOCK_K):
+            kk = g0 + t + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=mmask[:, None], other=0.0)
+            # rows past N are left undefined: they reach only outputs that are not stored
+            w = tl.load(q_ptr + rows + kk[None, :], mask=nmask[:, None]).to(tl.float32)
+            if F32_DOT:
+                part = tl.dot(x.to(tl.float32), tl.trans(w), part, input_precision="ieee")
+            else:
+                part = tl.dot(x, tl.trans(w.to(x.dtype)), part)
+        s = tl.load(s_ptr + srow * stride_sn + (g0 // GROUP) * stride_sg, mask=nmask, other=0.0).to(tl.float32)
+        acc += part * s[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def fp8_dequantize_kernel(q_ptr, s_ptr, w_ptr, N, K, stride_sn, stride_sg, GROUP: tl.constexpr, S_ROWS: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W [N, K] in w_ptr's dtype from e4m3 values and their scales, one [BLOCK_N, BLOCK_K] tile per program
+    (BLOCK_K divides GROUP)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     nmask = rn < N
-    c = _codes(q_ptr, rn, nmask, k0, K, CODE, BLOCK_N, BLOCK_K).to(tl.float32)
-    g = k0 // GROUP
-    s = tl.load(s_ptr + (rn // S_ROWS) * stride_sn + g * stride_sg, mask=nmask, other=0.0).to(tl.float32)
-    if HAS_ZERO:
-        z = tl.load(z_ptr + rn * stride_zn + g, mask=nmask, other=0).to(tl.float32)
-        c = c - z[:, None]
-    w = c * s[:, None]
     kk = k0 + tl.arange(0, BLOCK_K)
-    if HAS_PERM:
-        kk = tl.load(perm_ptr + kk)
-    tl.store(w_ptr + rn.to(tl.int64)[:, None] * K + kk[None, :], w.to(w_ptr.dtype.element_ty), mask=nmask[:, None])
+    rows = rn.to(tl.int64)[:, None] * K
+    w = tl.load(q_ptr + rows + kk[None, :], mask=nmask[:, None]).to(tl.float32)
+    s = tl.load(s_ptr + (rn // S_ROWS) * stride_sn + (k0 // GROUP) * stride_sg, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(w_ptr + rows + kk[None, :], (w * s[:, None]).to(w_ptr.dtype.element_ty), mask=nmask[:, None])
 
 
 @triton.jit

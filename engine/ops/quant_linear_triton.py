@@ -9,102 +9,93 @@ from dataclasses import dataclass
 import torch
 
 from engine.weight_quant import FP8, FP8_BLOCK, Fp8Weight, IntWeight, QuantWeight
-from engine.ops.skinny_gemm import _pdl
+from engine.ops.skinny_gemm import pdl as pdl_for
 
 
 @dataclass(frozen=True)
 class QuantConfig:
     block_m: int
     block_n: int
-    block_k: int  # at most; the launch takes the largest power of two <= this that divides the group
+    block_k: int = 128  # fp8: at most (the launch takes the largest power of two <= this dividing the group)
     num_warps: int = 4
     num_stages: int = 4
 
 
-FUSED_MAX_M = 256  # rows up to which the fused kernel runs (beyond, a prefill: dequantize once, then the GEMM)
+FUSED_MAX_M = 256  # rows up to which the fused kernels run (beyond, a prefill: dequantize once, then the GEMM)
 
 
-def config_for(m: int) -> QuantConfig:
+def config_for(weight: QuantWeight, m: int) -> QuantConfig:
+    if isinstance(weight, Fp8Weight):
+        if m <= 16:
+            return QuantConfig(16, 32, 256, 4, 3)
+        return QuantConfig(32, 64, 128, 4, 3) if m <= 32 else QuantConfig(64, 64, 64, 4, 3)
     if m <= 16:
-        return QuantConfig(16, 32, 128, 4, 4)
-    if m <= 32:
-        return QuantConfig(32, 64, 128, 4, 3)
-    return QuantConfig(64, 64, 64, 4, 3)
+        return QuantConfig(16, 64, num_warps=4, num_stages=3)
+    return QuantConfig(32, 64, num_warps=4, num_stages=3) if m <= 32 else QuantConfig(64, 64, num_warps=4,
+                                                                                     num_stages=3)
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """A weight's kernel arguments: codes, scale addressing, zero points."""
-    q: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor | None
-    code: int
-    group: int
-    s_rows: int
-    stride_sn: int
-    stride_sg: int
-    stride_zn: int = 0
-
-    @property
-    def zeros_arg(self) -> torch.Tensor:
-        return self.zeros if self.zeros is not None else self.scales  # a pointer the kernel does not read
-
-
-def _layout(weight: QuantWeight) -> _Layout:
-    if isinstance(weight, IntWeight):
-        return _Layout(weight.q, weight.scales, weight.zeros, 0 if weight.bits == 4 else 1, weight.group, 1,
-                       weight.scales.stride(0), weight.scales.stride(1), weight.zeros.stride(0))
-    k = weight.shape[1]
+def _fp8_layout(weight: Fp8Weight) -> tuple[int, int, int, int]:
+    """(group, s_rows, stride_sn, stride_sg) of the scale addressing."""
     s = weight.scale
     if weight.kind == "block":
-        return _Layout(weight.w, s, None, 2, FP8_BLOCK, FP8_BLOCK, s.stride(0), s.stride(1))
-    if weight.kind == "channel":
-        return _Layout(weight.w, s, None, 2, k, 1, 1, 0)
-    return _Layout(weight.w, s, None, 2, k, 1, 0, 0)
+        return FP8_BLOCK, FP8_BLOCK, s.stride(0), s.stride(1)
+    return weight.shape[1], 1, (1 if weight.kind == "channel" else 0), 0
 
 
-def block_k_for(group: int, code: int, most: int) -> int | None:
-    """The largest power of two <= most dividing the group (and at least 16: the tensor cores' K); None if none."""
+def block_k_for(group: int, most: int) -> int | None:
+    """The largest power of two <= most dividing the group, at least 16 (the tensor cores' K); None if none."""
     b = most
     while b >= 16:
-        if group % b == 0 and (code != 0 or b % 8 == 0):
+        if group % b == 0:
             return b
         b //= 2
     return None
 
 
 def supported(weight: QuantWeight) -> bool:
-    """Whether the kernels take this weight (its group has a power-of-two factor of at least 16)."""
-    lay = _layout(weight)
-    return block_k_for(lay.group, lay.code, 128) is not None
+    """Whether the fused kernels take this weight: integer groups of 16 / 32 / 64, a multiple of 128 or all of K;
+    fp8 scale groups with a power-of-two factor of at least 16."""
+    if isinstance(weight, IntWeight):
+        g = weight.group
+        return (g < 128 and 128 % g == 0 and g % 16 == 0) or g % 128 == 0 or g == weight.k
+    return block_k_for(_fp8_layout(weight)[0], 128) is not None
 
 
 def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
           config: QuantConfig | None = None) -> torch.Tensor:
     """x [M, K] (bf16 / fp16) @ W^T (+ bias) -> out [M, N] (rows may be strided, last dim contiguous), the weight
-    dequantized in registers (``config_for(M)`` unless given)."""
+    dequantized in registers (``config_for`` unless given)."""
     from engine.ops import quant_linear_kernel as kern
 
     m, k = x.shape
     n = weight.shape[0]
-    cfg = config or config_for(m)
-    lay = _layout(weight)
-    bk = block_k_for(lay.group, lay.code, cfg.block_k)
-    if bk is None:
-        raise ValueError(f"quantized linear: no K tile divides the group of {lay.group}")
+    cfg = config or config_for(weight, m)
     if isinstance(weight, IntWeight) and weight.perm is not None:
         x = x.index_select(1, weight.perm)
     elif x.stride(1) != 1:
         x = x.contiguous()
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    pdl = _pdl(x.device)
-    kern.quant_mm_kernel[(-(-n // cfg.block_n), -(-m // cfg.block_m))](
-        x, lay.q, lay.scales, lay.zeros_arg, bias if bias is not None else lay.scales, out, m, n, k, x.stride(0),
-        out.stride(0), lay.stride_sn, lay.stride_sg, lay.stride_zn, CODE=lay.code, GROUP=lay.group,
-        S_ROWS=lay.s_rows, HAS_ZERO=lay.zeros is not None, HAS_BIAS=bias is not None, PDL=pdl, F32_DOT=not x.is_cuda,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"launch_pdl": True} if pdl else {}))
+    pdl = pdl_for(x.device)
+    grid = (-(-n // cfg.block_n), -(-m // cfg.block_m))
+    b = bias if bias is not None else out
+    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, **({"launch_pdl": True} if pdl else {})}
+    if isinstance(weight, IntWeight):
+        kern.int_mm_kernel[grid](
+            x, weight.q, weight.scales, weight.zeros, b, out, m, n, k, weight.scales.shape[1], x.stride(0),
+            out.stride(0), weight.q.stride(0), weight.scales.stride(0), weight.zeros.stride(0), PLANES=weight.planes,
+            GROUP=weight.group, HAS_BIAS=bias is not None, PDL=pdl, IS_F16=x.dtype == torch.float16,
+            INTERPRET=not x.is_cuda, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **launch)
+        return out
+    group, s_rows, sn, sg = _fp8_layout(weight)
+    bk = block_k_for(group, cfg.block_k)
+    if bk is None:
+        raise ValueError(f"quantized linear: no K tile divides the fp8 scale group of {group}")
+    kern.fp8_mm_kernel[grid](
+        x, weight.w, weight.scale, b, out, m, n, k, x.stride(0), out.stride(0), sn, sg, GROUP=group, S_ROWS=s_rows,
+        HAS_BIAS=bias is not None, PDL=pdl, F32_DOT=not x.is_cuda, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=bk, **launch)
     return out
 
 
@@ -113,17 +104,21 @@ def dequantize(weight: QuantWeight, dtype: torch.dtype) -> torch.Tensor:
     from engine.ops import quant_linear_kernel as kern
 
     n, k = weight.shape
-    lay = _layout(weight)
-    bk = block_k_for(lay.group, lay.code, 128)
+    w = torch.empty(n, k, dtype=dtype, device=weight.device)
+    block_n = 32
+    if isinstance(weight, IntWeight):
+        perm = weight.perm
+        kern.int_dequantize_kernel[(-(-n // block_n), -(-k // 128))](
+            weight.q, weight.scales, weight.zeros, perm if perm is not None else weight.scales, w, n, k,
+            weight.q.stride(0), weight.scales.stride(0), weight.zeros.stride(0), PLANES=weight.planes,
+            GROUP=weight.group, HAS_PERM=perm is not None, BLOCK_N=block_n, num_warps=4)
+        return w
+    group, s_rows, sn, sg = _fp8_layout(weight)
+    bk = block_k_for(group, 128)
     if bk is None:
         return weight.dequantize(dtype)
-    w = torch.empty(n, k, dtype=dtype, device=weight.device)
-    perm = weight.perm if isinstance(weight, IntWeight) else None
-    block_n = 32
-    kern.dequantize_kernel[(-(-n // block_n), k // bk)](
-        lay.q, lay.scales, lay.zeros_arg, perm if perm is not None else lay.scales, w, n, k, lay.stride_sn,
-        lay.stride_sg, lay.stride_zn, CODE=lay.code, GROUP=lay.group, S_ROWS=lay.s_rows, HAS_ZERO=lay.zeros is not None,
-        HAS_PERM=perm is not None, BLOCK_N=block_n, BLOCK_K=bk, num_warps=4)
+    kern.fp8_dequantize_kernel[(-(-n // block_n), k // bk)](
+        weight.w, weight.scale, w, n, k, sn, sg, GROUP=group, S_ROWS=s_rows, BLOCK_N=block_n, BLOCK_K=bk, num_warps=4)
     return w
 
 

@@ -77,17 +77,17 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         out = torch.empty(1, N, dtype=x.dtype, device=x.device)
     cfg = config or GEMV_CONFIG
     grid = (-(-N // cfg.block_n),)
-    pdl = _pdl(x.device)
+    pdl_on = pdl(x.device)
     kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out, N, K, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, PDL=pdl, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                           num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}))
+                           EVEN_K=K % cfg.block_k == 0, PDL=pdl_on, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                           num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl_on else {}))
     return out
 
 
 _SM90: dict[int, bool] = {}  # CUDA device index -> compute capability >= 9.0
 
 
-def _pdl(device: torch.device) -> bool:
+def pdl(device: torch.device) -> bool:
     """Whether the GEMV launches as a programmatic dependent here: CUDA sm_90+, not KESTREL_PDL=off."""
     if device.type != "cuda" or envs.KESTREL_PDL == "off":
         return False
