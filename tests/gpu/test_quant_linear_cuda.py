@@ -39,7 +39,7 @@ def _weights(n: int, k: int, gen) -> dict:
              "int4 act-order": _act_order(w, 64, gen).pack()}
     if FP8_OK:
         forms.update({"fp8 channel": Fp8Weight.quantize(w, "channel"), "fp8 tensor": Fp8Weight.quantize(w, "tensor"),
-                      "fp8 block": Fp8Weight((w * 3000).to(FP8), torch.rand(-(-n // 128), -(-k // 128), generator=gen)
+                      "fp8 block": Fp8Weight((w * 3000).clamp(-448, 448).to(FP8), torch.rand(-(-n // 128), -(-k // 128), generator=gen)
                                              / 1000 + 1e-4)})
     return {name: f.to("cuda") for name, f in forms.items() if f is not None}
 
