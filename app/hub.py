@@ -18,6 +18,7 @@ from app.downloader import HubFile
 from app.fit import ModelShape
 from app.model_inspect import GGUF_ARCHITECTURES
 from app.paths import hf_endpoint
+from app.quant_scheme import describe_quantization
 from engine.config import SUPPORTED_ARCHITECTURES
 
 FORMATS = {"Any format": None, "safetensors": "safetensors", "GGUF": "gguf", "GPTQ": "gptq", "AWQ": "awq"}
@@ -52,10 +53,15 @@ class Variant:
     """One thing to download: a GGUF file (one quantization), or the safetensors weights with their
     config and tokenizer files."""
 
-    label: str  # "Q4_K_M", "safetensors (bf16)", ...
+    label: str  # "Q4_K_M", "safetensors (bfloat16)", "safetensors (GPTQ int4 g128)", ...
     files: list[HubFile]
-    quantization: str | None
+    quantization: str | None  # the GGUF type, or the checkpoint's quantization in words ("GPTQ int4 g128")
     size: int
+    reason: str = ""  # why the engine cannot load it (a quantization it does not read); "" when it can
+
+    @property
+    def loadable(self) -> bool:
+        return not self.reason
 
     @property
     def is_gguf(self) -> bool:
@@ -190,11 +196,11 @@ def _variants(files: list[HubFile], config: dict) -> list[Variant]:
     weights = [f for f in files if f.path.endswith(".safetensors")]
     if weights:
         small = [f for f in files if _NEEDED_SMALL.match(f.path)]
-        qc = config.get("quantization_config") or {}
-        quant = str(qc.get("quant_method")).upper() if qc.get("quant_method") else None
+        # the Hub's summary of config.json may leave fields of quantization_config out (complete=False)
+        quant, refused = describe_quantization(config.get("quantization_config"), complete=False)
         dtype = config.get("torch_dtype") or config.get("dtype") or "float"
         label = f"safetensors ({quant or dtype})"
-        out.append(Variant(label, weights + small, quant, sum(f.size or 0 for f in weights + small)))
+        out.append(Variant(label, weights + small, quant, sum(f.size or 0 for f in weights + small), refused or ""))
     return out
 
 
@@ -206,8 +212,8 @@ def _support(architecture: str | None, config: dict, variants: list[Variant]) ->
                        f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}).")
     if not variants:
         return False, "No safetensors or GGUF weights in this repo."
-    if all(v.quantization and not v.is_gguf for v in variants):
-        return False, f"{variants[0].quantization}-quantized checkpoints cannot be loaded yet."
+    if not any(v.loadable for v in variants):
+        return False, variants[0].reason
     return True, ""
 
 

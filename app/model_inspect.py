@@ -12,10 +12,11 @@ from pathlib import Path
 
 from app.fit import ModelShape
 from app.gguf_header import GGUFHeaderError, read_gguf_header
+from app.quant_scheme import describe_quantization, quantization_method
 from engine.config import SUPPORTED_ARCHITECTURES
 
 # Mirrors of engine.loader.gguf's GGUF_ARCHITECTURES and SUPPORTED_QTYPES (that module imports torch);
-# tests/app/test_model_inspect.py checks they agree.
+# tests/app/test_model_data.py checks they agree.
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 GGUF_TENSOR_TYPES = frozenset({
     "BF16", "F16", "F32", "IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS",
@@ -30,7 +31,12 @@ class ModelFacts:
     format: str  # "gguf" | "safetensors"
     name: str
     architecture: str | None = None  # the Hugging Face class name, e.g. LlamaForCausalLM
-    quantization: str | None = None  # "Q4_K_M", "GPTQ", ...; None for plain float weights
+    # the GGUF file type ("Q4_K_M") or the checkpoint's quant_method ("GPTQ", "AWQ", "FP8": compressed-tensors FP8
+    # is "FP8"; app.fit reads these); None for plain float weights
+    quantization: str | None = None
+    # the quantization in words: the engine's name for a checkpoint it loads ("GPTQ int4 g128", "FP8 block
+    # 128x128"), the method for one it does not ("bitsandbytes"), the GGUF file type; None for float weights
+    quantization_name: str | None = None
     torch_dtype: str | None = None
     num_params: int | None = None
     context_length: int | None = None
@@ -63,7 +69,7 @@ def _inspect_gguf(path: Path) -> ModelFacts:
     md = header.metadata
     arch = header.architecture
     facts.architecture = GGUF_ARCHITECTURES.get(arch, f"{arch} (GGUF)")
-    facts.quantization = header.quantization
+    facts.quantization = facts.quantization_name = header.quantization
     facts.num_params = header.num_params
     facts.context_length = header.arch_value("context_length")
     facts.shape = ModelShape.from_gguf_metadata(md, header.vocab_size)
@@ -108,18 +114,18 @@ def _inspect_dir(path: Path) -> ModelFacts:
         except (OSError, ValueError):
             pass
     qc = cfg.get("quantization_config")
-    if isinstance(qc, dict) and qc.get("quant_method"):
-        facts.quantization = str(qc["quant_method"]).upper()
+    facts.quantization_name, refused = describe_quantization(qc)
+    if facts.quantization_name:
+        facts.quantization = str(qc["quant_method"]).upper() if refused else quantization_method(
+            facts.quantization_name)
     facts.num_params = _safetensors_params(path)
     shards = list(path.glob("*.safetensors"))
     if facts.architecture not in SUPPORTED_ARCHITECTURES:
         facts.supported = False
         facts.reason = (f"Architecture '{facts.architecture}' is not supported (supported: "
                         f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}).")
-    elif facts.quantization:
-        facts.supported = False
-        facts.reason = (f"{facts.quantization}-quantized checkpoints cannot be loaded yet; use the unquantized "
-                        "model or a GGUF file.")
+    elif refused:
+        facts.supported, facts.reason = False, refused
     elif not shards:
         facts.supported = False
         facts.reason = "No .safetensors weights in this folder (only PyTorch .bin files?)."

@@ -6,6 +6,8 @@ through the Models panel (search, details, fit, download, library, delete)."""
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 import threading
 
 import pytest
@@ -174,3 +176,60 @@ def test_models_panel_search_download_load_and_delete(hub, make_window, qtbot, a
     assert "MB" in models.status.text() or "KB" in models.status.text()
     qtbot.waitUntil(lambda: not any(e.repo_id == REPO for e in w.ctx.library.entries), timeout=30_000)
     assert not (_cache(app_env) / "models--kestrel-test--tiny-smollm2").exists()
+
+
+@pytest.fixture
+def quantized_hub(tiny_model_dir, app_env, monkeypatch, tmp_path):
+    """A fake Hub of pre-quantized repos (the tiny model's files under another config.json): GPTQ int4 g128,
+    the same with the Hub's summary of its config (only quant_method and bits), bitsandbytes, and bitsandbytes
+    beside a GGUF file."""
+    import huggingface_hub.constants
+
+    src = tiny_model_dir("smollm2")
+    cfg = json.loads((src / "config.json").read_text())
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    bnb = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    repos = {}
+    for repo_id, qc, extra in (("q/gptq", gptq, {}), ("q/gptq-summary", gptq, {}), ("q/bnb", bnb, {}),
+                               ("q/bnb-and-gguf", bnb, {"model-Q4_K_M.gguf": b"GGUF" + bytes(60)})):
+        d = tmp_path / repo_id.replace("/", "--")
+        shutil.copytree(src, d)
+        (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
+        for name, data in extra.items():
+            (d / name).write_bytes(data)
+        repos[repo_id] = d
+    summary = {"architectures": cfg["architectures"], "model_type": cfg["model_type"],
+               "quantization_config": {"bits": 4, "quant_method": "gptq"}}
+    fake = FakeHub(repos, extra_info={"q/gptq-summary": {"config": summary}})
+    monkeypatch.setenv("HF_ENDPOINT", fake.url)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield fake
+    fake.close()
+
+
+def test_a_gptq_repo_is_loadable_with_its_quantization_named(quantized_hub):
+    d = repo_details("q/gptq")
+    assert d.supported and d.reason == ""
+    (v,) = d.variants
+    assert v.label == "safetensors (GPTQ int4 g128)" and v.quantization == "GPTQ int4 g128"
+    assert v.loadable and v.reason == "" and not v.is_gguf
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.path for f in v.files}
+    # the Hub's summary of config.json (no group_size): named as far as it says, and loadable
+    s = repo_details("q/gptq-summary")
+    assert s.supported and [(v.label, v.loadable) for v in s.variants] == [("safetensors (GPTQ int4)", True)]
+
+
+def test_an_unsupported_quantization_on_the_hub_is_refused_in_words(quantized_hub):
+    d = repo_details("q/bnb")
+    assert not d.supported
+    (v,) = d.variants
+    assert v.label == "safetensors (bitsandbytes)" and not v.loadable
+    assert d.reason == v.reason == (
+        "bitsandbytes-quantized checkpoints cannot be loaded. Kestrel loads GPTQ (4 or 8 bits), AWQ (4 bits, GEMM "
+        "layout) and FP8 checkpoints (per tensor, per channel or 128x128 blocks, llm-compressor's compressed-tensors "
+        "FP8 included); use the unquantized model or a GGUF file.")
+    # a GGUF file beside them: the repo has something to run
+    both = repo_details("q/bnb-and-gguf")
+    assert both.supported and both.reason == ""
+    assert [(v.label, v.loadable) for v in both.variants] == [("Q4_K_M", True), ("safetensors (bitsandbytes)", False)]

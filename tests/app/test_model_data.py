@@ -12,6 +12,7 @@ from app import fit
 from app.gguf_header import GGUFHeaderError, read_gguf_header
 from app.library import delete_entry, deletion_size, scan_library
 from app.model_inspect import GGUF_ARCHITECTURES, GGUF_TENSOR_TYPES, inspect_model
+from app.quant_scheme import SUPPORTED, describe_quantization
 
 
 def test_gguf_header_matches_the_engine(smollm2_gguf):
@@ -57,13 +58,136 @@ def test_inspect_gguf_directory_and_broken_files(smollm2_gguf, tiny_model_dir, t
     (gptq / "config.json").write_text(json.dumps(cfg))
     (gptq / "model.safetensors").write_bytes((tiny_model_dir("llama") / "model.safetensors").read_bytes())
     g = inspect_model(gptq)
-    assert not g.supported and g.quantization == "GPTQ" and "cannot be loaded yet" in g.reason
+    assert g.supported and g.reason == "" and g.quantization == "GPTQ"  # no group_size: the engine's per-channel
+    assert g.quantization_name == "GPTQ int4 per-channel"
     other = tmp_path / "mamba"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"]}))
     (other / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
     m = inspect_model(other)
     assert not m.supported and "MambaForCausalLM" in m.reason
+
+
+# quantization_config -> the engine's name, or None where it refuses the config
+_CT_FP8 = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+    "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}
+QUANT_CONFIGS = [
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}, "GPTQ int4 g128"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": True}, "GPTQ int4 g64 act-order"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": -1, "checkpoint_format": "gptq_v2"}, "GPTQ int8 per-channel"),
+    ({"quant_method": "GPTQ", "bits": 4}, "GPTQ int4 per-channel"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, "AWQ int4 g128"),
+    ({"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "version": "GEMM"}, "AWQ int4 g64"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]},
+     "FP8 block 128x128"),
+    ({"quant_method": "fp8", "activation_scheme": "static"}, "FP8 per-tensor"),
+    (_CT_FP8, "FP8 per-channel"),
+    ({**_CT_FP8, "config_groups": {"g": {"format": "naive-quantized", "weights": {
+        "num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}}}}, "FP8 block 128x128"),
+    # refused
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, None),
+    ({"quant_method": "hqq", "nbits": 4}, None),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, None),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "backend": "llm-awq"}, None),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}, None),
+    ({"quant_method": "awq", "bits": 8, "group_size": 128}, None),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, None),
+    ({"quant_method": "gptq", "bits": 2, "group_size": 128}, None),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, None),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "is_marlin_format": True}, None),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 0}, None),
+    ({"quant_method": "gptq", "group_size": 128}, None),
+    ({"quant_method": "fp8", "weight_block_size": [64, 64]}, None),
+    ({"quant_method": "fp8", "fmt": "e5m2"}, None),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}, None),
+    ({**_CT_FP8, "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "group"}}}},
+     None),
+    ({**_CT_FP8, "config_groups": {"a": {"weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}},
+                                   "b": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}, None),
+    ({"quant_method": "compressed-tensors"}, None),
+]
+
+
+@pytest.mark.parametrize("qc, name", QUANT_CONFIGS, ids=lambda v: None if isinstance(v, dict) else str(v))
+def test_quantization_descriptions_agree_with_the_engine(qc, name):
+    from engine.errors import CheckpointError
+    from engine.loader.quantized import parse_scheme
+
+    try:
+        engine_name = parse_scheme(qc, "config.json").name
+    except CheckpointError:
+        engine_name = None
+    assert engine_name == name
+    ours, reason = describe_quantization(qc)
+    if name is None:
+        assert ours and reason and reason.endswith(f"Kestrel loads {SUPPORTED}; use the unquantized model or a "
+                                                   "GGUF file."), reason
+    else:
+        assert (ours, reason) == (name, None)
+
+
+def _quantized_dir(tiny_model_dir, root, qc):
+    d = root / "m"
+    d.mkdir()
+    cfg = json.loads((tiny_model_dir("llama") / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
+    (d / "model.safetensors").write_bytes((tiny_model_dir("llama") / "model.safetensors").read_bytes())
+    return d
+
+
+@pytest.mark.parametrize("qc, name, method", [
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}, "GPTQ int4 g128", "GPTQ"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, "AWQ int4 g128",
+     "AWQ"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, "FP8 block 128x128",
+     "FP8"),
+    (_CT_FP8, "FP8 per-channel", "FP8"),  # app.fit's method: FP8, kept quantized on an FP8 GPU
+])
+def test_a_prequantized_checkpoint_is_loadable_with_its_name(qc, name, method, tiny_model_dir, tmp_path):
+    f = inspect_model(_quantized_dir(tiny_model_dir, tmp_path, qc))
+    assert f.supported and f.reason == "" and f.readable
+    assert (f.quantization_name, f.quantization) == (name, method)
+    assert fit.prequantized_method(f) == method
+
+
+@pytest.mark.parametrize("qc, label, why", [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes",
+     "bitsandbytes-quantized checkpoints cannot be loaded."),
+    ({"quant_method": "hqq", "nbits": 4}, "HQQ", "HQQ-quantized checkpoints cannot be loaded."),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "AWQ",
+     "This AWQ checkpoint cannot be loaded: its weights are packed in the gemv layout (AWQ loads in AutoAWQ's "
+     "default GEMM layout;"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "GPTQ",
+     "This GPTQ checkpoint cannot be loaded: it has 3-bit weights (GPTQ loads with 4 or 8)."),
+])
+def test_an_unsupported_quantization_is_refused_with_the_reason(qc, label, why, tiny_model_dir, tmp_path):
+    f = inspect_model(_quantized_dir(tiny_model_dir, tmp_path, qc))
+    assert not f.supported and f.readable
+    assert f.quantization_name == label and f.quantization == str(qc["quant_method"]).upper()
+    assert f.reason.startswith(why), f.reason
+    assert f.reason.endswith("Kestrel loads GPTQ (4 or 8 bits), AWQ (4 bits, GEMM layout) and FP8 checkpoints (per "
+                             "tensor, per channel or 128x128 blocks, llm-compressor's compressed-tensors FP8 "
+                             "included); use the unquantized model or a GGUF file."), f.reason
+    assert "yet" not in f.reason
+
+
+def test_the_hub_summary_of_a_config_may_leave_fields_out():
+    """model_info().config may carry only part of quantization_config: what is not there is not assumed."""
+    assert describe_quantization({"quant_method": "gptq", "bits": 4}, complete=False) == ("GPTQ int4", None)
+    assert describe_quantization({"quant_method": "awq"}, complete=False) == ("AWQ", None)
+    assert describe_quantization({"quant_method": "fp8"}, complete=False) == ("FP8", None)
+    assert describe_quantization({"quant_method": "compressed-tensors"}, complete=False) == ("compressed-tensors",
+                                                                                              None)
+    lacking = ({"quant_method": "GPTQ", "bits": 4}, {"quant_method": "gptq", "group_size": 128},
+               {"quant_method": "fp8", "activation_scheme": "static"}, {"quant_method": "compressed-tensors"})
+    for qc, _ in QUANT_CONFIGS:  # a config with the fields its name depends on reads the same either way
+        if qc not in lacking:
+            assert describe_quantization(qc, complete=False) == describe_quantization(qc), qc
+    assert describe_quantization(lacking[0], complete=False) == ("GPTQ int4", None)  # group size not known
+    assert describe_quantization({"quant_method": "gptq", "bits": 3}, complete=False)[1].startswith(
+        "This GPTQ checkpoint cannot be loaded: it has 3-bit weights")
+    assert describe_quantization(None) == describe_quantization({"bits": 4}) == (None, None)
 
 
 def _hf_repo(cache, repo_id, files: dict[str, bytes], commit="c0ffee"):
