@@ -94,8 +94,9 @@ def _candidates(mode: str, m: int) -> list:
         return []
     if mode == "fp8":
         return [QuantConfig(16, 64, 128, 4, 4), QuantConfig(16, 32, 128, 4, 4)]
-    return [QuantConfig(16, 32, num_warps=4, num_stages=3), QuantConfig(16, 128, num_warps=4, num_stages=3),
-            QuantConfig(16, 64, num_warps=8, num_stages=3), QuantConfig(16, 64, num_warps=4, num_stages=2)]
+    return [QuantConfig(16, 16, num_warps=4, num_stages=4), QuantConfig(16, 16, num_warps=2, num_stages=6),
+            QuantConfig(16, 32, num_warps=4, num_stages=6), QuantConfig(16, 64, num_warps=4, num_stages=4),
+            QuantConfig(16, 64, num_warps=8, num_stages=6)]
 
 
 def _tinygemm_forms(int4: list):

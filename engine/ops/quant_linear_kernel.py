@@ -96,16 +96,18 @@ def _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride
 
 @triton.jit
 def int_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, G, stride_xm, stride_ym, stride_qn, stride_sn,
-                  stride_zn, PLANES: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
-                  IS_F16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  stride_zn, PLANES: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  PDL: tl.constexpr, IS_F16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
     """y = x @ W^T (+ bias) for integer weights, x [M, K]: program (i, j) computes rows j * BLOCK_M .. of output
-    columns i * BLOCK_N .., streaming those BLOCK_N rows of codes once, 128 K positions (one chunk) per step as 8
-    tensor-core products of 16 positions. GROUP: K positions per scale, 16 / 32 / 64 (applied within a chunk) or a
-    multiple of 128, or K itself (one group per row; the last chunk may be partial: x is read as zero past K)."""
+    columns i * BLOCK_N .., streaming those BLOCK_N rows of codes once, one chunk of 128 K positions per step of one
+    flat (software-pipelined) loop, as 8 tensor-core products of 16 positions. Scales and zero points: per group of
+    GROUP = 16 / 32 / 64 positions within the chunk, per chunk for groups of a multiple of 128 (each chunk's sums
+    scaled by its group's scale: the same sum), or once at the end (PER_ROW: one group per output row; x is read as
+    zero past K, the last chunk's padding)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
     OFF: tl.constexpr = 1024.0 if IS_F16 else 128.0
-    OUTER: tl.constexpr = GROUP if GROUP >= 128 else 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -114,41 +116,44 @@ def int_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, G, stride_x
     qrows = q_ptr + rn.to(tl.int64)[:, None] * stride_qn
     xrows = x_ptr + rm[:, None] * stride_xm
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for g0 in range(0, K, OUTER):
-        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        xs = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for t in range(0, OUTER, 128):
-            k0 = g0 + t
-            words = tl.load(qrows + (k0 // 128) * 16 * PLANES + rj[None, :], mask=nmask[:, None], other=0)
-            hi = _nibbles(words, IS_F16, INTERPRET, OFF)
-            if PLANES == 2:
-                lo = _nibbles(tl.load(qrows + (k0 // 128) * 32 + 16 + rj[None, :], mask=nmask[:, None], other=0),
-                              IS_F16, INTERPRET, OFF)
-            for i in tl.static_range(8):
-                kk = k0 + 16 * i + rj
-                xi = tl.load(xrows + kk[None, :], mask=mmask[:, None] & (kk < K)[None, :], other=0.0)
-                if INTERPRET:
-                    xi = xi.to(tl.float32)
-                    part = tl.dot(xi, tl.trans(hi[i]), part, input_precision="ieee")
-                    if PLANES == 2:
-                        part_lo = tl.dot(xi, tl.trans(lo[i]), part_lo, input_precision="ieee")
-                else:
-                    part = tl.dot(xi, tl.trans(hi[i]), part)
-                    if PLANES == 2:
-                        part_lo = tl.dot(xi, tl.trans(lo[i]), part_lo)
-                xs += tl.sum(xi.to(tl.float32), axis=1)
-                if GROUP < 128:
-                    if (i + 1) * 16 % GROUP == 0:
-                        g = tl.minimum((k0 + 16 * i) // GROUP, G - 1)  # past K (padding): any finite scale
-                        acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride_zn,
-                                     PLANES, OFF)
-                        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                        part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                        xs = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if GROUP >= 128:
-            acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g0 // GROUP, stride_sn, stride_zn, PLANES,
+    part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, 128):
+        words = tl.load(qrows + (k0 // 128) * 16 * PLANES + rj[None, :], mask=nmask[:, None], other=0)
+        hi = _nibbles(words, IS_F16, INTERPRET, OFF)
+        if PLANES == 2:
+            lo = _nibbles(tl.load(qrows + (k0 // 128) * 32 + 16 + rj[None, :], mask=nmask[:, None], other=0),
+                          IS_F16, INTERPRET, OFF)
+        for i in tl.static_range(8):
+            kk = k0 + 16 * i + rj
+            xi = tl.load(xrows + kk[None, :], mask=mmask[:, None] & (kk < K)[None, :], other=0.0)
+            if INTERPRET:
+                xi = xi.to(tl.float32)
+                part = tl.dot(xi, tl.trans(hi[i]), part, input_precision="ieee")
+                if PLANES == 2:
+                    part_lo = tl.dot(xi, tl.trans(lo[i]), part_lo, input_precision="ieee")
+            else:
+                part = tl.dot(xi, tl.trans(hi[i]), part)
+                if PLANES == 2:
+                    part_lo = tl.dot(xi, tl.trans(lo[i]), part_lo)
+            xs += tl.sum(xi.to(tl.float32), axis=1)
+            if GROUP < 128:
+                if (i + 1) * 16 % GROUP == 0:
+                    g = tl.minimum((k0 + 16 * i) // GROUP, G - 1)  # past K (padding): any finite scale
+                    acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride_zn, PLANES,
+                                 OFF)
+                    part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                    part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                    xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if GROUP >= 128 and not PER_ROW:
+            acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, k0 // GROUP, stride_sn, stride_zn, PLANES,
                          OFF)
+            part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PER_ROW:
+        acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, 0, stride_sn, stride_zn, PLANES, OFF)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),

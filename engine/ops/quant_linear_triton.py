@@ -30,7 +30,7 @@ def config_for(weight: QuantWeight, m: int) -> QuantConfig:
             return QuantConfig(16, 32, 256, 4, 3)
         return QuantConfig(32, 64, 128, 4, 3) if m <= 32 else QuantConfig(64, 64, 64, 4, 3)
     if m <= 16:
-        return QuantConfig(16, 64, num_warps=4, num_stages=3)
+        return QuantConfig(16, 32, num_warps=4, num_stages=4)
     return QuantConfig(32, 64, num_warps=4, num_stages=3) if m <= 32 else QuantConfig(64, 64, num_warps=4,
                                                                                      num_stages=3)
 
@@ -85,7 +85,8 @@ def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None
         kern.int_mm_kernel[grid](
             x, weight.q, weight.scales, weight.zeros, b, out, m, n, k, weight.scales.shape[1], x.stride(0),
             out.stride(0), weight.q.stride(0), weight.scales.stride(0), weight.zeros.stride(0), PLANES=weight.planes,
-            GROUP=weight.group, HAS_BIAS=bias is not None, PDL=pdl, IS_F16=x.dtype == torch.float16,
+            GROUP=weight.group, PER_ROW=weight.group >= k, HAS_BIAS=bias is not None, PDL=pdl,
+            IS_F16=x.dtype == torch.float16,
             INTERPRET=not x.is_cuda, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **launch)
         return out
     group, s_rows, sn, sg = _fp8_layout(weight)

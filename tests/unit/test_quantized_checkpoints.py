@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +132,13 @@ def quantize_fp8(w: torch.Tensor, kind: str):
     return q, s.float(), q.float() * full.float()
 
 
+def act_order_perm(prefix: str, k: int) -> torch.Tensor:
+    """GPTQ's act-order sorts the columns by its input's Hessian, so the layers of one input (q / k / v, gate /
+    up) share their order (and the engine can fuse them quantized); other layers get their own."""
+    shared = re.sub(r"\.(q|k|v)_proj$", ".qkv", re.sub(r"\.(gate|up)_proj$", ".gate_up", prefix))
+    return torch.randperm(k, generator=torch.Generator().manual_seed(zlib.crc32(shared.encode())))
+
+
 def quantize_linear(fmt: str, qc, w: torch.Tensor, prefix: str, opts: dict, gen: torch.Generator):
     """The stored tensors of one linear and its reference dequantization (float32)."""
     if isinstance(qc, str) or qc["quant_method"] == "fp8":
@@ -149,7 +158,7 @@ def quantize_linear(fmt: str, qc, w: torch.Tensor, prefix: str, opts: dict, gen:
                f"{prefix}.qzeros": pack(zeros.t(), 4, 1, AWQ_ORDER),
                f"{prefix}.scales": scales.t().contiguous()}
         return out, dequant_int(codes, zeros, scales, g_idx)
-    perm = torch.randperm(w.shape[1], generator=gen) if qc["desc_act"] else None
+    perm = act_order_perm(prefix, w.shape[1]) if qc["desc_act"] else None
     codes, zeros, scales, g_idx = rtn_int(w, bits, group, qc["sym"], perm)
     stored = zeros if qc.get("checkpoint_format") == "gptq_v2" else zeros - 1  # v1: each zero minus one
     assert stored.min() >= 0
