@@ -79,10 +79,10 @@ def _nibbles(words, IS_F16: tl.constexpr, INTERPRET: tl.constexpr, OFF: tl.const
 
 
 @triton.jit
-def _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride_zn, PLANES: tl.constexpr,
+def _apply(acc, part, part_lo, xacc, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride_zn, PLANES: tl.constexpr,
            OFF: tl.constexpr):
     """acc + (sum_k x_k (c_k - z)) * s for one group: part holds sum x (OFF + c) (two planes: 16 x the high
-    nibbles' plus the low nibbles'), xs sum x."""
+    nibbles' plus the low nibbles'), xacc the group's x summed elementwise over its 16-position slices."""
     s = tl.load(s_ptr + rn * stride_sn + g, mask=nmask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + rn * stride_zn + g, mask=nmask, other=0).to(tl.float32)
     if PLANES == 2:
@@ -91,6 +91,7 @@ def _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride
     else:
         tot = part
         corr = z + OFF
+    xs = tl.sum(xacc, axis=1)
     return acc + (tot - xs[:, None] * corr[None, :]) * s[None, :]
 
 
@@ -118,7 +119,8 @@ def int_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, G, stride_x
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # x summed elementwise over the slices since the last scale: one reduction per group, not one per product
+    xacc = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     for k0 in range(0, K, 128):
         words = tl.load(qrows + (k0 // 128) * 16 * PLANES + rj[None, :], mask=nmask[:, None], other=0)
         hi = _nibbles(words, IS_F16, INTERPRET, OFF)
@@ -137,23 +139,23 @@ def int_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, G, stride_x
                 part = tl.dot(xi, tl.trans(hi[i]), part)
                 if PLANES == 2:
                     part_lo = tl.dot(xi, tl.trans(lo[i]), part_lo)
-            xs += tl.sum(xi.to(tl.float32), axis=1)
+            xacc += xi.to(tl.float32)
             if GROUP < 128:
                 if (i + 1) * 16 % GROUP == 0:
                     g = tl.minimum((k0 + 16 * i) // GROUP, G - 1)  # past K (padding): any finite scale
-                    acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride_zn, PLANES,
+                    acc = _apply(acc, part, part_lo, xacc, s_ptr, z_ptr, rn, nmask, g, stride_sn, stride_zn, PLANES,
                                  OFF)
                     part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                     part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                    xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+                    xacc = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
         if GROUP >= 128 and not PER_ROW:
-            acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, k0 // GROUP, stride_sn, stride_zn, PLANES,
+            acc = _apply(acc, part, part_lo, xacc, s_ptr, z_ptr, rn, nmask, k0 // GROUP, stride_sn, stride_zn, PLANES,
                          OFF)
             part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             part_lo = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+            xacc = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
     if PER_ROW:
-        acc = _apply(acc, part, part_lo, xs, s_ptr, z_ptr, rn, nmask, 0, stride_sn, stride_zn, PLANES, OFF)
+        acc = _apply(acc, part, part_lo, xacc, s_ptr, z_ptr, rn, nmask, 0, stride_sn, stride_zn, PLANES, OFF)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
