@@ -69,6 +69,11 @@ def kernel_rates(cfg, rows=(1, 16)) -> dict:
                 for c in _candidates(mode, m):
                     timed(f"{mode}_cfg_m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}", qs,
                           lambda w, c=c: kern.fused(x, w, out=y, config=c), _bytes(qs[0]))
+            if m == 1:
+                for mode in ("int8", "int4"):
+                    for c in _gemv_candidates():
+                        timed(f"{mode}_gemv_cfg_n{c.block_n}c{c.chunks}w{c.num_warps}s{c.num_stages}", forms[mode],
+                              lambda w, c=c: kern.int_gemv(x, w, out=y, config=c), _bytes(forms[mode][0]))
             if tiny is not None:
                 packed, sz = tiny
                 timed("int4_tinygemm", list(zip(packed, sz)),
@@ -97,6 +102,13 @@ def _candidates(mode: str, m: int) -> list:
     return [QuantConfig(16, 16, num_warps=4, num_stages=4), QuantConfig(16, 16, num_warps=2, num_stages=6),
             QuantConfig(16, 32, num_warps=4, num_stages=6), QuantConfig(16, 64, num_warps=4, num_stages=4),
             QuantConfig(16, 64, num_warps=8, num_stages=6)]
+
+
+def _gemv_candidates() -> list:
+    from engine.ops.quant_linear_triton import GemvConfig
+
+    return [GemvConfig(16, 1, 4, 4), GemvConfig(32, 2, 4, 3), GemvConfig(8, 2, 2, 4), GemvConfig(16, 4, 4, 2),
+            GemvConfig(32, 2, 8, 3), GemvConfig(64, 1, 8, 3)]
 
 
 def _tinygemm_forms(int4: list):
@@ -213,7 +225,7 @@ def run(args) -> dict:
     print(f"copy {report['limits']['copy_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     ckpt = random_checkpoint(SHAPE, seed=args.seed, max_position=16384)
     if "kernels" not in args.skip:
-        report["kernels"] = kernel_rates(ckpt.config)
+        report["kernels"] = kernel_rates(ckpt.config, tuple(args.rows))
         save()
     if "engine" not in args.skip:
         engine_modes(ckpt, args, report, save)
@@ -224,6 +236,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench_quant.json", help="the JSON report")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--batch", nargs="+", type=int, default=[1, 16])
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 16], help="rows of x in the kernel measurements")
     p.add_argument("--prefill", type=int, default=8192, help="TTFT prompt length")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tpot-steps", type=int, default=32)

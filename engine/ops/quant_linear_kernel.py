@@ -163,6 +163,72 @@ def int_mm_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, G, stride_x
 
 
 @triton.jit
+def _magic_codes(words, SHIFT: tl.constexpr):
+    """Nibble SHIFT / 4 of each word as the float32 2**23 + c (the code in the mantissa of 2**23: an OR, no
+    int-to-float conversion)."""
+    return (((words >> SHIFT) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def int_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, N, K, G, stride_qn, stride_sn, stride_zn,
+                    PLANES: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    PDL: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
+    """y = x @ W^T (+ bias) for one row of x and integer weights, without the tensor cores (whose operand layout
+    would cost a trip through shared memory for the whole tile): per weight, its code as 2**23 + c (OR), minus
+    2**23 + z (exact), times x, accumulated in a [BLOCK_N, 16] float32 tile; each group's tile is scaled as it
+    ends, reduced over K once at the end. CHUNKS chunks of 128 positions per loop step (more bytes in flight)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    MAGIC: tl.constexpr = 8388608.0
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    rj = tl.arange(0, 16)
+    qrows = q_ptr + rn.to(tl.int64)[:, None] * stride_qn
+    acc = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    part = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    zrow = tl.load(z_ptr + rn * stride_zn, mask=nmask, other=0).to(tl.float32)  # PER_ROW: the one zero point
+    for k00 in range(0, K, 128 * CHUNKS):
+        for c in tl.static_range(CHUNKS):
+            k0 = k00 + 128 * c
+            cmask = nmask[:, None] & ((rj * 0 + k0) < K)[None, :]
+            words = tl.load(qrows + (k0 // 128) * 16 * PLANES + rj[None, :], mask=cmask, other=0)
+            if PLANES == 2:
+                words_lo = tl.load(qrows + (k0 // 128) * 32 + 16 + rj[None, :], mask=cmask, other=0)
+            if GROUP >= 128 and not PER_ROW:
+                g = tl.minimum(k0 // GROUP, G - 1)  # a chunk past K (CHUNKS > 1): any finite scale
+                zrow = tl.load(z_ptr + rn * stride_zn + g, mask=nmask, other=0).to(tl.float32)
+            for i in tl.static_range(8):
+                if GROUP < 128:
+                    if (16 * i) % GROUP == 0:
+                        gi = tl.minimum((k0 + 16 * i) // GROUP, G - 1)
+                        zrow = tl.load(z_ptr + rn * stride_zn + gi, mask=nmask, other=0).to(tl.float32)
+                kk = k0 + 16 * i + rj
+                xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+                if PLANES == 2:
+                    cv = (_magic_codes(words, 4 * i) - MAGIC) * 16.0 + (_magic_codes(words_lo, 4 * i) - MAGIC)
+                    d = cv - zrow[:, None]
+                else:
+                    d = _magic_codes(words, 4 * i) - (zrow[:, None] + MAGIC)
+                part += d * xv[None, :]
+                if GROUP < 128:
+                    if (16 * (i + 1)) % GROUP == 0:
+                        gi = tl.minimum((k0 + 16 * i) // GROUP, G - 1)
+                        s = tl.load(s_ptr + rn * stride_sn + gi, mask=nmask, other=0.0).to(tl.float32)
+                        acc += part * s[:, None]
+                        part = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+            if GROUP >= 128 and not PER_ROW:
+                s = tl.load(s_ptr + rn * stride_sn + g, mask=nmask, other=0.0).to(tl.float32)
+                acc += part * s[:, None]
+                part = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    if PER_ROW:
+        acc = part * tl.load(s_ptr + rn * stride_sn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
 def int_dequantize_kernel(q_ptr, s_ptr, z_ptr, perm_ptr, w_ptr, N, K, stride_qn, stride_sn, stride_zn,
                           PLANES: tl.constexpr, GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr):
     """W [N, K] in w_ptr's dtype, one chunk of 128 positions of BLOCK_N rows per program (any group size: each

@@ -21,6 +21,16 @@ class QuantConfig:
     num_stages: int = 4
 
 
+@dataclass(frozen=True)
+class GemvConfig:
+    """The one-row integer kernel's tiles: output rows per program, chunks of 128 positions per loop step."""
+    block_n: int = 16
+    chunks: int = 2
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+GEMV_CONFIG = GemvConfig()
 FUSED_MAX_M = 256  # rows up to which the fused kernels run (beyond, a prefill: dequantize once, then the GEMM)
 
 
@@ -59,17 +69,21 @@ def supported(weight: QuantWeight) -> bool:
     if isinstance(weight, IntWeight):
         g = weight.group
         return (g < 128 and 128 % g == 0 and g % 16 == 0) or g % 128 == 0 or g == weight.k
-    return block_k_for(_fp8_layout(weight)[0], 128) is not None
+    bk = block_k_for(_fp8_layout(weight)[0], 128)
+    return bk is not None and weight.shape[1] % bk == 0  # (a partial last block of 128 columns: dequantized)
 
 
 def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
           config: QuantConfig | None = None) -> torch.Tensor:
     """x [M, K] (bf16 / fp16) @ W^T (+ bias) -> out [M, N] (rows may be strided, last dim contiguous), the weight
-    dequantized in registers (``config_for`` unless given)."""
+    dequantized in registers: integer weights at one row on the CUDA cores (int_gemv_kernel), else on the tensor
+    cores (``config_for`` unless a config is given, which also forces the tensor-core kernel)."""
     from engine.ops import quant_linear_kernel as kern
 
     m, k = x.shape
     n = weight.shape[0]
+    if isinstance(weight, IntWeight) and m == 1 and config is None:
+        return int_gemv(x, weight, bias, out)
     cfg = config or config_for(weight, m)
     if isinstance(weight, IntWeight) and weight.perm is not None:
         x = x.index_select(1, weight.perm)
@@ -97,6 +111,28 @@ def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None
         x, weight.w, weight.scale, b, out, m, n, k, x.stride(0), out.stride(0), sn, sg, GROUP=group, S_ROWS=s_rows,
         HAS_BIAS=bias is not None, PDL=pdl, F32_DOT=not x.is_cuda, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=bk, **launch)
+    return out
+
+
+def int_gemv(x: torch.Tensor, weight: IntWeight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+             config: GemvConfig | None = None) -> torch.Tensor:
+    """x [1, K] @ W^T (+ bias) for integer weights on the CUDA cores (int_gemv_kernel) -> out [1, N]."""
+    from engine.ops import quant_linear_kernel as kern
+
+    k = x.shape[1]
+    n = weight.shape[0]
+    cfg = config or GEMV_CONFIG
+    if weight.perm is not None:
+        x = x.index_select(1, weight.perm)
+    if out is None:
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    pdl = pdl_for(x.device)
+    kern.int_gemv_kernel[(-(-n // cfg.block_n),)](
+        x, weight.q, weight.scales, weight.zeros, bias if bias is not None else out, out, n, k,
+        weight.scales.shape[1], weight.q.stride(0), weight.scales.stride(0), weight.zeros.stride(0),
+        PLANES=weight.planes, GROUP=weight.group, PER_ROW=weight.group >= k, HAS_BIAS=bias is not None, PDL=pdl,
+        BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if pdl else {}))
     return out
 
 

@@ -46,18 +46,28 @@ def _weights(n: int, k: int, gen) -> dict:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_kernel_random_shapes(dtype):
+    """Every form at 1 row (the CUDA-core kernel for integers), a few rows and past 16 (the tensor-core kernel's
+    configurations); fp16 on the integer forms. Few shapes: each (form, K, configuration) is a compile."""
     rng = random.Random(11)
     gen = torch.Generator().manual_seed(11)
-    for n, k in ((96, 512), (200, 384), (4096, 576), (50, 1536)):
+    for n, k in ((200, 384), (4096, 576)):
         for name, w in _weights(n, k, gen).items():
+            if dtype == torch.float16 and not name.startswith("int"):
+                continue
+            if not kern.supported(w):
+                assert name == "fp8 block" and k % 128, name  # a partial last block: dequantized instead
+                continue
             ref_w = w.dequantize().cuda()
-            for m in (1, rng.randrange(2, 16), 16, rng.randrange(17, 64), 64, rng.randrange(65, 257)):
+            for m in ((1, rng.randrange(2, 16), rng.randrange(33, 257)) if n == 200 else (1, 16)):
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
                 bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
                 ref = x.float() @ ref_w.t() + (0 if bias is None else bias.float())
                 got = kern.fused(x, w, bias)
                 err = (got.float() - ref).abs().max().item()
                 assert err <= 1e-2 * ref.abs().max().item() + 1e-3, (name, n, k, m, err)
+                if m == 1 and name.startswith("int"):  # the tensor-core kernel at one row too
+                    got = kern.fused(x, w, bias, config=kern.QuantConfig(16, 32))
+                    assert (got.float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item() + 1e-3, name
 
 
 def test_dequantize_kernel_is_exact_and_prefill_path_matches():
