@@ -275,7 +275,7 @@ class LoadPanel(QWidget):
 
     def _add_item(self, e: LibraryEntry) -> None:
         facts = e.facts
-        bits = [b for b in (facts.quantization, fit.human_bytes(facts.size_bytes)) if b]
+        bits = [b for b in (facts.quantization_name or facts.quantization, fit.human_bytes(facts.size_bytes)) if b]
         text = f"{e.name}  —  {', '.join(bits)}" + ("" if facts.supported else "  (not supported)")
         self.model_combo.addItem(text, e.key)
         self.model_combo.setItemData(self.model_combo.count() - 1, facts.reason or str(facts.path), Qt.ToolTipRole)
@@ -320,7 +320,7 @@ class LoadPanel(QWidget):
         facts = e.facts
         lines = [f"<b>{e.name}</b> ({e.source_label})"]
         details = [("Architecture", facts.architecture), ("Format", facts.format.upper()),
-                   ("Quantization", facts.quantization or "none"),
+                   ("Quantization", facts.quantization_name or facts.quantization or "none"),
                    ("Parameters", fit.human_count(facts.num_params) if facts.num_params else None),
                    ("Context", f"{facts.context_length:,} tokens" if facts.context_length else None),
                    ("Size", fit.human_bytes(facts.size_bytes))]

@@ -90,7 +90,7 @@ class LibraryTab(QWidget):
             f = e.facts
             support = cell("yes", color=GREEN) if f.supported else cell(f"no: {f.reason}", f.reason, RED)
             cells = [cell(e.name, str(f.path)), cell(e.source_label), cell(f.format.upper()),
-                     cell(f.architecture or "?"), cell(f.quantization or "—"),
+                     cell(f.architecture or "?"), cell(f.quantization_name or f.quantization or "—"),
                      cell(fit.human_count(f.num_params), right=True), cell(fit.human_bytes(f.size_bytes), right=True),
                      support]
             if e.source == "added":

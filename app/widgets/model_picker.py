@@ -43,7 +43,7 @@ class ModelPicker(QComboBox):
         names = [e.name for e in entries]
         for e in entries:  # the same file in two places (embedded, models folder): say which
             self.addItem(e.name if names.count(e.name) == 1 else f"{e.name} ({e.source_label})", e.key)
-            bits = [b for b in (e.facts.quantization, e.source_label) if b]
+            bits = [b for b in (e.facts.quantization_name or e.facts.quantization, e.source_label) if b]
             self.setItemData(self.count() - 1, f"{e.name} ({', '.join(bits)})\n{e.facts.path}", Qt.ToolTipRole)
         key = self.ctx.model_key
         if key and self.findData(key) < 0 and self._has_model():

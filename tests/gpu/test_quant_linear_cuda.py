@@ -128,7 +128,7 @@ def test_engine_quantized_logits_near_the_cpu(tiny_model_dir, quantization):
     kernels in bf16: the logits agree to bf16's precision."""
     d = tiny_model_dir("qwen2")
     ids = list(range(5, 60))
-    with LLM(str(d), dtype="float32", kv_cache_memory_gib=0.05) as cpu:
+    with LLM(str(d), dtype="float32", device="cpu", kv_cache_memory_gib=0.05) as cpu:
         cpu.core.runner.model.quantize_weights(quantization)
         ref = cpu.core.score(ids)
     with LLM(str(d), dtype="bfloat16", device="cuda", quantization=quantization, kv_cache_memory_gib=0.1) as gpu:
