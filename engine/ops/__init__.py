@@ -20,12 +20,13 @@ each row the same way whatever else is in the call.
 
 Modules: ``native`` (loading engine._C, and the dispatch and validation every op shares), ``norm`` (rms_norm,
 fused_add_rms_norm, silu_and_mul), ``rotary`` (rotary_embedding; rotary_and_cache: rope and the cache write, one
-CUDA kernel), ``attention`` (token_positions_and_slots,
-reshape_and_cache, paged_decode_attention), ``gemm`` (linear), ``int8`` (Int8Weight), ``gguf_quant`` (GGUFWeight: GGUF Q4_0 /
-Q4_1 / Q5_0 / Q8_0 / K-quant blocks kept quantized, gguf_linear, gguf_embedding), ``reference`` (the pure-torch
-references), ``bench`` (``python -m engine.ops.bench``), ``varlen_attention`` (the paged varlen attention of steps with a
-prefill: a Triton kernel, ``varlen_attention_kernel``), ``skinny_gemm`` (the one-row Triton GEMV inside the decode
-CUDA graphs, reached through ``gemm.linear``). This file only re-exports their public names.
+CUDA kernel), ``attention`` (token_positions_and_slots, reshape_and_cache, paged_decode_attention), ``gemm``
+(linear), ``int8`` (Int8Weight), ``quant_linear`` (the product with GPU quantized weights, the forms of
+engine/weight_quant.py; launchers ``quant_linear_triton``, kernels ``quant_linear_kernel``), ``gguf_quant``
+(GGUFWeight: GGUF Q4_0 / Q4_1 / Q5_0 / Q8_0 / K-quant blocks kept quantized, gguf_linear, gguf_embedding),
+``reference`` (the pure-torch references), ``bench`` (``python -m engine.ops.bench``), ``varlen_attention`` (the
+paged varlen attention of steps with a prefill: a Triton kernel, ``varlen_attention_kernel``), ``skinny_gemm`` (the
+one-row Triton GEMV inside the decode CUDA graphs, reached through ``gemm.linear``). This file only re-exports their public names.
 """
 
 from engine.ops import reference

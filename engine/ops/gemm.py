@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from engine.ops import skinny_gemm
 from engine.ops.gguf_quant import GGUFSegments, GGUFWeight, gguf_linear
 from engine.ops.int8 import Int8Weight
-from engine.ops.quant_linear import Fp8Weight, IntWeight, quant_linear
 from engine.ops.native import (
     amx_bf16,
     check_contiguous,
@@ -24,6 +23,8 @@ from engine.ops.native import (
     mode,
     native_lib,
 )
+from engine.ops.quant_linear import quant_linear
+from engine.weight_quant import Fp8Weight, IntWeight
 
 # Rows of x (M) from which a bfloat16 CPU call goes to torch's F.linear (oneDNN) on CPUs with AMX-BF16 (native.
 # amx_bf16(); not under set_batch_invariant). Measured side by side on the 2-core Sapphire Rapids dev machine

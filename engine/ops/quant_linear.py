@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.weight_quant import (FP8, FP8_BLOCK, FP8_MAX, Fp8Weight, IntCodes, IntWeight, QuantWeight, concat_rows,
-                                 quantize_int)
-
-__all__ = ["FP8", "FP8_BLOCK", "FP8_MAX", "Fp8Weight", "IntCodes", "IntWeight", "QuantWeight", "concat_rows",
-           "quant_linear", "quantize_int"]
+from engine.weight_quant import Fp8Weight, QuantWeight
 
 
 def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None,

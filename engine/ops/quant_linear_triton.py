@@ -1,6 +1,7 @@
-"""Launchers of engine/ops/quant_linear_kernel.py: the fused dequantize-and-multiply of up to 16 rows, the
-dequantization of a whole weight (for the GEMM of a prefill), and the per-token fp8 quantization of activations with
-torch._scaled_mm. CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (the tests)."""
+"""Launchers of engine/ops/quant_linear_kernel.py: the fused dequantize-and-multiply of up to FUSED_MAX_M rows (one
+row of integer weights on the CUDA cores, more on the tensor cores), the dequantization of a whole weight (for the
+GEMM of a prefill), and the per-token fp8 quantization of activations with torch._scaled_mm. CUDA tensors, or CPU
+tensors under TRITON_INTERPRET=1 (the tests)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.weight_quant import FP8, FP8_BLOCK, Fp8Weight, IntWeight, QuantWeight
 from engine.ops.skinny_gemm import pdl as pdl_for
+from engine.weight_quant import FP8, FP8_BLOCK, Fp8Weight, IntWeight, QuantWeight
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None
             x, weight.q, weight.scales, weight.zeros, b, out, m, n, k, weight.scales.shape[1], x.stride(0),
             out.stride(0), weight.q.stride(0), weight.scales.stride(0), weight.zeros.stride(0), PLANES=weight.planes,
             GROUP=weight.group, PER_ROW=weight.group >= k, HAS_BIAS=bias is not None, PDL=pdl,
-            IS_F16=x.dtype == torch.float16,
-            INTERPRET=not x.is_cuda, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **launch)
+            IS_F16=x.dtype == torch.float16, INTERPRET=not x.is_cuda, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            **launch)
         return out
     group, s_rows, sn, sg = _fp8_layout(weight)
     bk = block_k_for(group, cfg.block_k)
@@ -124,6 +125,8 @@ def int_gemv(x: torch.Tensor, weight: IntWeight, bias: torch.Tensor | None = Non
     cfg = config or GEMV_CONFIG
     if weight.perm is not None:
         x = x.index_select(1, weight.perm)
+    elif x.stride(1) != 1:
+        x = x.contiguous()
     if out is None:
         out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     pdl = pdl_for(x.device)
