@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import torch
 
@@ -17,8 +19,26 @@ log = logging.getLogger(__name__)
 INT4_GROUP = 128  # or the largest of 64 / 32 dividing K where 128 does not (SmolLM2's K = 576)
 
 
-def _param(shape, dtype) -> torch.nn.Parameter:
-    return torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+def _param(shape, dtype, device=None) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+# While a model is built for a quantized load on a GPU (ModelRunner: --quantization int8 | int4 | fp8, or a GPTQ / AWQ
+# / FP8 checkpoint), linear layers create their float weights on the meta device (no memory); each one materializes,
+# loads and quantizes its own weight as it loads (or takes the checkpoint's quantized one), so the float model never
+# exists whole on the GPU: peak memory is the quantized model plus one layer's float weight.
+_QUANTIZED_LOAD: list[str | None] = []
+
+
+@contextlib.contextmanager
+def quantized_load(mode: str | None) -> Iterator[None]:
+    """Within: new linear layers defer their float weights (above); ``mode`` (int8 / int4 / fp8; None: only a
+    checkpoint's own quantized weights) is applied to each as it loads."""
+    _QUANTIZED_LOAD.append(mode)
+    try:
+        yield
+    finally:
+        _QUANTIZED_LOAD.pop()
 
 
 def load_gguf_blocks(weights, slices: list[tuple[str, int, int, int]], param: torch.nn.Parameter
@@ -46,22 +66,22 @@ def load_gguf_blocks(weights, slices: list[tuple[str, int, int, int]], param: to
     return w
 
 
-def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], param: torch.nn.Parameter
-                          ) -> IntWeight | Fp8Weight | None:
+def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], param: torch.nn.Parameter,
+                          device: torch.device) -> IntWeight | Fp8Weight | None:
     """The weight as a GPTQ / AWQ / FP8 checkpoint stores it, packed for the GPU kernels, when ``param`` lives on a
-    GPU and the source has the slices quantized (``QuantizedWeights.quantized``: engine/loader/quantized.py); row
-    slices are stacked in order. ``param``'s float storage is then dropped. None (the caller loads float weights,
+    GPU (``device``: the layer's, param may still be on the meta device) and the source has the slices quantized
+    (``QuantizedWeights.quantized``: engine/loader/quantized.py); row slices are stacked in order. ``param``'s float storage is then dropped. None (the caller loads float weights,
     which that source dequantizes): another device, fp8 on a GPU without fp8 support (compute capability < 8.9),
     or an act-order slice whose groups cannot be packed (logged)."""
     get = getattr(weights, "quantized", None)
-    if get is None or param.device.type != "cuda":
+    if get is None or device.type != "cuda":
         return None
     try:
         parts = [get(*s) for s in slices]
         if any(p is None for p in parts):
             return None
         w = concat_rows(parts)
-        if isinstance(w, Fp8Weight) and torch.cuda.get_device_capability(param.device) < (8, 9):
+        if isinstance(w, Fp8Weight) and torch.cuda.get_device_capability(device) < (8, 9):
             log.info("%s: fp8 weights are dequantized to %s (this GPU has no fp8 support)", slices[0][0], param.dtype)
             return None
         packed = w.pack(w.scales.dtype) if isinstance(w, IntCodes) else w
@@ -71,7 +91,7 @@ def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], para
     if tuple(packed.shape) != tuple(param.shape):
         raise ValueError(f"{slices[0][0]}: quantized weight of shape {tuple(packed.shape)} does not fit "
                          f"{tuple(param.shape)}")
-    packed = packed.to(param.device)
+    packed = packed.to(device)
     param.data = torch.empty(0, dtype=param.dtype, device=param.device)
     return packed
 
@@ -93,7 +113,9 @@ def quantize_for_gpu(w: torch.Tensor, mode: str) -> IntWeight | Fp8Weight | None
 class LinearBase(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
         super().__init__()
-        self.weight = _param((out_features, in_features), dtype)
+        self.home = torch.get_default_device()  # where the weight lives once loaded
+        self.quantize_on_load = _QUANTIZED_LOAD[-1] if _QUANTIZED_LOAD else None
+        self.weight = _param((out_features, in_features), dtype, "meta" if _QUANTIZED_LOAD else None)
         self.bias = _param((out_features,), dtype) if bias else None
 
     # Quantized weights, then the float weight is dropped: ops.Int8Weight (CPU, quantize_int8), or for the GPU
@@ -136,6 +158,16 @@ class LinearBase(torch.nn.Module):
     def _drop_float(self) -> None:
         self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
 
+    def _materialize(self) -> None:
+        """The float weight's memory, for a layer built under quantized_load (its weight on the meta device)."""
+        if self.weight.is_meta:  # (a new Parameter: .data cannot move a tensor off the meta device)
+            self.weight = _param(self.weight.shape, self.weight.dtype, self.home)
+
+    def _loaded(self) -> None:
+        """After a load: quantize_on_load applied (quantized_load), unless the checkpoint's own weights came."""
+        if self.quantize_on_load and self.quant is None and self.gguf is None:
+            self.quantize(self.quantize_on_load)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # engine.ops.linear: native GEMV / GEMM on CPU (torch's F.linear is pathological there at decode
         # sizes), F.linear on CUDA; GGUF blocks (one type, or segments of several) on gguf_linear.
@@ -146,8 +178,11 @@ class LinearBase(torch.nn.Module):
         as usual."""
         self.gguf = load_gguf_blocks(weights, slices, self.weight)
         if self.gguf is None:
-            self.quant = load_checkpoint_quant(weights, slices, self.weight)
-        return self.gguf is not None or self.quant is not None
+            self.quant = load_checkpoint_quant(weights, slices, self.weight, self.home)
+        if self.gguf is None and self.quant is None:
+            self._materialize()
+            return False
+        return True
 
     def _copy_bias_rows(self, parts: list[tuple[str, torch.Tensor]]) -> None:
         row = 0
@@ -206,6 +241,7 @@ class QKVParallelLinear(LinearBase):
             b = weights.get_slice(f"{prefix}.{name}.bias", 0, r0, r1) if self.bias is not None else None
             parts.append((f"{prefix}.{name}", w, b))
         self._copy_rows(parts)
+        self._loaded()
 
 
 class MergedColumnParallelLinear(LinearBase):
@@ -222,6 +258,7 @@ class MergedColumnParallelLinear(LinearBase):
             return
         self._copy_rows([(f"{prefix}.{n}", weights.get_slice(f"{prefix}.{n}.weight", 0, *self.rows), None)
                          for n in self.names])
+        self._loaded()
 
 
 class RowParallelLinear(LinearBase):
@@ -239,6 +276,7 @@ class RowParallelLinear(LinearBase):
         if tuple(w.shape) != tuple(self.weight.shape):
             raise ValueError(f"{name}.weight: shape {tuple(w.shape)} does not fit {tuple(self.weight.shape)}")
         self.weight.data.copy_(w)
+        self._loaded()
 
     def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | None:

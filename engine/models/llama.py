@@ -134,11 +134,12 @@ class LlamaForCausalLM(torch.nn.Module):
         """--quantization int8 | int4 | fp8 on a GPU (LinearBase.quantize, ParallelLMHead.quantize_head). Returns
         (quantized, linear layers)."""
         linears = [m for m in self.modules() if isinstance(m, LinearBase)]
-        done = sum(m.quantize(mode) for m in linears)
+        for m in linears:
+            m.quantize(mode)  # (done while loading under quantized_load: then a no-op)
         head = self.lm_head
         if head.quantize_head(mode) and head is not self.embed_tokens:
             head.weight.data = torch.empty(0, dtype=head.weight.dtype, device=head.weight.device)
-        return done, len(linears)
+        return sum(m.quant is not None for m in linears), len(linears)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return ParallelLMHead.logits(self.lm_head, hidden)

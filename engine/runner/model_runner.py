@@ -4,6 +4,7 @@ engine/runner/step.py (the core's objects satisfy them), never the core's types.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import torch
 from engine import heap, ops, progress
 from engine.config import EngineConfig, ModelConfig
 from engine.layers.attention import AttentionMetadata, SeqSpan
+from engine.layers.linear import quantized_load
 from engine.layers.penalties import PenaltyState, has_penalty
 from engine.layers.sampler import Sampled, Sampler
 from engine.layers.sampling_metadata import SamplingMetadata
@@ -75,14 +77,20 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.activation_peak_bytes: int | None = None
         cls = model_class(model_config)
-        with torch.device(self.device):
+        quantized = config.quantization in ("int8", "int4", "fp8")
+        if quantized:
+            check_quantization(self.device, config.quantization)
+        # on a GPU, quantized weights load layer by layer: the float model is never allocated whole
+        gpu_quant = self.device.type == "cuda" and (quantized or hasattr(weights, "quantized"))
+        with torch.device(self.device), (quantized_load(config.quantization if quantized else None) if gpu_quant
+                                         else contextlib.nullcontext()):
             self.model = cls(model_config, self.dtype, tp, max_model_len)
         if config.quantization == "gguf":
             check_gguf_blocks(self.device, weights)
             weights.keep_quantized = True
         self.model.load_weights(weights)
         self.model.eval()
-        if config.quantization in ("int8", "int4", "fp8"):
+        if quantized:
             self._quantize(config.quantization)
         # decode CUDA graphs: one GPU, not --enforce-eager (tensor parallelism waits for capturable all-reduces);
         # on the CPU, decode tapes of the native calls (engine/runner/cpu_tape.py), recorded by each bucket's first step
@@ -104,19 +112,12 @@ class ModelRunner:
 
     def _quantize(self, mode: str) -> None:
         """--quantization int8 on the CPU (its int8 kernels: groups of 32) or int8 / int4 / fp8 on a GPU (the
-        kernels of engine/ops/quant_linear.py), after the float weights are loaded."""
-        from engine.errors import KestrelError
-
+        kernels of engine/ops/quant_linear.py: the linear layers quantized as they loaded, quantized_load; here the
+        LM head), after the weights are loaded."""
         if self.device.type == "cpu":
-            if mode != "int8":
-                raise KestrelError(f"--quantization {mode} runs on the GPU kernels; on the CPU use int8 (or gguf for "
-                                   "a .gguf file's blocks)")
             n, total = self.model.quantize_int8()
             log.info("int8 weights: %d of %d linear layers (the others have K not a multiple of 32)", n, total)
             return
-        if mode == "fp8" and torch.cuda.get_device_capability(self.device) < (8, 9):
-            raise KestrelError("--quantization fp8 needs FP8 tensor cores (compute capability 8.9+: RTX 40-series, "
-                               "RTX 6000 Ada, L40, H100); use int8 or int4 on this GPU")
         n, total = self.model.quantize_weights(mode)
         log.info("%s weights: %d of %d linear layers and the LM head (the others keep %s)", mode, n, total,
                  self.dtype)
@@ -466,6 +467,18 @@ def select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
     if rows[-1] - first == len(rows) - 1 and all(r == first + i for i, r in enumerate(rows)):
         return hidden[first:first + len(rows)]
     return hidden.index_select(0, to_device(rows, torch.long, hidden.device))
+
+
+def check_quantization(device: torch.device, mode: str) -> None:
+    """--quantization int8 | int4 | fp8: int8 anywhere, int4 and fp8 on a GPU, fp8 with fp8 support (sm_89+)."""
+    from engine.errors import KestrelError
+
+    if device.type == "cpu" and mode != "int8":
+        raise KestrelError(f"--quantization {mode} runs on the GPU kernels; on the CPU use int8 (or gguf for a .gguf "
+                           "file's blocks)")
+    if mode == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise KestrelError("--quantization fp8 needs FP8 tensor cores (compute capability 8.9+: RTX 40-series, "
+                           "RTX 6000 Ada, L40, H100); use int8 or int4 on this GPU")
 
 
 def check_gguf_blocks(device: torch.device, weights) -> None:

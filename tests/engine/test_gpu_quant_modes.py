@@ -107,3 +107,37 @@ def test_smollm2_perplexity_per_mode(smollm2_gguf):
     for mode, gate in GATES.items():
         assert rel[mode] <= gate, (mode, ppl)
         assert ppl[mode] != ppl["bf16"]  # it really quantized something
+
+
+def test_quantized_load_holds_one_float_layer_at_a_time(tiny_model_dir, monkeypatch):
+    """quantized_load (a GPU's quantized load; here on the CPU, the same code): the linear layers start on the meta
+    device, each materializes, loads and quantizes its own weight as it loads, so at most one float weight exists
+    at a time; the result equals loading everything in float and quantizing after."""
+    from engine.layers.linear import quantized_load
+    from engine.loader import load_checkpoint
+    from engine.models.registry import model_class
+    from engine.parallel.context import SINGLE
+
+    ckpt = load_checkpoint(tiny_model_dir("qwen2"))
+    cls = model_class(ckpt.config)
+    with quantized_load("int4"):
+        model = cls(ckpt.config, torch.float32, SINGLE, 256)
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    assert linears and all(m.weight.is_meta for m in linears)
+    held = []
+    loaded = LinearBase._loaded
+
+    def spy(self):
+        held.append(sum(not m.weight.is_meta and m.weight.numel() > 0 for m in linears))
+        loaded(self)
+
+    monkeypatch.setattr(LinearBase, "_loaded", spy)
+    model.load_weights(ckpt.weights)
+    assert held == [1] * len(linears)
+    eager = cls(ckpt.config, torch.float32, SINGLE, 256)
+    eager.load_weights(ckpt.weights)
+    eager.quantize_weights("int4")
+    for a, b in zip(linears, [m for m in eager.modules() if isinstance(m, LinearBase)]):
+        assert a.weight.numel() == 0 and isinstance(a.quant, IntWeight)
+        assert torch.equal(a.quant.q, b.quant.q) and torch.equal(a.quant.scales, b.quant.scales)
+        assert torch.equal(a.quant.zeros, b.quant.zeros)
