@@ -10,8 +10,8 @@ import torch
 
 from engine import ops
 from engine.ops.gguf_quant import GGUFSegments, fuse_rows
-from engine.weight_quant import Fp8Weight, IntCodes, IntWeight, concat_rows, quantize_int
 from engine.parallel.context import TPContext
+from engine.weight_quant import Fp8Weight, IntCodes, IntWeight, concat_rows, quantize_int
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,10 @@ def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], para
                           device: torch.device) -> IntWeight | Fp8Weight | None:
     """The weight as a GPTQ / AWQ / FP8 checkpoint stores it, packed for the GPU kernels, when ``param`` lives on a
     GPU (``device``: the layer's, param may still be on the meta device) and the source has the slices quantized
-    (``QuantizedWeights.quantized``: engine/loader/quantized.py); row slices are stacked in order. ``param``'s float storage is then dropped. None (the caller loads float weights,
-    which that source dequantizes): another device, fp8 on a GPU without fp8 support (compute capability < 8.9),
-    or an act-order slice whose groups cannot be packed (logged)."""
+    (``QuantizedWeights.quantized``: engine/loader/quantized.py); row slices are stacked in order. ``param``'s
+    float storage is then dropped. None (the caller loads float weights, which that source dequantizes): another
+    device, fp8 on a GPU without fp8 support (compute capability < 8.9), or a slice that cannot be packed (an
+    act-order slice with groups of unequal size, a slice cutting groups: logged)."""
     get = getattr(weights, "quantized", None)
     if get is None or device.type != "cuda":
         return None
