@@ -5,7 +5,8 @@
 linear ``<p>`` shows as ``<p>.weight`` of shape (N, K) (its qweight / qzeros / scales / g_idx, or weight_scale /
 weight_scale_inv / input_scale, hidden). ``get`` / ``get_slice`` return it dequantized to the checkpoint's compute
 dtype (the CPU path); ``quantized`` returns the canonical form of a slice, for the GPU kernels. Tensors are read
-only when asked, and only the slice asked for (the small scales of FP8 excepted).
+only when asked, and only the slice asked for (the small scales of FP8 excepted). Which quantization_configs
+load (``QuantScheme``, ``parse_scheme``'s rules) is engine/quant_scheme.py's, torch-free for the app.
 
 The formats (N output rows, K input columns, G groups of ``group`` K positions):
 - GPTQ (AutoGPTQ / GPTQModel): ``qweight`` int32 [K * bits / 32, N] packed along K (position k = (32 / bits) * row
@@ -25,13 +26,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from engine import quant_scheme
 from engine.errors import CheckpointError
 from engine.loader.safetensors import SafetensorsWeights
 from engine.loader.weights import WeightSource
+from engine.quant_scheme import QuantScheme
 from engine.weight_quant import FP8, FP8_BLOCK, Fp8Weight, IntCodes
 
 log = logging.getLogger(__name__)
@@ -39,123 +41,16 @@ log = logging.getLogger(__name__)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds output column 8j + AWQ_ORDER[i]
 INT_TENSORS = ("qweight", "qzeros", "scales", "g_idx")
 FP8_TENSORS = ("weight_scale", "weight_scale_inv", "input_scale")
-SUPPORTED = ('gptq (4 or 8 bits), awq (4 bits, version "gemm"), fp8 (per tensor or 128 x 128 blocks) and '
-             'compressed-tensors float-quantized FP8 (per tensor, channel or 128 x 128 block)')
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-@dataclass(frozen=True)
-class QuantScheme:
-    """A config.json's quantization_config in Kestrel's terms."""
-    method: str                    # "gptq" | "awq" | "fp8"
-    bits: int = 8
-    group: int = -1                # integer formats: K positions per group; -1: all of K (per output channel)
-    act_order: bool = False        # GPTQ desc_act (the g_idx tensors then say each position's group)
-    zero_offset: int = 0           # added to the stored zeros: 1 for GPTQ v1 checkpoints
-    fp8_scale: str = ""            # "tensor" | "channel" | "block"
-    scale_names: tuple[str, ...] = ()  # fp8: the scale tensor's suffixes, the first present is used
-
-    @property
-    def name(self) -> str:
-        if self.method == "fp8":
-            return {"tensor": "FP8 per-tensor", "channel": "FP8 per-channel",
-                    "block": f"FP8 block {FP8_BLOCK}x{FP8_BLOCK}"}[self.fp8_scale]
-        groups = "per-channel" if self.group == -1 else f"g{self.group}"
-        return f"{self.method.upper()} int{self.bits} {groups}" + (" act-order" if self.act_order else "")
-
-    @property
-    def default_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.method == "fp8" else torch.float16
-
-
-def _unsupported(path, field: str, value: Any, supported: str) -> CheckpointError:
-    return CheckpointError(path, f"quantization_config.{field} = {value!r} is not supported; {supported}")
-
-
-def _group_size(qc: dict, path, *keys: str) -> int:
-    group = next((qc[k] for k in keys if k in qc), -1)
-    if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or group > 0):
-        raise _unsupported(path, keys[0], group, "a positive group size, or -1 for one group per output channel")
-    return group
-
-
 def parse_scheme(qc: dict, path: Path | str) -> QuantScheme:
-    """The scheme of a quantization_config (``path``: config.json, for the messages); CheckpointError naming the
-    field when Kestrel cannot read it."""
-    if not isinstance(qc, dict):
-        raise CheckpointError(path, "quantization_config is not a JSON object")
-    method = str(qc.get("quant_method", "")).lower()
-    parse = {"gptq": _parse_gptq, "awq": _parse_awq, "fp8": _parse_fp8, "compressed-tensors": _parse_compressed}
-    if method not in parse:
-        raise _unsupported(path, "quant_method", qc.get("quant_method"),
-                           f"Kestrel loads {SUPPORTED}; use the unquantized model or a GGUF file")
-    return parse[method](qc, path)
-
-
-def _parse_gptq(qc: dict, path) -> QuantScheme:
-    bits = qc.get("bits")
-    if bits not in (4, 8) or isinstance(bits, bool):
-        raise _unsupported(path, "bits", bits, "GPTQ checkpoints of 4 or 8 bits are")
-    fmt = str(qc.get("checkpoint_format") or "gptq").lower()
-    if fmt not in ("gptq", "gptq_v2") or qc.get("is_marlin_format"):
-        raise _unsupported(path, "checkpoint_format", "marlin" if qc.get("is_marlin_format") else fmt,
-                           'GPTQ checkpoints in the "gptq" or "gptq_v2" layout are (not Marlin\'s repacked one)')
-    return QuantScheme("gptq", bits, _group_size(qc, path, "group_size"), bool(qc.get("desc_act", False)),
-                       zero_offset=1 if fmt == "gptq" else 0)
-
-
-def _parse_awq(qc: dict, path) -> QuantScheme:
-    bits = qc.get("bits", qc.get("w_bit"))
-    if bits != 4 or isinstance(bits, bool):
-        raise _unsupported(path, "bits", bits, "AWQ checkpoints of 4 bits are")
-    layout = "llm-awq" if qc.get("backend") == "llm-awq" else str(qc.get("version") or qc.get("format") or "gemm")
-    if layout.lower() != "gemm":
-        raise _unsupported(path, "version", layout, 'AWQ checkpoints in the "gemm" layout are (AutoAWQ\'s default; '
-                           'the gemv / marlin / exllama / llm-awq layouts pack the weights differently)')
-    if not qc.get("zero_point", True):
-        raise _unsupported(path, "zero_point", False, "AWQ checkpoints with zero points are")
-    return QuantScheme("awq", 4, _group_size(qc, path, "group_size", "q_group_size"))
-
-
-def _parse_fp8(qc: dict, path) -> QuantScheme:
-    if str(qc.get("fmt", "e4m3")).lower() != "e4m3":
-        raise _unsupported(path, "fmt", qc.get("fmt"), "FP8 checkpoints of e4m3 values are")
-    if qc.get("activation_scheme", "dynamic") not in ("dynamic", "static"):
-        raise _unsupported(path, "activation_scheme", qc.get("activation_scheme"), '"dynamic" or "static" is')
-    block = qc.get("weight_block_size")
-    if block is None:
-        return QuantScheme("fp8", fp8_scale="tensor", scale_names=("weight_scale", "weight_scale_inv"))
-    if list(block) != [FP8_BLOCK, FP8_BLOCK]:
-        raise _unsupported(path, "weight_block_size", block, f"[{FP8_BLOCK}, {FP8_BLOCK}] blocks or none "
-                           "(per-tensor scales) are")
-    return QuantScheme("fp8", fp8_scale="block", scale_names=("weight_scale_inv", "weight_scale"))
-
-
-def _parse_compressed(qc: dict, path) -> QuantScheme:
-    groups = qc.get("config_groups")
-    if not isinstance(groups, dict) or not groups:
-        raise CheckpointError(path, "quantization_config (compressed-tensors) has no config_groups")
-    ok = ("compressed-tensors checkpoints of FP8 weights (format float-quantized, weights num_bits 8 type float, "
-          "strategy tensor / channel / block [128, 128]) are; int-quantized ones (pack-quantized W4A16 / W8A16) "
-          "are not yet")
-    strategies = set()
-    for key, group in groups.items():
-        weights = group.get("weights") if isinstance(group, dict) else None
-        fmt = (group.get("format") or qc.get("format")) if isinstance(group, dict) else None
-        if fmt not in ("float-quantized", "naive-quantized"):
-            raise _unsupported(path, f"config_groups.{key}.format", fmt, ok)
-        if not isinstance(weights, dict) or (weights.get("num_bits"), weights.get("type")) != (8, "float"):
-            what = None if not isinstance(weights, dict) else f"{weights.get('num_bits')}-bit {weights.get('type')}"
-            raise _unsupported(path, f"config_groups.{key}.weights", what, ok)
-        strategy = weights.get("strategy")
-        if strategy not in ("tensor", "channel", "block") or (
-                strategy == "block" and list(weights.get("block_structure") or []) != [FP8_BLOCK, FP8_BLOCK]):
-            raise _unsupported(path, f"config_groups.{key}.weights.strategy", strategy
-                               if strategy != "block" else f"block {weights.get('block_structure')}", ok)
-        strategies.add(strategy)
-    if len(strategies) > 1:
-        raise _unsupported(path, "config_groups", sorted(strategies), "one weight strategy for all groups is")
-    return QuantScheme("fp8", fp8_scale=strategies.pop(), scale_names=("weight_scale",))
+    """The scheme of a quantization_config (engine/quant_scheme.py's rules; ``path``: config.json, for the
+    messages); CheckpointError naming the field when Kestrel cannot read it."""
+    try:
+        return quant_scheme.parse_scheme(qc)
+    except quant_scheme.SchemeError as e:
+        raise CheckpointError(path, str(e)) from e
 
 
 @dataclass(frozen=True)
@@ -198,7 +93,8 @@ class QuantizedWeights(WeightSource):
 
     def __init__(self, inner: SafetensorsWeights, scheme: QuantScheme, dtype: str | torch.dtype | None = None):
         self.inner, self.scheme, self.path = inner, scheme, inner.path
-        self.compute_dtype = _DTYPES.get(dtype, scheme.default_dtype) if not isinstance(dtype, torch.dtype) else dtype
+        default = _DTYPES[scheme.default_dtype_name]
+        self.compute_dtype = dtype if isinstance(dtype, torch.dtype) else _DTYPES.get(dtype, default)
         self._is_int = scheme.method != "fp8"
         names = inner.names()
         if self._is_int:

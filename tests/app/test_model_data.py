@@ -110,13 +110,14 @@ QUANT_CONFIGS = [
 
 
 @pytest.mark.parametrize("qc, name", QUANT_CONFIGS, ids=lambda v: None if isinstance(v, dict) else str(v))
-def test_quantization_descriptions_agree_with_the_engine(qc, name):
-    from engine.errors import CheckpointError
-    from engine.loader.quantized import parse_scheme
+def test_quantization_descriptions_are_the_engines(qc, name):
+    """One set of rules (engine/quant_scheme.py): the app names what the engine loads by the engine's name, and
+    refuses what it refuses, with what Kestrel loads."""
+    from engine.quant_scheme import SchemeError, parse_scheme
 
     try:
-        engine_name = parse_scheme(qc, "config.json").name
-    except CheckpointError:
+        engine_name = parse_scheme(qc).name
+    except SchemeError:
         engine_name = None
     assert engine_name == name
     ours, reason = describe_quantization(qc)
@@ -125,6 +126,13 @@ def test_quantization_descriptions_agree_with_the_engine(qc, name):
                                                    "GGUF file."), reason
     else:
         assert (ours, reason) == (name, None)
+
+
+def test_the_torch_free_rules_block_is_the_kernels():
+    from engine.quant_scheme import FP8_BLOCK
+    from engine.weight_quant import FP8_BLOCK as KERNEL_FP8_BLOCK
+
+    assert FP8_BLOCK == KERNEL_FP8_BLOCK
 
 
 def _quantized_dir(tiny_model_dir, root, qc):
@@ -156,10 +164,11 @@ def test_a_prequantized_checkpoint_is_loadable_with_its_name(qc, name, method, t
      "bitsandbytes-quantized checkpoints cannot be loaded."),
     ({"quant_method": "hqq", "nbits": 4}, "HQQ", "HQQ-quantized checkpoints cannot be loaded."),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "AWQ",
-     "This AWQ checkpoint cannot be loaded: its weights are packed in the gemv layout (AWQ loads in AutoAWQ's "
-     "default GEMM layout;"),
+     "This AWQ checkpoint cannot be loaded: quantization_config.version = 'gemv' is not supported; AWQ checkpoints "
+     "in the \"gemm\" layout are (AutoAWQ's default;"),
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "GPTQ",
-     "This GPTQ checkpoint cannot be loaded: it has 3-bit weights (GPTQ loads with 4 or 8)."),
+     "This GPTQ checkpoint cannot be loaded: quantization_config.bits = 3 is not supported; GPTQ checkpoints of 4 "
+     "or 8 bits are."),
 ])
 def test_an_unsupported_quantization_is_refused_with_the_reason(qc, label, why, tiny_model_dir, tmp_path):
     f = inspect_model(_quantized_dir(tiny_model_dir, tmp_path, qc))
@@ -185,8 +194,14 @@ def test_the_hub_summary_of_a_config_may_leave_fields_out():
         if qc not in lacking:
             assert describe_quantization(qc, complete=False) == describe_quantization(qc), qc
     assert describe_quantization(lacking[0], complete=False) == ("GPTQ int4", None)  # group size not known
+    assert describe_quantization(lacking[1], complete=False) == ("GPTQ g128", None)  # bits not known
+    assert describe_quantization(lacking[2], complete=False) == ("FP8", None)  # block size not known
+    assert describe_quantization({"quant_method": "awq", "w_bit": 4, "desc_act": True}, complete=False) == (
+        "AWQ int4", None)
+    assert describe_quantization({"quant_method": "fp8", "fmt": "e5m2"}, complete=False)[1].startswith(
+        "This FP8 checkpoint cannot be loaded: quantization_config.fmt = 'e5m2' is not supported")
     assert describe_quantization({"quant_method": "gptq", "bits": 3}, complete=False)[1].startswith(
-        "This GPTQ checkpoint cannot be loaded: it has 3-bit weights")
+        "This GPTQ checkpoint cannot be loaded: quantization_config.bits = 3 is not supported")
     assert describe_quantization(None) == describe_quantization({"bits": 4}) == (None, None)
 
 

@@ -66,12 +66,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The native extension (csrc/), built by pip install; imported by ops, parallel.comm and parallel.mailbox.
     ("_C", ("engine._C",)),
     # The foundation, importable from anywhere (most of it torch-free, for the app): checkpoint loading,
-    # the quantized weights' forms (which the loader builds), configs, tokenizers, output and error types, KESTREL_* variables, sampling parameters, capabilities,
+    # the quantized weights' forms (which the loader builds) and which quantization_configs load (torch-free),
+    # configs, tokenizers, output and error types, KESTREL_* variables, sampling parameters, capabilities,
     # CPU flags, metrics, the engine<->client IPC messages, start-up progress reports, the C heap's trim. They
     # import only each other.
-    ("foundation", ("engine.loader", "engine.weight_quant", "engine.config", "engine.tokenizer", "engine.outputs",
-                    "engine.errors", "engine.envs", "engine.sampling_params", "engine.capabilities", "engine.cpu_features",
-                    "engine.metrics", "engine.ipc", "engine.progress", "engine.heap")),
+    ("foundation", ("engine.loader", "engine.weight_quant", "engine.quant_scheme", "engine.config",
+                    "engine.tokenizer", "engine.outputs", "engine.errors", "engine.envs", "engine.sampling_params",
+                    "engine.capabilities", "engine.cpu_features", "engine.metrics", "engine.ipc", "engine.progress",
+                    "engine.heap")),
 )
 
 # Known upward imports, (importer, imported module), each with its reason beside it; none today (the runner reads
