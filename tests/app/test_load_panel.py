@@ -108,7 +108,9 @@ def test_load_progress_success_and_saved_settings(make_window, qtbot):
     w.ctx.core_factory = "tests.server.fake_engine:FakeCore"
     qtbot.mouseClick(load.load_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=60_000)
-    assert "Loaded" in load.message.text() and load.message.objectName() == "okBox"
+    # the worker sets its state before its queued signals reach the panel: wait for the message itself
+    qtbot.waitUntil(lambda: "Loaded" in load.message.text(), timeout=10_000)
+    assert load.message.objectName() == "okBox"
     assert w.ctx.store.model_settings(EMBEDDED_KEY)["engine"]["max_num_seqs"] == 7
     assert w.ctx.engine.config.max_num_seqs == 7
     assert w.ctx.store.pref("last_model")["key"] == EMBEDDED_KEY
@@ -138,7 +140,8 @@ def test_cancel_loading(make_window, qtbot, monkeypatch):
     assert not load.progress.isHidden()
     qtbot.mouseClick(load.cancel_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: w.ctx.engine.state == "empty", timeout=30_000)
-    assert "cancelled" in load.message.text()
+    # the state is set in the worker thread before its queued loadCancelled reaches the panel
+    qtbot.waitUntil(lambda: "cancelled" in load.message.text(), timeout=10_000)
     assert load.progress.isHidden()
 
 
