@@ -89,17 +89,14 @@ class IntCodes:
         number of positions (true of a whole GPTQ weight; a column slice of one may not: ValueError)."""
         n, k = self.codes.shape
         codes, scales, zeros, group, perm = self.codes, self.scales, self.zeros, self.group, None
-        if self.g_idx is not None:
-            g = self.g_idx.long().to(codes.device)
-            if torch.equal(g, torch.arange(k, device=g.device) // group):
-                pass  # act-order off in effect: the plain layout
-            else:
-                perm = torch.argsort(g, stable=True)
-                used, counts = torch.unique_consecutive(g[perm], return_counts=True)
-                if not bool((counts == counts[0]).all()):
-                    raise ValueError("act-order groups of unequal size in this slice; load it dequantized")
-                group = int(counts[0])
-                codes, scales, zeros = codes[:, perm], scales[:, used], zeros[:, used]
+        g = None if self.g_idx is None else self.g_idx.long().to(codes.device)
+        if g is not None and not torch.equal(g, torch.arange(k, device=g.device) // group):  # act-order in effect
+            perm = torch.argsort(g, stable=True)
+            used, counts = torch.unique_consecutive(g[perm], return_counts=True)
+            if not bool((counts == counts[0]).all()):
+                raise ValueError("act-order groups of unequal size in this slice; load it dequantized")
+            group = int(counts[0])
+            codes, scales, zeros = codes[:, perm], scales[:, used], zeros[:, used]
         if k % group:
             raise ValueError(f"K = {k} is not a multiple of the group size {group}")
         if k % 8:
@@ -161,8 +158,7 @@ class IntWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[N, K] in the checkpoint's order (torch ops: the reference of the kernels)."""
-        g = torch.arange(self.k, device=self.q.device) // self.group
-        w = (self.codes().float() - self.zeros.float()[:, g]) * self.scales.float()[:, g]
+        w = IntCodes(self.codes(), self.scales, self.zeros, self.bits, self.group).dequantize()
         if self.perm is not None:
             w = torch.empty_like(w).index_copy_(1, self.perm, w)
         return w.to(dtype)

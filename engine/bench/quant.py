@@ -153,12 +153,13 @@ def weight_bytes(model) -> int:
 
 
 def engine_modes(ckpt, args, report, save) -> dict:
-    from engine.bench.gpu import kestrel_tpot, kestrel_ttft
+    from engine.bench.gpu import kestrel_tpot, kestrel_ttft, model_numbers
     from engine.bench.tp import make_core
 
     rng = random.Random(args.seed)
     vocab = ckpt.config.vocab_size
     copy = report["limits"]["copy_bytes_per_s"]
+    kv_per_token = model_numbers(ckpt.config)["kv_bytes_per_token"]
     res = report["engine"] = {}
     for mode in args.modes:
         t0 = time.perf_counter()
@@ -176,7 +177,7 @@ def engine_modes(ckpt, args, report, save) -> dict:
             r["tpot"] = {}
             for b in args.batch:
                 s = kestrel_tpot(core, rng, vocab, b, 512, args.tpot_steps)
-                kv = b * (512 + args.tpot_steps // 2) * _kv_bytes_per_token(ckpt.config)
+                kv = b * (512 + args.tpot_steps // 2) * kv_per_token
                 r["tpot"][str(b)] = {"ms": s * 1e3, "tok_s": b / s, "limit_ms": (r["weight_bytes"] + kv) / copy * 1e3}
                 save()
             s = kestrel_ttft(core, rng, vocab, [args.prefill], args.repeats)[str(args.prefill)]
@@ -201,10 +202,6 @@ def engine_modes(ckpt, args, report, save) -> dict:
         print(f"{mode} vs bf16: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["vs_bf16"].items()), flush=True)
     save()
     return res
-
-
-def _kv_bytes_per_token(cfg) -> int:
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
 
 
 def run(args) -> dict:

@@ -123,22 +123,22 @@ class LlamaForCausalLM(torch.nn.Module):
     def quantize_int8(self) -> tuple[int, int]:
         """Weight-only int8 for every linear layer whose K allows it, and the LM head (whose float rows stay
         only when they are also the token embedding). Returns (quantized, linear layers)."""
-        linears = [m for m in self.modules() if isinstance(m, LinearBase)]
-        done = sum(m.quantize_int8() for m in linears)
-        head = self.lm_head
-        if head.quantize_head_int8() and head is not self.embed_tokens:
-            head.weight.data = torch.empty(0, dtype=head.weight.dtype, device=head.weight.device)
-        return done, len(linears)
+        return self._quantize(lambda m: m.quantize_int8(), self.lm_head.quantize_head_int8)
 
     def quantize_weights(self, mode: str) -> tuple[int, int]:
-        """--quantization int8 | int4 | fp8 on a GPU (LinearBase.quantize, ParallelLMHead.quantize_head). Returns
-        (quantized, linear layers)."""
+        """--quantization int8 | int4 | fp8 on a GPU (LinearBase.quantize: done while loading under quantized_load,
+        then a no-op; ParallelLMHead.quantize_head). Returns (quantized, linear layers)."""
+        return self._quantize(lambda m: m.quantize(mode), lambda: self.lm_head.quantize_head(mode))
+
+    def _quantize(self, linear, head) -> tuple[int, int]:
+        """``linear(m)`` on every linear layer, then ``head()``; the head's float rows are dropped unless they
+        are also the token embedding."""
         linears = [m for m in self.modules() if isinstance(m, LinearBase)]
         for m in linears:
-            m.quantize(mode)  # (done while loading under quantized_load: then a no-op)
-        head = self.lm_head
-        if head.quantize_head(mode) and head is not self.embed_tokens:
-            head.weight.data = torch.empty(0, dtype=head.weight.dtype, device=head.weight.device)
+            linear(m)
+        lm = self.lm_head
+        if head() and lm is not self.embed_tokens:
+            lm.weight.data = torch.empty(0, dtype=lm.weight.dtype, device=lm.weight.device)
         return sum(m.quant is not None for m in linears), len(linears)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

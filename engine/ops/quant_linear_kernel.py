@@ -19,44 +19,20 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
-def _nibbles_bf16(words):
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t;
-        lop3.b32 t, $8, 0x000F000F, 0x43004300, 0xEA;
-        mov.b32 {$0, $4}, t;
-        shr.u32 t, $8, 4;
-        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
-        mov.b32 {$1, $5}, t;
-        shr.u32 t, $8, 8;
-        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
-        mov.b32 {$2, $6}, t;
-        shr.u32 t, $8, 12;
-        lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
-        mov.b32 {$3, $7}, t;
-        }""",
-        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[words], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+def _nibbles_asm(magic: int) -> str:
+    """PTX turning a word's 8 nibbles into 8 16-bit floats magic + c: four (shift, lop3 (a & b) | c) pairs, each
+    giving nibbles i and i + 4 as the two halves of one register."""
+    steps = []
+    for i in range(4):
+        src = "$8" if i == 0 else "t"
+        shift = "" if i == 0 else f"shr.u32 t, $8, {4 * i};\n"
+        steps.append(f"{shift}lop3.b32 t, {src}, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xEA;\n"
+                     f"mov.b32 {{${i}, ${i + 4}}}, t;\n")
+    return "{\n.reg .b32 t;\n" + "".join(steps) + "}"
 
 
-@triton.jit
-def _nibbles_f16(words):
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t;
-        lop3.b32 t, $8, 0x000F000F, 0x64006400, 0xEA;
-        mov.b32 {$0, $4}, t;
-        shr.u32 t, $8, 4;
-        lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-        mov.b32 {$1, $5}, t;
-        shr.u32 t, $8, 8;
-        lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-        mov.b32 {$2, $6}, t;
-        shr.u32 t, $8, 12;
-        lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-        mov.b32 {$3, $7}, t;
-        }""",
-        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[words], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+_ASM_BF16: tl.constexpr = tl.constexpr(_nibbles_asm(0x4300))  # bf16 128.0: 128 + c exactly
+_ASM_F16: tl.constexpr = tl.constexpr(_nibbles_asm(0x6400))  # fp16 1024.0: 1024 + c exactly
 
 
 @triton.jit
@@ -73,9 +49,11 @@ def _nibbles(words, IS_F16: tl.constexpr, INTERPRET: tl.constexpr, OFF: tl.const
     if INTERPRET:
         return _nibbles_f32(words, OFF)
     elif IS_F16:
-        return _nibbles_f16(words)
+        return tl.inline_asm_elementwise(asm=_ASM_F16, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[words],
+                                         dtype=(tl.float16,) * 8, is_pure=True, pack=1)
     else:
-        return _nibbles_bf16(words)
+        return tl.inline_asm_elementwise(asm=_ASM_BF16, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[words],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
 
 
 @triton.jit
