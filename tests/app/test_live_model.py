@@ -103,12 +103,18 @@ def test_stop_mid_stream_keeps_the_partial_reply(live, qtbot):
 def test_performance_plots_receive_points(live, qtbot):
     perf = live.panels["performance"]
     worker = live.ctx.engine
-    # The stats come every half second; a 48-token reply on a fast CPU can be over sooner, so the test polls
-    # every 20 ms while the reply runs (the app's own interval is not what this test is about).
+    # The stats come every half second; a 64-token reply on a fast CPU can be over sooner, so the test polls
+    # every 20 ms while the reply runs (the app's own interval is not what this test is about). The poll loop
+    # may be inside a half-second sleep when the interval changes: one more stats update first, so the reply
+    # starts under the short interval.
     interval, worker.stats_interval = worker.stats_interval, 0.02
     try:
+        with qtbot.waitSignal(worker.statsUpdated, timeout=10_000):
+            pass
+        with qtbot.waitSignal(worker.statsUpdated, timeout=10_000):
+            pass
         live.chat.new_conversation()
-        set_sampling(live, max_tokens=64, temperature=0.0)
+        set_sampling(live, max_tokens=128, temperature=0.0)
         assert live.chat.send("Count from one to thirty.")
         qtbot.waitUntil(lambda: any(v >= 1 for v in perf.running.y) or live.chat.pending is None,
                         timeout=REPLY_TIMEOUT_MS)
