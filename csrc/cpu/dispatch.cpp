@@ -57,10 +57,6 @@ bool cpu_has_avx512bf16() {
 #endif
 }
 
-// "avx512bf16" is the "avx512" level plus the AVX512_BF16 extension, which only the linear kernels use
-// (vdpbf16ps); every other kernel runs its "avx512" version there.
-std::string base_level(const std::string& name) { return name == "avx512bf16" ? "avx512" : name; }
-
 const LinearTable* linear_for(const std::string& name) {
 #if defined(KESTREL_X86_VARIANTS)
 #if defined(KESTREL_HAVE_AVX512BF16)
@@ -84,8 +80,13 @@ const LinearTable* best_linear() {
   return linear_table_scalar();
 }
 
+// "avx512bf16" is the "avx512" level plus the AVX512_BF16 extension (vdpbf16ps), which the linear kernels and
+// the decode attention on bfloat16 caches use; the other kernels are the "avx512" ones compiled again.
 const KernelTable* table_for(const std::string& name) {
 #if defined(KESTREL_X86_VARIANTS)
+#if defined(KESTREL_HAVE_AVX512BF16)
+  if (name == "avx512bf16") return cpu_has_avx512bf16() ? table_avx512bf16() : nullptr;
+#endif
   if (name == "avx512") return cpu_has_avx512() ? table_avx512() : nullptr;
   if (name == "avx2") return cpu_has_avx2() ? table_avx2() : nullptr;
 #endif
@@ -95,6 +96,9 @@ const KernelTable* table_for(const std::string& name) {
 
 const KernelTable* best_table() {
 #if defined(KESTREL_X86_VARIANTS)
+#if defined(KESTREL_HAVE_AVX512BF16)
+  if (cpu_has_avx512bf16()) return table_avx512bf16();
+#endif
   if (cpu_has_avx512()) return table_avx512();
   if (cpu_has_avx2()) return table_avx2();
 #endif
@@ -104,7 +108,7 @@ const KernelTable* best_table() {
 const KernelTable* initial_table() {
   const char* env = std::getenv("KESTREL_CPU_ISA");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return best_table();
-  if (const KernelTable* t = table_for(base_level(env))) {
+  if (const KernelTable* t = table_for(env)) {
     if (linear_for(env) != nullptr) return t;
   }
   std::fprintf(stderr,
@@ -117,7 +121,7 @@ const KernelTable* initial_table() {
 const LinearTable* initial_linear() {
   const char* env = std::getenv("KESTREL_CPU_ISA");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return best_linear();
-  if (table_for(base_level(env)) != nullptr) {
+  if (table_for(env) != nullptr) {
     if (const LinearTable* l = linear_for(env)) return l;
   }
   return best_linear();  // initial_table() reports it
@@ -233,7 +237,7 @@ void force_isa(const std::string& name) {
     g_linear.store(best_linear(), std::memory_order_release);
     return;
   }
-  const KernelTable* t = table_for(base_level(name));
+  const KernelTable* t = table_for(name);
   const LinearTable* l = linear_for(name);
   if (t == nullptr || l == nullptr) {
     throw std::invalid_argument("CPU ISA level '" + name +
@@ -251,16 +255,13 @@ std::string linear_isa() { return KL().name; }
 
 const LinearTable& active_linear_table() { return KL(); }
 
-std::vector<std::string> linear_isas() {
-  std::vector<std::string> v = available_isas();
-  if (cpu_has_avx512bf16()) v.push_back("avx512bf16");
-  return v;
-}
+std::vector<std::string> linear_isas() { return available_isas(); }
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> v{"scalar"};
   if (cpu_has_avx2()) v.push_back("avx2");
   if (cpu_has_avx512()) v.push_back("avx512");
+  if (cpu_has_avx512bf16()) v.push_back("avx512bf16");
   return v;
 }
 

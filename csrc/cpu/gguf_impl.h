@@ -652,7 +652,10 @@ static inline void store_out(const GGUFParams& p, int64_t m, int64_t n, float v)
 // short for the hardware prefetchers alone to keep the stream ahead (measured, 120 SmolLM2-shaped GEMVs in a row on
 // one core: 6 GB/s without, the bfloat16 kernel's ~12 GB/s with).
 // 8 KiB, not 4: on the 2-core Zen 5 dev VM (1B-Llama shapes, 2 threads, weights out of cache) Q8_0 25-29 -> 31-36 GB/s
-// and Q4_0 (zmm pairs) 26-30 -> 29-34 GB/s; 12 and 16 KiB measured below 8 there.
+// and Q4_0 (zmm pairs) 26-30 -> 29-34 GB/s; 12 and 16 KiB measured below 8 there. Into L2 (prefetcht2): the L1's
+// miss buffers are too few for a stream 8 KiB ahead; measured 2026-12-04 on that VM (docs/benchmarks/
+// cpu_gguf_gemv_bench.py, 2 threads), gate_up / down: Q8_0 39.2 / 30.6 GB/s with prefetcht0, 52.5 / 47.0 with
+// prefetcht2; Q4_0 34.3 / 29.5 -> 35.8 / 36.9 (4 and 16 KiB ahead: no better).
 constexpr int64_t kPrefetchBytes = 8192;
 
 template <int QT, int MT>
@@ -676,7 +679,7 @@ static void gemv_rows(const GGUFParams& p, int64_t n0, int64_t n1) {
 #if KESTREL_GGUF_LEVEL > 0
     const uint8_t* end = p.w + n1 * p.row_bytes;
     for (const uint8_t* a = wrow + kPrefetchBytes; a < wrow + kPrefetchBytes + p.row_bytes && a < end; a += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T2);
 #endif
     int64_t m = 0;
     float res[4];

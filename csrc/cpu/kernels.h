@@ -59,5 +59,6 @@ struct KernelTable {
 const KernelTable* table_scalar();
 const KernelTable* table_avx2();
 const KernelTable* table_avx512();
+const KernelTable* table_avx512bf16();  // only with KESTREL_HAVE_AVX512BF16
 
 }  // namespace kestrel::cpu

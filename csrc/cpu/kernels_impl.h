@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "kernels.h"
 #include "types.h"
@@ -206,6 +207,8 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
   alignas(64) float acc[NG * kAttnMaxHeadDim];
   alignas(64) float sc[NG][kChunk];
   float m[NG], l[NG];
+  const T* qb[NG];  // the heads' queries as stored
+  for (int g = 0; g < NG; ++g) qb[g] = static_cast<const T*>(p.q) + b * p.q_s0 + (h0 + g) * p.q_s1;
 
   const R vscale = Vec::set1(p.scale);
   for (int g = 0; g < NG; ++g) {
@@ -229,7 +232,11 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
   // rows of K and V are prefetched kAttnAhead tokens ahead of the chunk being scored. Measured on the 2-core Zen 5
   // dev VM, caches out of L3 (80-200 layers' caches cycled), context 540, bfloat16, 2 threads: SmolLM2's 9 / 3
   // heads 67.5 us a call without, 31-34 with 16 tokens ahead (8: 51, 32: 31-36, 64: 42); 1B-Llama's 32 / 8 heads
-  // 113 us without, 60-65 with 16 (8: 72-78, 32: 71-82, 64: 79).
+  // 113 us without, 60-65 with 16 (8: 72-78, 32: 71-82, 64: 79). The prefetches go to L2 (prefetcht2, locality
+  // 1): the L1 has too few miss buffers for the 64 lines in flight. Measured 2026-12-04 on the same VM, 1B-Llama
+  // shape, context 580, 64 layers' caches cycled, 2 threads, with the vdpbf16ps scores: 109-117 us a call with
+  // prefetcht0, 65-68 with prefetcht1, 51 with prefetcht2 (16 or 32 tokens ahead; 64: 56-64), 115-135 with
+  // prefetchnta; caches in L2: 42-44 us whichever.
   int64_t pf = t_begin;  // tokens before pf are prefetched
   auto prefetch_to = [&](int64_t t2) {
     t2 = imin(t2, t_end);
@@ -239,8 +246,8 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
       const char* k2 = reinterpret_cast<const char*>(kc + at);
       const char* v2 = reinterpret_cast<const char*>(vc + at);
       for (int64_t c = 0; c < row; c += 64) {
-        __builtin_prefetch(k2 + c, 0, 3);
-        __builtin_prefetch(v2 + c, 0, 3);
+        __builtin_prefetch(k2 + c, 0, 1);
+        __builtin_prefetch(v2 + c, 0, 1);
       }
     }
   };
@@ -257,6 +264,29 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
     // scores s[g][j] = (q_g * scale) . k_j. Full groups of W tokens: W accumulators per head, summed
     // with one transposing reduction; the remaining tokens one at a time with horizontal sums.
     int64_t j = 0;
+#if defined(__AVX512BF16__)
+    // bfloat16 caches on AVX512_BF16: q_g . k_j by vdpbf16ps on the stored bfloat16 values (exact products,
+    // float32 sums of pairs), then * scale; no conversion of K to float32, which at 4 query heads per kv head
+    // was most of the kernel's vector work.
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (hd % 32 == 0) {
+        const R vsc = Vec::set1(p.scale);
+        for (; j + 16 <= n; j += 16) {
+          const T* kr = kb + j * tok_stride;
+          for (int g = 0; g < NG; ++g) {
+            __m512 a[16];
+            for (int u = 0; u < 16; ++u) a[u] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < hd; i += 32) {
+              const __m512bh qv = (__m512bh)_mm512_loadu_si512(qb[g] + i);
+              for (int u = 0; u < 16; ++u)
+                a[u] = _mm512_dpbf16_ps(a[u], qv, (__m512bh)_mm512_loadu_si512(kr + u * tok_stride + i));
+            }
+            Vec::store(&sc[g][j], Vec::mul(Vec::transpose_sum(a), vsc));
+          }
+        }
+      }
+    }
+#endif
     if constexpr (W > 1) {
       for (; j + W <= n; j += W) {
         const T* kr = kb + j * tok_stride;

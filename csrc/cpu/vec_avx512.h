@@ -1,4 +1,6 @@
-// 16-lane fp32 vector for AVX-512 (F, BW, VL, DQ). Compiled only into kernels_avx512.cpp.
+// 16-lane fp32 vector for AVX-512 (F, BW, VL, DQ), in the namespace of the including file's level
+// (KESTREL_ISA_NS: avx512, or avx512bf16 whose file is compiled with more flags), so no inline function is
+// shared between files compiled with different -m flags.
 #pragma once
 
 #include <immintrin.h>
@@ -7,7 +9,11 @@
 
 #include "types.h"
 
-namespace kestrel::cpu::avx512 {
+#ifndef KESTREL_ISA_NS
+#error "define KESTREL_ISA_NS before including vec_avx512.h"
+#endif
+
+namespace kestrel::cpu::KESTREL_ISA_NS {
 
 struct Vec {
   static constexpr int W = 16;
@@ -112,4 +118,4 @@ inline __m512 Vec::round<f16_t>(__m512 v) {
   return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-}  // namespace kestrel::cpu::avx512
+}  // namespace kestrel::cpu::KESTREL_ISA_NS

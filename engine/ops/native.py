@@ -81,7 +81,8 @@ def cuda_available() -> bool:
 
 
 def cpu_isa() -> str:
-    """The ISA level the CPU dispatcher uses ('avx512', 'avx2', 'scalar'), or 'reference' without engine._C."""
+    """The ISA level the CPU dispatcher uses ('avx512bf16': AVX-512 with the bf16 dot product vdpbf16ps, 'avx512',
+    'avx2', 'scalar'), or 'reference' without engine._C."""
     return native_lib.cpu_isa() if native_lib is not None else "reference"
 
 
@@ -90,8 +91,7 @@ def available_isas() -> list[str]:
 
 
 def linear_isa() -> str:
-    """The level the CPU linear kernels use: cpu_isa(), or 'avx512bf16' (AVX-512 with the bf16 dot product
-    vdpbf16ps) where the CPU has it; 'reference' without engine._C."""
+    """The level the CPU linear kernels use (the same as cpu_isa()); 'reference' without engine._C."""
     return native_lib.linear_isa() if native_lib is not None else "reference"
 
 

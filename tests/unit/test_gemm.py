@@ -76,14 +76,14 @@ def threads():
 
 def test_levels():
     assert ops.native_available(), "engine._C is missing: build it with `pip install --no-build-isolation -e .`"
-    assert LINEAR_ISAS[: len(ISAS)] == ISAS and set(LINEAR_ISAS) <= {"scalar", "avx2", "avx512", "avx512bf16"}
-    assert ops.linear_isa() == LINEAR_ISAS[-1], "auto should pick the best linear level"
-    if "avx512bf16" in LINEAR_ISAS:  # the extension leaves the other kernels at avx512
+    assert LINEAR_ISAS == ISAS and set(LINEAR_ISAS) <= {"scalar", "avx2", "avx512", "avx512bf16"}
+    assert ops.linear_isa() == ops.cpu_isa() == LINEAR_ISAS[-1], "auto should pick the best level"
+    if "avx512bf16" in LINEAR_ISAS:  # one level for every kernel
         _C.force_isa("avx512bf16")
         try:
-            assert ops.cpu_isa() == "avx512" and ops.linear_isa() == "avx512bf16"
+            assert ops.cpu_isa() == ops.linear_isa() == "avx512bf16"
             _C.force_isa("avx512")
-            assert ops.linear_isa() == "avx512"
+            assert ops.cpu_isa() == ops.linear_isa() == "avx512"
         finally:
             _C.force_isa("auto")
 

@@ -33,7 +33,7 @@ ISAS = ops.available_isas()
 
 def test_native_module_is_built():
     assert ops.native_available(), "engine._C is missing: build it with `pip install --no-build-isolation -e .`"
-    assert ops.cpu_isa() in ("scalar", "avx2", "avx512")
+    assert ops.cpu_isa() in ("scalar", "avx2", "avx512", "avx512bf16")
     assert "scalar" in ISAS
 
 
@@ -375,13 +375,14 @@ def test_paged_decode_attention_split_context(isa, dtype, threads):
     close(out, ref.paged_decode_attention(q, kc, vc, bt, cl, 0.1), dtype)
 
 
-def test_paged_decode_attention_strided_q_and_large_scores():
-    g = gen("attn-strided")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: the vdpbf16ps scores where the CPU has them
+def test_paged_decode_attention_strided_q_and_large_scores(isa, dtype):
+    g = gen("attn-strided", isa, str(dtype))
     B, nh, nkv, hd, bs = 3, 6, 2, 64, 16
-    q_full, kc, vc, bt, cl = _attention_inputs(g, torch.float32, B, nh + 2 * nkv, nkv, hd, bs, [50, 20, 64])
+    q_full, kc, vc, bt, cl = _attention_inputs(g, dtype, B, nh + 2 * nkv, nkv, hd, bs, [50, 20, 64])
     q = q_full[:, :nh]  # row-strided view (as sliced from a fused qkv output)
     out = ops.paged_decode_attention(q, kc, vc, bt, cl, 3.0)  # large scale: peaked softmax, tests max-subtraction
-    close(out, ref.paged_decode_attention(q, kc, vc, bt, cl, 3.0), torch.float32)
+    close(out, ref.paged_decode_attention(q, kc, vc, bt, cl, 3.0), dtype)
 
 
 # ---------------------------------------------------------------------------------------------------
