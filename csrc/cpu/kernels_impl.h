@@ -207,8 +207,6 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
   alignas(64) float acc[NG * kAttnMaxHeadDim];
   alignas(64) float sc[NG][kChunk];
   float m[NG], l[NG];
-  const T* qb[NG];  // the heads' queries as stored
-  for (int g = 0; g < NG; ++g) qb[g] = static_cast<const T*>(p.q) + b * p.q_s0 + (h0 + g) * p.q_s1;
 
   const R vscale = Vec::set1(p.scale);
   for (int g = 0; g < NG; ++g) {
@@ -271,6 +269,8 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (hd % 32 == 0) {
         const R vsc = Vec::set1(p.scale);
+        const T* qb[NG];  // the heads' queries as stored
+        for (int g = 0; g < NG; ++g) qb[g] = static_cast<const T*>(p.q) + b * p.q_s0 + (h0 + g) * p.q_s1;
         for (; j + 16 <= n; j += 16) {
           const T* kr = kb + j * tok_stride;
           for (int g = 0; g < NG; ++g) {
