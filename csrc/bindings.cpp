@@ -45,7 +45,6 @@ PYBIND11_MODULE(_C, m) {
         "ISA level the CPU linear kernels use now: scalar, avx2, avx512 or avx512bf16 (AVX-512 with vdpbf16ps "
         "for bfloat16). force_isa('avx512bf16') selects it (other kernels then run at 'avx512'); "
         "force_isa('avx512') turns the bf16 dot product off");
-  m.def("linear_isas", &kestrel::cpu::linear_isas, "Levels the linear kernels can be forced to here");
   m.def("set_num_threads", &kestrel::cpu::set_num_threads, py::arg("n"), "Threads the CPU kernels may use");
   m.def("get_num_threads", &kestrel::cpu::get_num_threads);
   m.def("gemm_on_pool", &kestrel::cpu::gemm_on_pool,

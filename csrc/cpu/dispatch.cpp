@@ -243,7 +243,7 @@ void force_isa(const std::string& name) {
     throw std::invalid_argument("CPU ISA level '" + name +
                                 "' is not available here (this build and CPU support: " + [] {
                                   std::string s;
-                                  for (auto& n : linear_isas()) s += (s.empty() ? "" : ", ") + n;
+                                  for (auto& n : available_isas()) s += (s.empty() ? "" : ", ") + n;
                                   return s;
                                 }() + ")");
   }
@@ -254,8 +254,6 @@ void force_isa(const std::string& name) {
 std::string linear_isa() { return KL().name; }
 
 const LinearTable& active_linear_table() { return KL(); }
-
-std::vector<std::string> linear_isas() { return available_isas(); }
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> v{"scalar"};

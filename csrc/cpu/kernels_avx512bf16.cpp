@@ -1,4 +1,5 @@
-// The CPU kernels compiled for the "avx512bf16" level: the "avx512" kernels, decode attention on bfloat16 caches by vdpbf16ps (flags set per file in CMakeLists.txt).
+// The CPU kernels compiled for the "avx512bf16" level: the "avx512" kernels, with the decode attention's scores
+// of bfloat16 caches by vdpbf16ps (flags set per file in CMakeLists.txt).
 #define KESTREL_ISA_NS avx512bf16
 #include "vec_avx512.h"
 #include "kernels_impl.h"

@@ -15,7 +15,6 @@ std::string isa_name();
 void force_isa(const std::string& name);  // "auto", "scalar", "avx2", "avx512" or "avx512bf16"
 std::vector<std::string> available_isas();
 std::string linear_isa();                // level of the linear kernels: the above, or "avx512bf16"
-std::vector<std::string> linear_isas();  // available_isas() plus "avx512bf16" where the CPU has it
 void set_num_threads(int n);
 int get_num_threads();
 bool has_openmp();

@@ -499,18 +499,12 @@ def batch_invariant():
     ops.set_batch_invariant(False)
 
 
-def _linear_isas():
-    from engine import _C
-
-    return list(_C.linear_isas()) if ops.native_available() else []
-
-
 def _weights(g, dtype, N, K, int8):
     w = randn(g, N, K, dtype=dtype, scale=0.05)
     return ops.Int8Weight.quantize(w) if int8 else w
 
 
-@pytest.mark.parametrize("linear_isa", _linear_isas())
+@pytest.mark.parametrize("linear_isa", ISAS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("int8", [False, True], ids=["dense", "int8"])
 def test_linear_rows_do_not_depend_on_the_batch_when_batch_invariant(linear_isa, dtype, int8, batch_invariant,
