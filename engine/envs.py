@@ -80,10 +80,16 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         ("Linear layers of one row inside the decode CUDA graphs: auto (the Triton GEMV kernel) or off (cuBLAS) "
          "(engine/ops/skinny_gemm.py).")),
     "KESTREL_PDL": (
-        "auto", _choice("auto", "off"),
-        ("The one-row GEMV of the decode CUDA graphs as a programmatic dependent launch on sm_90+: auto (its programs "
-         "launched while the kernel before it runs, waiting for its output) or off (a plain launch) "
-         "(engine/ops/skinny_gemm.py; kestrel bench gpu compares both).")),
+        "auto", _choice("auto", "gemv", "off"),
+        ("Programmatic dependent launch on sm_90+ (a kernel launched while the one before it runs, waiting for its "
+         "output): auto (the one-row GEMV of the decode CUDA graphs and every CUDA kernel of csrc/cuda), gemv (the "
+         "GEMV only) or off (plain launches). Read by engine/ops/skinny_gemm.py and, at each launch, by "
+         "csrc/cuda/common.cuh (kestrel bench gpu compares the settings).")),
+    "KESTREL_GEMV_EARLY": (
+        4, int,
+        ("Weight tiles each program of the one-row GEMV requests before it waits for the kernel before it (PDL): "
+         "0 (none: it waits at entry), 1 (its first tile into registers), n > 1 (also the next n - 1 tiles into "
+         "the L2 cache) (engine/ops/skinny_gemm.py; kestrel bench gpu compares them).")),
     "KESTREL_CUDA_DECODE_U": (
         None, _str,
         ("Tokens each lane group of the CUDA decode attention kernel loads per step when 4 query heads share a KV "

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                         const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                         const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
                         int part_tokens) {
-  allow_dependent_launch();
+  dependent_entry();
   constexpr int U = kTokensPerWarpStep;
   const int b = blockIdx.y, part = blockIdx.z, splits = gridDim.z;
   const int h0 = G == 1 ? int(blockIdx.x) : int(blockIdx.x) * G;  // the first query head of the block
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
                             const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                             const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
                             int part_tokens) {
-  allow_dependent_launch();
+  dependent_entry();
   constexpr int E = Pack<T>::N, LPT = HD / E, TPW = 32 / LPT;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   static_assert(LPT >= 1 && LPT <= 32 && (32 % LPT) == 0, "head size / vector width must divide a warp");
@@ -399,7 +399,7 @@ template <class T>
 __global__ void paged_decode_reduce_kernel(T* __restrict__ out, int64_t os0, int64_t os1,
                                            const float* __restrict__ ws, const int32_t* __restrict__ ctx_lens,
                                            int nh, int hd, int splits, int part_tokens) {
-  allow_dependent_launch();
+  dependent_entry();
   __shared__ float weight[kMaxSplits];
   const int h = blockIdx.x, b = blockIdx.y;
   const int64_t stride = 2 + hd;
@@ -488,10 +488,11 @@ int tokens_per_step() {
 }
 
 template <class T>
-void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const Plan& p, uintptr_t out,
-            int64_t os0, int64_t os1, float* ws, uintptr_t q, int64_t qs0, int64_t qs1, uintptr_t k_cache,
-            uintptr_t v_cache, uintptr_t block_tables, int64_t bts, uintptr_t context_lens, int64_t nh, int64_t nkv,
-            int64_t hd, int64_t bs, float scale) {
+void launch_decode(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, int device, const Plan& p,
+                   uintptr_t out,
+                   int64_t os0, int64_t os1, float* ws, uintptr_t q, int64_t qs0, int64_t qs1, uintptr_t k_cache,
+                   uintptr_t v_cache, uintptr_t block_tables, int64_t bts, uintptr_t context_lens, int64_t nh,
+                   int64_t nkv, int64_t hd, int64_t bs, float scale) {
   T* o = reinterpret_cast<T*>(out);
   const T* qp = reinterpret_cast<const T*>(q);
   const T* kp = reinterpret_cast<const T*>(k_cache);
@@ -499,8 +500,8 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
   const int32_t* btp = reinterpret_cast<const int32_t*>(block_tables);
   const int32_t* clp = reinterpret_cast<const int32_t*>(context_lens);
   auto run = [&](auto kernel) {
-    kernel<<<grid, kWarps * 32, 0, st>>>(o, os0, os1, ws, qp, qs0, qs1, kp, vp, btp, bts, clp, int(nh), int(nkv),
-                                         int(hd), int(bs), scale, p.part_tokens);
+    launch("paged_decode_attention", kernel, grid, dim3(kWarps * 32), st, device, o, os0, os1, ws, qp, qs0, qs1, kp, vp,
+           btp, bts, clp, int(nh), int(nkv), int(hd), int(bs), scale, p.part_tokens);
   };
   const int G = group_for(nh, nkv, hd);
   constexpr int E = Pack<T>::N;
@@ -536,8 +537,8 @@ void launch(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, const
   else if (vpl <= 4) pick(std::integral_constant<int, 4>{});
   else pick(std::integral_constant<int, 8>{});
   if (p.splits > 1)
-    paged_decode_reduce_kernel<T><<<rgrid, rthreads, 0, st>>>(o, os0, os1, ws, clp, int(nh), int(hd), p.splits,
-                                                               p.part_tokens);
+    launch("paged_decode_attention (merge)", paged_decode_reduce_kernel<T>, rgrid, dim3(rthreads), st, device, o, os0,
+           os1, ws, clp, int(nh), int(hd), p.splits, p.part_tokens);
 }
 
 }  // namespace
@@ -570,8 +571,9 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
   dim3 grid(static_cast<unsigned>(nh / group), static_cast<unsigned>(B), static_cast<unsigned>(p.splits));
   dim3 rgrid(static_cast<unsigned>(nh), static_cast<unsigned>(B));
   const int rthreads = int((hd + 31) / 32 * 32);
-  KESTREL_CUDA_DTYPE_SWITCH(dt, launch<T>(vpl, grid, rgrid, rthreads, st, p, out, os0, os1, ws, q, qs0, qs1, k_cache,
-                                          v_cache, block_tables, bts, context_lens, nh, nkv, hd, bs, float(scale)));
+  KESTREL_CUDA_DTYPE_SWITCH(dt, launch_decode<T>(vpl, grid, rgrid, rthreads, st, device, p, out, os0, os1, ws, q, qs0,
+                                                 qs1, k_cache, v_cache, block_tables, bts, context_lens, nh, nkv, hd,
+                                                 bs, float(scale)));
   check_launch("paged_decode_attention");
 }
 

@@ -7,21 +7,72 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
 
 namespace kestrel::cuda {
 
-// Lets a kernel launched after this one as a programmatic dependent (the one-row Triton GEMV of the decode CUDA
-// graphs: engine/ops/skinny_gemm.py, launch_pdl) be launched now, its programs resident and waiting while this grid
-// runs; the dependent still waits (griddepcontrol.wait) for this grid's completion and its memory before reading
-// anything. Called at the start of the kernels that precede a GEMV in a decode step (the norms, silu_and_mul, the
-// decode attention); a no-op without such a dependent, and before sm_90.
+// Programmatic dependent launch (PDL, sm_90+). A kernel launched as a programmatic dependent of the one before it
+// on the stream (launch() below; the one-row Triton GEMV of the decode CUDA graphs: engine/ops/skinny_gemm.py,
+// launch_pdl) may be launched as soon as every block of that one has called allow_dependent_launch(): its blocks
+// are resident and waiting when the producer finishes, instead of being launched after. It must wait
+// (wait_for_producer: the producer's completion and its memory) before it touches any memory the producer reads or
+// writes; the GEMV requests its weights before waiting, every kernel of this directory waits at entry.
+// Both are no-ops without PDL, and before sm_90.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void wait_for_producer() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// The entry of every kernel that launch() starts: the next kernel may launch, this one waits for the last.
+__device__ __forceinline__ void dependent_entry() {
+  allow_dependent_launch();
+  wait_for_producer();
+}
+
+// Whether launch() makes its kernels programmatic dependents on `device`: compute capability 9.0+ and
+// KESTREL_PDL=auto (read at each launch, so a benchmark compares the settings in one process; a CUDA graph keeps
+// its capture's). KESTREL_PDL=gemv keeps PDL for the Triton GEMV only, off for none.
+inline bool pdl_launches(int device) {
+  static int major[64] = {0};
+  const char* e = std::getenv("KESTREL_PDL");
+  if (e && (std::strcmp(e, "off") == 0 || std::strcmp(e, "gemv") == 0)) return false;
+  if (device < 0 || device >= 64) return false;
+  if (major[device] == 0) {
+    int m = 0;
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || m <= 0) m = -1;
+    major[device] = m;
+  }
+  return major[device] >= 9;
+}
+
+// kernel<<<grid, block, 0, st>>>(args...), as a programmatic dependent of the stream's last kernel where
+// pdl_launches(device); the kernel starts with dependent_entry().
+template <class... Params, class... Args>
+void launch(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t st, int device,
+            Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_launches(device)) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": CUDA error: " + cudaGetErrorString(e));
 }
 
 __device__ __forceinline__ float ld(const float* p) { return *p; }

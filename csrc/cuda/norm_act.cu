@@ -15,7 +15,7 @@ int norm_threads(int64_t H) {
 template <class T>
 __global__ void rms_norm_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
                                 const T* __restrict__ w, int64_t H, float eps) {
-  allow_dependent_launch();
+  dependent_entry();
   const T* xr = x + blockIdx.x * xs;
   T* orow = out + blockIdx.x * os;
   float ss = 0.f;
@@ -31,7 +31,7 @@ __global__ void rms_norm_kernel(T* __restrict__ out, int64_t os, const T* __rest
 template <class T>
 __global__ void fused_add_rms_norm_kernel(T* __restrict__ x, int64_t xs, T* __restrict__ r, int64_t rs,
                                           const T* __restrict__ w, int64_t H, float eps) {
-  allow_dependent_launch();
+  dependent_entry();
   T* xr = x + blockIdx.x * xs;
   T* rr = r + blockIdx.x * rs;
   float ss = 0.f;
@@ -49,7 +49,7 @@ __global__ void fused_add_rms_norm_kernel(T* __restrict__ x, int64_t xs, T* __re
 template <class T>
 __global__ void silu_and_mul_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
                                     int64_t I) {
-  allow_dependent_launch();
+  dependent_entry();
   const T* g = x + blockIdx.y * xs;
   const T* u = g + I;
   T* o = out + blockIdx.y * os;
@@ -67,7 +67,7 @@ __global__ void silu_and_mul_kernel(T* __restrict__ out, int64_t os, const T* __
 template <class T>
 __global__ void rms_norm_vec_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
                                     const T* __restrict__ w, int64_t H, float eps) {
-  allow_dependent_launch();
+  dependent_entry();
   constexpr int V = Pack<T>::N;
   const auto* xr = reinterpret_cast<const Pack<T>*>(x + blockIdx.x * xs);
   const auto* wp = reinterpret_cast<const Pack<T>*>(w);
@@ -95,7 +95,7 @@ __global__ void rms_norm_vec_kernel(T* __restrict__ out, int64_t os, const T* __
 template <class T>
 __global__ void fused_add_rms_norm_vec_kernel(T* __restrict__ x, int64_t xs, T* __restrict__ r, int64_t rs,
                                               const T* __restrict__ w, int64_t H, float eps) {
-  allow_dependent_launch();
+  dependent_entry();
   constexpr int V = Pack<T>::N;
   auto* xr = reinterpret_cast<Pack<T>*>(x + blockIdx.x * xs);
   auto* rr = reinterpret_cast<Pack<T>*>(r + blockIdx.x * rs);
@@ -126,7 +126,7 @@ __global__ void fused_add_rms_norm_vec_kernel(T* __restrict__ x, int64_t xs, T* 
 template <class T>
 __global__ void silu_and_mul_vec_kernel(T* __restrict__ out, int64_t os, const T* __restrict__ x, int64_t xs,
                                         int64_t I) {
-  allow_dependent_launch();
+  dependent_entry();
   constexpr int V = Pack<T>::N;
   const int64_t n = I / V;
   const auto* g = reinterpret_cast<const Pack<T>*>(x + blockIdx.y * xs);
@@ -154,16 +154,15 @@ void rms_norm(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintpt
   auto st = reinterpret_cast<cudaStream_t>(stream);
   if (vec_ok(dt, H, {out, x, w}, {os, xs})) {
     const int64_t v = dt == 0 ? 4 : 8;
-    KESTREL_CUDA_DTYPE_SWITCH(dt, rms_norm_vec_kernel<T><<<unsigned(T_), norm_threads(H / v), 0, st>>>(
-                                      reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs,
-                                      reinterpret_cast<const T*>(w), H, float(eps)));
-    check_launch("rms_norm");
+    KESTREL_CUDA_DTYPE_SWITCH(dt, launch("rms_norm", rms_norm_vec_kernel<T>, dim3(unsigned(T_)),
+                                         dim3(norm_threads(H / v)), st, device, reinterpret_cast<T*>(out), os,
+                                         reinterpret_cast<const T*>(x), xs, reinterpret_cast<const T*>(w), H,
+                                         float(eps)));
     return;
   }
-  KESTREL_CUDA_DTYPE_SWITCH(dt, rms_norm_kernel<T><<<unsigned(T_), norm_threads(H), 0, st>>>(
-                                    reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs,
-                                    reinterpret_cast<const T*>(w), H, float(eps)));
-  check_launch("rms_norm");
+  KESTREL_CUDA_DTYPE_SWITCH(dt, launch("rms_norm", rms_norm_kernel<T>, dim3(unsigned(T_)), dim3(norm_threads(H)), st,
+                                       device, reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs,
+                                       reinterpret_cast<const T*>(w), H, float(eps)));
 }
 
 void fused_add_rms_norm(int dt, uintptr_t x, int64_t xs, uintptr_t r, int64_t rs, uintptr_t w, int64_t T_,
@@ -174,16 +173,14 @@ void fused_add_rms_norm(int dt, uintptr_t x, int64_t xs, uintptr_t r, int64_t rs
   auto st = reinterpret_cast<cudaStream_t>(stream);
   if (vec_ok(dt, H, {x, r, w}, {xs, rs})) {
     const int64_t v = dt == 0 ? 4 : 8;
-    KESTREL_CUDA_DTYPE_SWITCH(dt, fused_add_rms_norm_vec_kernel<T><<<unsigned(T_), norm_threads(H / v), 0, st>>>(
-                                      reinterpret_cast<T*>(x), xs, reinterpret_cast<T*>(r), rs,
-                                      reinterpret_cast<const T*>(w), H, float(eps)));
-    check_launch("fused_add_rms_norm");
+    KESTREL_CUDA_DTYPE_SWITCH(dt, launch("fused_add_rms_norm", fused_add_rms_norm_vec_kernel<T>, dim3(unsigned(T_)),
+                                         dim3(norm_threads(H / v)), st, device, reinterpret_cast<T*>(x), xs,
+                                         reinterpret_cast<T*>(r), rs, reinterpret_cast<const T*>(w), H, float(eps)));
     return;
   }
-  KESTREL_CUDA_DTYPE_SWITCH(dt, fused_add_rms_norm_kernel<T><<<unsigned(T_), norm_threads(H), 0, st>>>(
-                                    reinterpret_cast<T*>(x), xs, reinterpret_cast<T*>(r), rs,
-                                    reinterpret_cast<const T*>(w), H, float(eps)));
-  check_launch("fused_add_rms_norm");
+  KESTREL_CUDA_DTYPE_SWITCH(dt, launch("fused_add_rms_norm", fused_add_rms_norm_kernel<T>, dim3(unsigned(T_)),
+                                       dim3(norm_threads(H)), st, device, reinterpret_cast<T*>(x), xs,
+                                       reinterpret_cast<T*>(r), rs, reinterpret_cast<const T*>(w), H, float(eps)));
 }
 
 void silu_and_mul(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, int64_t T_, int64_t I, int device,
@@ -205,17 +202,15 @@ void silu_and_mul(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, in
     int64_t bx = (n + threads - 1) / threads;
     if (bx > 1024) bx = 1024;
     dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(T_));
-    KESTREL_CUDA_DTYPE_SWITCH(dt, silu_and_mul_vec_kernel<T><<<grid, threads, 0, st>>>(
-                                      reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs, I));
-    check_launch("silu_and_mul");
+    KESTREL_CUDA_DTYPE_SWITCH(dt, launch("silu_and_mul", silu_and_mul_vec_kernel<T>, dim3(grid), dim3(threads), st,
+                                         device, reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs, I));
     return;
   }
   int64_t bx = (I + threads - 1) / threads;
   if (bx > 1024) bx = 1024;
   dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(T_));
-  KESTREL_CUDA_DTYPE_SWITCH(dt, silu_and_mul_kernel<T><<<grid, threads, 0, st>>>(
-                                    reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs, I));
-  check_launch("silu_and_mul");
+  KESTREL_CUDA_DTYPE_SWITCH(dt, launch("silu_and_mul", silu_and_mul_kernel<T>, dim3(grid), dim3(threads), st, device,
+                                       reinterpret_cast<T*>(out), os, reinterpret_cast<const T*>(x), xs, I));
 }
 
 }  // namespace kestrel::cuda

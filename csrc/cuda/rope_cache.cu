@@ -10,6 +10,7 @@ template <class T>
 __global__ void rotary_kernel(const int64_t* __restrict__ positions, T* __restrict__ q, int64_t qs,
                               T* __restrict__ k, int64_t ks, int nh, int nkv, int hd, int rot,
                               const float* __restrict__ cache, bool neox) {
+  dependent_entry();
   const int64_t t = blockIdx.x;
   const int half = rot / 2;
   const float* c = cache + positions[t] * rot;
@@ -74,6 +75,7 @@ template <class T>
 __global__ void rotary_vec_kernel(const int64_t* __restrict__ positions, T* __restrict__ q, int64_t qs,
                                   T* __restrict__ k, int64_t ks, int nh, int nkv, int hd, int rot,
                                   const float* __restrict__ cache, bool neox) {
+  dependent_entry();
   constexpr int V = Pack<T>::N;
   const int64_t t = blockIdx.x;
   const int half = rot / 2;
@@ -92,6 +94,7 @@ template <class T>
 __global__ void reshape_and_cache_kernel(const T* __restrict__ key, int64_t ks0, int64_t ks1,
                                          const T* __restrict__ value, int64_t vs0, int64_t vs1, T* __restrict__ kc,
                                          T* __restrict__ vc, const int64_t* __restrict__ slots, int nkv, int hd) {
+  dependent_entry();
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0) return;
@@ -109,6 +112,7 @@ __global__ void reshape_and_cache_vec_kernel(const T* __restrict__ key, int64_t 
                                              const T* __restrict__ value, int64_t vs0, int64_t vs1,
                                              T* __restrict__ kc, T* __restrict__ vc,
                                              const int64_t* __restrict__ slots, int nkv, int hd) {
+  dependent_entry();
   constexpr int V = Pack<T>::N;
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
@@ -134,6 +138,7 @@ __global__ void rotary_and_cache_vec_kernel(const int64_t* __restrict__ position
                                             T* __restrict__ kc, T* __restrict__ vc,
                                             const int64_t* __restrict__ slots, int nh, int nkv, int hd, int rot,
                                             const float* __restrict__ cache, bool neox) {
+  dependent_entry();
   constexpr int V = Pack<T>::N;
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
@@ -171,6 +176,7 @@ __global__ void token_positions_and_slots_kernel(const int32_t* __restrict__ que
                                                  const int32_t* __restrict__ context_lens,
                                                  const int32_t* __restrict__ block_tables, int64_t bt_stride, int bs,
                                                  int64_t* __restrict__ positions, int64_t* __restrict__ slots) {
+  dependent_entry();
   const int64_t s = blockIdx.x;
   const int q0 = query_start[s], n = query_start[s + 1] - q0;
   const int first = context_lens[s] - n;
@@ -192,11 +198,10 @@ void token_positions_and_slots(uintptr_t query_start, uintptr_t context_lens, ui
   use_device(device);
   const int threads = max_query_len >= 256 ? 256 : int((max_query_len + 31) / 32 * 32);
   const unsigned chunks = unsigned(std::min<int64_t>((max_query_len + threads - 1) / threads, 64));
-  token_positions_and_slots_kernel<<<dim3(unsigned(S), chunks), threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-      reinterpret_cast<const int32_t*>(query_start), reinterpret_cast<const int32_t*>(context_lens),
-      reinterpret_cast<const int32_t*>(block_tables), bt_stride, int(bs), reinterpret_cast<int64_t*>(positions),
-      reinterpret_cast<int64_t*>(slots));
-  check_launch("token_positions_and_slots");
+  launch("token_positions_and_slots", token_positions_and_slots_kernel, dim3(unsigned(S), chunks), dim3(threads),
+         reinterpret_cast<cudaStream_t>(stream), device, reinterpret_cast<const int32_t*>(query_start),
+         reinterpret_cast<const int32_t*>(context_lens), reinterpret_cast<const int32_t*>(block_tables), bt_stride,
+         int(bs), reinterpret_cast<int64_t*>(positions), reinterpret_cast<int64_t*>(slots));
 }
 
 void rotary_embedding(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uintptr_t k, int64_t ks, int64_t T_,
@@ -210,20 +215,18 @@ void rotary_embedding(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uint
   if (rot % (2 * v) == 0 && vec_ok(dt, hd, {q, k}, {qs, ks})) {
     const int64_t packs = (nh + nkv) * (rot / v) / (neox ? 2 : 1);
     const int threads = packs >= 256 ? 256 : int((packs + 31) / 32 * 32);
-    KESTREL_CUDA_DTYPE_SWITCH(dt, rotary_vec_kernel<T><<<unsigned(T_), threads, 0, st>>>(
-                                      reinterpret_cast<const int64_t*>(positions), reinterpret_cast<T*>(q), qs,
-                                      reinterpret_cast<T*>(k), ks, int(nh), int(nkv), int(hd), int(rot),
-                                      reinterpret_cast<const float*>(cache), neox));
-    check_launch("rotary_embedding");
+    KESTREL_CUDA_DTYPE_SWITCH(dt, launch("rotary", rotary_vec_kernel<T>, dim3(unsigned(T_)), dim3(threads), st, device,
+                                         reinterpret_cast<const int64_t*>(positions), reinterpret_cast<T*>(q), qs,
+                                         reinterpret_cast<T*>(k), ks, int(nh), int(nkv), int(hd), int(rot),
+                                         reinterpret_cast<const float*>(cache), neox));
     return;
   }
   const int64_t pairs = (nh + nkv) * (rot / 2);
   const int threads = pairs >= 256 ? 256 : int((pairs + 31) / 32 * 32);
-  KESTREL_CUDA_DTYPE_SWITCH(dt, rotary_kernel<T><<<unsigned(T_), threads, 0, st>>>(
-                                    reinterpret_cast<const int64_t*>(positions), reinterpret_cast<T*>(q), qs,
-                                    reinterpret_cast<T*>(k), ks, int(nh), int(nkv), int(hd), int(rot),
-                                    reinterpret_cast<const float*>(cache), neox));
-  check_launch("rotary_embedding");
+  KESTREL_CUDA_DTYPE_SWITCH(dt, launch("rotary", rotary_kernel<T>, dim3(unsigned(T_)), dim3(threads), st, device,
+                                       reinterpret_cast<const int64_t*>(positions), reinterpret_cast<T*>(q), qs,
+                                       reinterpret_cast<T*>(k), ks, int(nh), int(nkv), int(hd), int(rot),
+                                       reinterpret_cast<const float*>(cache), neox));
 }
 
 void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_t value, int64_t vs0, int64_t vs1,
@@ -236,20 +239,20 @@ void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_
   if (vec_ok(dt, hd, {key, value, k_cache, v_cache}, {ks0, ks1, vs0, vs1})) {
     const int64_t packs = nkv * hd / (dt == 0 ? 4 : 8);
     const int threads = packs >= 256 ? 256 : int((packs + 31) / 32 * 32);
-    KESTREL_CUDA_DTYPE_SWITCH(dt, reshape_and_cache_vec_kernel<T><<<unsigned(T_), threads, 0, st>>>(
-                                      reinterpret_cast<const T*>(key), ks0, ks1, reinterpret_cast<const T*>(value),
-                                      vs0, vs1, reinterpret_cast<T*>(k_cache), reinterpret_cast<T*>(v_cache),
-                                      reinterpret_cast<const int64_t*>(slot_mapping), int(nkv), int(hd)));
-    check_launch("reshape_and_cache");
+    KESTREL_CUDA_DTYPE_SWITCH(dt, launch("reshape_and_cache", reshape_and_cache_vec_kernel<T>, dim3(unsigned(T_)),
+                                         dim3(threads), st, device, reinterpret_cast<const T*>(key), ks0, ks1,
+                                         reinterpret_cast<const T*>(value), vs0, vs1, reinterpret_cast<T*>(k_cache),
+                                         reinterpret_cast<T*>(v_cache), reinterpret_cast<const int64_t*>(slot_mapping),
+                                         int(nkv), int(hd)));
     return;
   }
   const int64_t n = nkv * hd;
   const int threads = n >= 512 ? 512 : int((n + 31) / 32 * 32);
-  KESTREL_CUDA_DTYPE_SWITCH(dt, reshape_and_cache_kernel<T><<<unsigned(T_), threads, 0, st>>>(
-                                    reinterpret_cast<const T*>(key), ks0, ks1, reinterpret_cast<const T*>(value),
-                                    vs0, vs1, reinterpret_cast<T*>(k_cache), reinterpret_cast<T*>(v_cache),
-                                    reinterpret_cast<const int64_t*>(slot_mapping), int(nkv), int(hd)));
-  check_launch("reshape_and_cache");
+  KESTREL_CUDA_DTYPE_SWITCH(dt, launch("reshape_and_cache", reshape_and_cache_kernel<T>, dim3(unsigned(T_)),
+                                       dim3(threads), st, device, reinterpret_cast<const T*>(key), ks0, ks1,
+                                       reinterpret_cast<const T*>(value), vs0, vs1, reinterpret_cast<T*>(k_cache),
+                                       reinterpret_cast<T*>(v_cache), reinterpret_cast<const int64_t*>(slot_mapping),
+                                       int(nkv), int(hd)));
 }
 
 void rotary_and_cache(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uintptr_t k, int64_t ks, uintptr_t v,
@@ -266,14 +269,13 @@ void rotary_and_cache(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uint
   use_device(device);
   const int64_t packs = (nh + nkv) * (rot / vec) / (neox ? 2 : 1);
   const int threads = packs >= 256 ? 256 : int((packs + 31) / 32 * 32);
-  KESTREL_CUDA_DTYPE_SWITCH(dt, rotary_and_cache_vec_kernel<T><<<unsigned(T_), threads, 0,
-                                                                 reinterpret_cast<cudaStream_t>(stream)>>>(
-                                    reinterpret_cast<const int64_t*>(positions), reinterpret_cast<T*>(q), qs,
-                                    reinterpret_cast<T*>(k), ks, reinterpret_cast<const T*>(v), vs,
-                                    reinterpret_cast<T*>(k_cache), reinterpret_cast<T*>(v_cache),
-                                    reinterpret_cast<const int64_t*>(slot_mapping), int(nh), int(nkv), int(hd),
-                                    int(rot), reinterpret_cast<const float*>(cache), neox));
-  check_launch("rotary_and_cache");
+  KESTREL_CUDA_DTYPE_SWITCH(dt, launch("rotary_and_cache", rotary_and_cache_vec_kernel<T>, dim3(unsigned(T_)),
+                                       dim3(threads), reinterpret_cast<cudaStream_t>(stream), device,
+                                       reinterpret_cast<const int64_t*>(positions), reinterpret_cast<T*>(q), qs,
+                                       reinterpret_cast<T*>(k), ks, reinterpret_cast<const T*>(v), vs,
+                                       reinterpret_cast<T*>(k_cache), reinterpret_cast<T*>(v_cache),
+                                       reinterpret_cast<const int64_t*>(slot_mapping), int(nh), int(nkv), int(hd),
+                                       int(rot), reinterpret_cast<const float*>(cache), neox));
 }
 
 }  // namespace kestrel::cuda

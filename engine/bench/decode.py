@@ -165,16 +165,21 @@ def profile_replay(graph, replays: int = 5) -> dict:
 
 
 DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py)
-    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_PDL": "auto"},
-    "gemv_plain_launch": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "off"},
-    "gemv": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto"},
+    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "4"},
+    "gemv_plain_launch": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "off", "KESTREL_GEMV_EARLY": "4"},
+    "gemv_pdl_only": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "gemv", "KESTREL_GEMV_EARLY": "0"},
+    "gemv_early_0": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "0"},
+    "gemv_early_1": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "1"},
+    "gemv_early_2": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "2"},
+    "gemv_early_4": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "4"},
+    "gemv_early_8": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "8"},
 }
 
 
 def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, variants=None) -> dict:
     """TPOT and the graph replay's GPU time at each batch size with the decode graphs captured again under each
-    variant's settings (the one-row GEMV against cuBLAS; launched plainly against as a programmatic dependent),
-    side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
+    variant's settings (the one-row GEMV against cuBLAS; plain launches, PDL for the GEMV only, PDL for every
+    kernel; the GEMV's weight tiles requested before it waits for its input), side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
     import os
 
     runner = core.runner

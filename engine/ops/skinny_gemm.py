@@ -9,7 +9,9 @@ The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at th
 Launched as a programmatic dependent (PDL, sm_90+): the kernels before it in a decode step (norms, silu_and_mul,
 decode attention: csrc/cuda/common.cuh allow_dependent_launch) let it launch as they start, so its programs are
 resident and waiting (griddepcontrol.wait) when they finish, instead of launching after; ``KESTREL_PDL=off`` turns
-it off.
+it off. The weights do not depend on that kernel: a resident program requests its first weight tiles before it
+waits (``KESTREL_GEMV_EARLY``: the first into registers, the next ones into L2), so the weight stream of a layer's
+GEMV begins under the norm, attention or activation kernel before it.
 
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
@@ -78,8 +80,10 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     cfg = config or GEMV_CONFIG
     grid = (-(-N // cfg.block_n),)
     pdl_on = pdl(x.device)
+    early = max(0, envs.KESTREL_GEMV_EARLY) if pdl_on else 0
     kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out, N, K, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, PDL=pdl_on, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                           EVEN_K=K % cfg.block_k == 0, PDL=pdl_on, EARLY=early, BLOCK_N=cfg.block_n,
+                           BLOCK_K=cfg.block_k,
                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl_on else {}))
     return out
 

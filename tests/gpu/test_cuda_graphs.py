@@ -106,10 +106,12 @@ def test_gemv_on_the_8b_shapes():
         assert (err <= 2 ** -7 * ref.abs() + 2e-3).all(), (N, K, err.max().item())
 
 
-def test_gemv_as_a_programmatic_dependent_in_a_graph(monkeypatch):
+@pytest.mark.parametrize("early", ["0", "1", "8"])
+def test_gemv_as_a_programmatic_dependent_in_a_graph(monkeypatch, early):
     """The GEMV launched as a programmatic dependent (PDL) of the norm, silu_and_mul and the fused add + norm before
-    it, in a captured chain of eight MLP-like layers each reading the last one's output: the replay equals the same
-    chain run eagerly with plain launches bit for bit (the GEMV waits for each producer's memory)."""
+    it, and they of it, in a captured chain of eight MLP-like layers each reading the last one's output: the replay
+    equals the same chain run eagerly with plain launches bit for bit (every kernel waits for its producer's memory;
+    the GEMV's weight tiles requested before that wait, KESTREL_GEMV_EARLY, change nothing)."""
     from engine import ops
     from engine.ops import skinny_gemm
 
@@ -130,6 +132,7 @@ def test_gemv_as_a_programmatic_dependent_in_a_graph(monkeypatch):
     monkeypatch.setenv("KESTREL_PDL", "off")
     want = chain(x0.clone(), torch.zeros_like(x0))
     monkeypatch.setenv("KESTREL_PDL", "auto")
+    monkeypatch.setenv("KESTREL_GEMV_EARLY", early)
     x, residual = x0.clone(), torch.zeros_like(x0)
     chain(x.clone(), residual.clone())  # compiles the PDL variant outside the capture
     graph = torch.cuda.CUDAGraph()
