@@ -86,10 +86,9 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
          "GEMV only) or off (plain launches). Read by engine/ops/skinny_gemm.py and, at each launch, by "
          "csrc/cuda/common.cuh (kestrel bench gpu compares the settings).")),
     "KESTREL_GEMV_EARLY": (
-        4, int,
-        ("Weight tiles each program of the one-row GEMV requests before it waits for the kernel before it (PDL): "
-         "0 (none: it waits at entry), 1 (its first tile into registers), n > 1 (also the next n - 1 tiles into "
-         "the L2 cache) (engine/ops/skinny_gemm.py; kestrel bench gpu compares them).")),
+        1, int,
+        ("Weight tiles each program of the one-row GEMV loads before it waits for the kernel before it (PDL): "
+         "0, 1 or 2 (engine/ops/skinny_gemm.py; kestrel bench gpu compares them).")),
     "KESTREL_CUDA_DECODE_U": (
         None, _str,
         ("Tokens each lane group of the CUDA decode attention kernel loads per step when 4 query heads share a KV "

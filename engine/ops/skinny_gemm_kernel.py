@@ -9,13 +9,6 @@ import triton.language as tl
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """A hint that pulls the 128-byte lines at ``ptrs`` into the L2 cache; nothing is loaded into registers."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
 def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                 PDL: tl.constexpr, EARLY: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One row of x (batch-1 decode): elementwise products accumulated in a [BLOCK_N, BLOCK_K] fp32 tile, reduced
@@ -23,9 +16,9 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, EVEN_K
 
     PDL: launched as a programmatic dependent of the kernel before it (launch_pdl): the programs that are resident
     while that kernel still runs wait for its completion and memory (x is its output) before reading x. The
-    weights do not depend on it, so with EARLY >= 1 a program requests its first weight tile (into registers)
-    before waiting, and with EARLY > 1 also its next EARLY - 1 tiles into the L2 cache: the weight stream starts
-    under the kernel before instead of after it. EARLY = 0: the whole program waits at entry."""
+    weights do not depend on it, so a program loads its first EARLY weight tiles (0, 1 or 2) into registers before
+    it waits: the weight stream starts under the kernel before instead of after it. The sums are the same for
+    every EARLY (the tiles are added in order)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the kernel after it (norm, rope, silu_and_mul) may launch now
     if PDL and EARLY == 0:
@@ -39,12 +32,9 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, EVEN_K
         w = tl.load(w_rows + rk[None, :], mask=nmask[:, None], other=0.0)
     else:
         w = tl.load(w_rows + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :], other=0.0)
-    if PDL and EARLY > 1:
-        lines = tl.arange(0, BLOCK_K // 64) * 64  # one hint per 128 bytes of a row (2-byte weights)
-        rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * K
-        for t in tl.static_range(1, EARLY):
-            if t * BLOCK_K < K:
-                _prefetch_l2(rows + (t * BLOCK_K + lines)[None, :])
+    if EARLY > 1:
+        rk1 = BLOCK_K + rk
+        w1 = tl.load(w_rows + rk1[None, :], mask=nmask[:, None] & (rk1 < K)[None, :], other=0.0)
     if PDL and EARLY > 0:
         tl.extra.cuda.gdc_wait()
     if EVEN_K:
@@ -52,7 +42,13 @@ def gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, EVEN_K
     else:
         x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
     acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    if EARLY > 1:
+        x1 = tl.load(x_ptr + rk1, mask=rk1 < K, other=0.0)
+        acc += w1.to(tl.float32) * x1.to(tl.float32)[None, :]
+        k_start = 2 * BLOCK_K
+    else:
+        k_start = BLOCK_K
+    for k0 in range(k_start, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
             x = tl.load(x_ptr + kk)

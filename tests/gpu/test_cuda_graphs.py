@@ -106,7 +106,7 @@ def test_gemv_on_the_8b_shapes():
         assert (err <= 2 ** -7 * ref.abs() + 2e-3).all(), (N, K, err.max().item())
 
 
-@pytest.mark.parametrize("early", ["0", "1", "8"])
+@pytest.mark.parametrize("early", ["0", "1", "2"])
 def test_gemv_as_a_programmatic_dependent_in_a_graph(monkeypatch, early):
     """The GEMV launched as a programmatic dependent (PDL) of the norm, silu_and_mul and the fused add + norm before
     it, and they of it, in a captured chain of eight MLP-like layers each reading the last one's output: the replay

@@ -42,6 +42,19 @@ def test_random_shapes(seed, dtype):
         assert ((y.float() - ref).abs() <= tol).all(), (N, K)
 
 
+@pytest.mark.parametrize("early", ["1", "2"])
+def test_weight_tiles_loaded_early_give_the_same_sums(monkeypatch, early):
+    """KESTREL_GEMV_EARLY (the first weight tiles loaded before waiting for x, as the PDL launch does) changes no
+    bit of the result: the tiles are added in the same order (K shorter than two tiles, several tiles, ragged)."""
+    rng = random.Random(11)
+    for K in (40, 64, 200, 320):
+        x, w, b, _ = _case(rng, 24, K, True, torch.bfloat16)
+        monkeypatch.setenv("KESTREL_GEMV_EARLY", "0")
+        want = skinny_gemm.skinny_linear(x, w, b, config=SMALL)
+        monkeypatch.setenv("KESTREL_GEMV_EARLY", early)
+        assert torch.equal(skinny_gemm.skinny_linear(x, w, b, config=SMALL), want), K
+
+
 def test_default_config_and_out():
     x, w, b, ref = _case(random.Random(9), 48, 1024, True, torch.bfloat16)
     out = torch.full((1, 48), float("nan"), dtype=torch.bfloat16, device=DEV)
