@@ -73,8 +73,8 @@ TEXT = (
     "the world. Today there are more than a billion bicycles, used for transport, sport and pleasure."
 )
 
-# Perplexity gates of the issue (relative to bf16): int8 +1%, fp8 +2%, int4 (groups of 128; 64 where SmolLM2's
-# K = 576 needs) +10% "(a 135M model is fragile; report the figure)": measured +36% (2026-12-04), so int4 is held
+# Perplexity gates of the issue (relative to the unquantized model): int8 +1%, fp8 +2%, int4 (groups of 128; 64 where SmolLM2's
+# K = 576 needs) +10% "(a 135M model is fragile; report the figure)": measured +35-37% (2026-12-04, -05), so int4 is held
 # to a bound that catches broken quantization (which costs hundreds of percent), not to the issue's gate.
 GATES = {"int8": 0.01, "fp8": 0.02, "int4": 0.50}
 
@@ -86,27 +86,30 @@ def _perplexity(llm, ids: list[int]) -> float:
 
 
 def test_smollm2_perplexity_per_mode(smollm2_gguf):
-    """The default model (its Q4_1 GGUF dequantized: the bf16 base), bf16 on the CPU, each mode quantized from that
-    base by quantize_weights (the GPU's weights, dequantized per call here)."""
-    base = LLM(str(smollm2_gguf), dtype="bfloat16", kv_cache_memory_gib=0.1)
+    """The default model (its Q4_1 GGUF dequantized: the base), each mode quantized from that base by
+    quantize_weights (the GPU's weights, dequantized per call here). Computed in float32, so the figures are the
+    weights' quantization alone: in bfloat16 the activations' rounding moves this 242-token perplexity by ~0.6%
+    between CPUs (torch's bf16 GEMM on AMX or not: 18.155 against 18.270, fp8 +2.58% against +1.95%), as much as
+    the gates' margins. Measured in float32 (2026-12-05): base 18.213, int8 -0.23%, fp8 +1.11%, int4 +34.8%."""
+    base = LLM(str(smollm2_gguf), dtype="float32", kv_cache_memory_gib=0.1)
     try:
         ids = base.tokenizer.encode(TEXT)
-        ppl = {"bf16": _perplexity(base, ids)}
+        ppl = {"base": _perplexity(base, ids)}
     finally:
         base.close()
     for mode in GATES:
-        llm = LLM(str(smollm2_gguf), dtype="bfloat16", kv_cache_memory_gib=0.1)
+        llm = LLM(str(smollm2_gguf), dtype="float32", kv_cache_memory_gib=0.1)
         try:
             llm.core.runner.model.quantize_weights(mode)
             ppl[mode] = _perplexity(llm, ids)
         finally:
             llm.close()
-    rel = {m: ppl[m] / ppl["bf16"] - 1 for m in GATES}
-    print(f"\nSmolLM2-135M, {len(ids)} tokens, bf16 perplexity {ppl['bf16']:.3f}: " + ", ".join(
+    rel = {m: ppl[m] / ppl["base"] - 1 for m in GATES}
+    print(f"\nSmolLM2-135M, {len(ids)} tokens, float32 perplexity {ppl['base']:.3f}: " + ", ".join(
         f"{m} {ppl[m]:.3f} ({100 * r:+.2f}%)" for m, r in rel.items()))
     for mode, gate in GATES.items():
         assert rel[mode] <= gate, (mode, ppl)
-        assert ppl[mode] != ppl["bf16"]  # it really quantized something
+        assert ppl[mode] != ppl["base"]  # it really quantized something
 
 
 def test_quantized_load_holds_one_float_layer_at_a_time(tiny_model_dir, monkeypatch):
