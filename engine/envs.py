@@ -86,7 +86,7 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
          "GEMV only) or off (plain launches). Read by engine/ops/skinny_gemm.py and, at each launch, by "
          "csrc/cuda/common.cuh (kestrel bench gpu compares the settings).")),
     "KESTREL_GEMV_EARLY": (
-        1, int,
+        2, int,
         ("Weight tiles each program of the one-row GEMV loads before it waits for the kernel before it (PDL): "
          "0, 1 or 2 (engine/ops/skinny_gemm.py; kestrel bench gpu compares them).")),
     "KESTREL_CUDA_DECODE_U": (

@@ -165,8 +165,8 @@ def profile_replay(graph, replays: int = 5) -> dict:
 
 
 DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py)
-    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "1"},
-    "gemv_plain_launch": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "off", "KESTREL_GEMV_EARLY": "1"},
+    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "2"},
+    "gemv_plain_launch": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "off", "KESTREL_GEMV_EARLY": "2"},
     "gemv_pdl_only": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "gemv", "KESTREL_GEMV_EARLY": "0"},
     "gemv_early_0": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "0"},
     "gemv_early_1": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "1"},

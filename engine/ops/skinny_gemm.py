@@ -7,13 +7,13 @@ shapes, weights read from memory (not L2): 3.63 against 3.33 TB/s (qkv 6144 x 40
 The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at the end (no shuffle per tile).
 
 Launched as a programmatic dependent (PDL, sm_90+): the kernels before it in a decode step (norms, silu_and_mul,
-decode attention: csrc/cuda/common.cuh allow_dependent_launch) let it launch as they start, so its programs are
-resident and waiting (griddepcontrol.wait) when they finish, instead of launching after; ``KESTREL_PDL=off`` turns
-it off. The weights do not depend on that kernel: a resident program loads its first weight tile into registers
-before it waits (``KESTREL_GEMV_EARLY``: 0, 1 or 2 tiles), so the weight stream of a layer's GEMV begins under the
-norm, attention or activation kernel before it. Measured in one run on the H200 (b1 TPOT, graphs): 4.34 ms with
-one tile against 4.44 with none; tiles prefetched into L2 (``prefetch.global.L2``) instead were slower (4.79 ms
-with three, 5.62 with seven).
+decode attention: csrc/cuda/common.cuh ``launch`` / ``dependent_entry``) let it launch as they start, so its
+programs are resident and waiting (griddepcontrol.wait) when they finish, instead of launching after;
+``KESTREL_PDL=off`` turns it off. The weights do not depend on that kernel: a resident program loads its first
+weight tiles into registers before it waits (``KESTREL_GEMV_EARLY``: 0, 1 or 2 tiles, default 2), so the weight
+stream of a layer's GEMV begins under the norm, attention or activation kernel before it. Measured on the H200 (b1
+TPOT, graphs; docs/benchmarks/gpu_decode_2026-12-05.md): 4.28 / 4.35 / 4.44 ms with 2 / 1 / 0 tiles in one run;
+tiles prefetched into L2 (``prefetch.global.L2``) instead were slower (4.79 ms with three, 5.62 with seven).
 
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
