@@ -89,6 +89,11 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         2, int,
         ("Weight tiles each program of the one-row GEMV loads before it waits for the kernel before it (PDL): "
          "0, 1 or 2 (engine/ops/skinny_gemm.py; kestrel bench gpu compares them).")),
+    "KESTREL_FUSED_SILU": (
+        "auto", _choice("auto", "off"),
+        ("The MLP's SiLU-gated activation in the epilogue of the one-row gate_up GEMV inside the decode CUDA graphs: "
+         "auto (one kernel) or off (the GEMV, then silu_and_mul) (engine/ops/skinny_gemm.py; kestrel bench gpu "
+         "compares them).")),
     "KESTREL_CUDA_DECODE_U": (
         None, _str,
         ("Tokens each lane group of the CUDA decode attention kernel loads per step when 4 query heads share a KV "

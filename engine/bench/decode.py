@@ -164,20 +164,27 @@ def profile_replay(graph, replays: int = 5) -> dict:
             "top_kernels_us": {k: round(v, 1) for k, v in top}}
 
 
-DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py)
-    "cublas": {"KESTREL_SKINNY_GEMM": "off", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "2"},
-    "gemv_plain_launch": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "off", "KESTREL_GEMV_EARLY": "2"},
-    "gemv_pdl_only": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "gemv", "KESTREL_GEMV_EARLY": "0"},
-    "gemv_early_0": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "0"},
-    "gemv_early_1": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "1"},
-    "gemv_early_2": {"KESTREL_SKINNY_GEMM": "auto", "KESTREL_PDL": "auto", "KESTREL_GEMV_EARLY": "2"},
+def _variant(skinny="auto", pdl="auto", early="2", fused_silu="off") -> dict[str, str]:
+    return {"KESTREL_SKINNY_GEMM": skinny, "KESTREL_PDL": pdl, "KESTREL_GEMV_EARLY": early,
+            "KESTREL_FUSED_SILU": fused_silu}
+
+
+DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py); all set every key
+    "cublas": _variant(skinny="off"),
+    "gemv_plain_launch": _variant(pdl="off"),
+    "gemv_pdl_only": _variant(pdl="gemv", early="0"),
+    "gemv_early_0": _variant(early="0"),
+    "gemv_early_1": _variant(early="1"),
+    "gemv_early_2": _variant(early="2"),
+    "gemv_fused_silu": _variant(early="2", fused_silu="auto"),
 }
 
 
 def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, variants=None) -> dict:
     """TPOT and the graph replay's GPU time at each batch size with the decode graphs captured again under each
     variant's settings (the one-row GEMV against cuBLAS; plain launches, PDL for the GEMV only, PDL for every
-    kernel; the GEMV's weight tiles requested before it waits for its input), side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
+    kernel; the GEMV's weight tiles requested before it waits for its input; the MLP's activation in the gate_up
+    GEMV's epilogue), side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
     import os
 
     runner = core.runner

@@ -52,7 +52,8 @@ class LlamaMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | None:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)), reduce, residual)
+        # (at one row inside the decode graphs, the activation is the gate_up GEMV's epilogue: ops.gemm)
+        return self.down_proj(ops.linear_silu_and_mul(x, self.gate_up_proj.matmul_weight), reduce, residual)
 
 
 class LlamaDecoderLayer(torch.nn.Module):

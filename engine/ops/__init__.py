@@ -21,7 +21,7 @@ each row the same way whatever else is in the call.
 Modules: ``native`` (loading engine._C, and the dispatch and validation every op shares), ``norm`` (rms_norm,
 fused_add_rms_norm, silu_and_mul), ``rotary`` (rotary_embedding; rotary_and_cache: rope and the cache write, one
 CUDA kernel), ``attention`` (token_positions_and_slots, reshape_and_cache, paged_decode_attention), ``gemm``
-(linear), ``int8`` (Int8Weight), ``quant_linear`` (the product with GPU quantized weights, the forms of
+(linear, linear_silu_and_mul), ``int8`` (Int8Weight), ``quant_linear`` (the product with GPU quantized weights, the forms of
 engine/weight_quant.py; launchers ``quant_linear_triton``, kernels ``quant_linear_kernel``), ``gguf_quant``
 (GGUFWeight: GGUF Q4_0 / Q4_1 / Q5_0 / Q8_0 / K-quant blocks kept quantized, gguf_linear, gguf_embedding),
 ``reference`` (the pure-torch references), ``bench`` (``python -m engine.ops.bench``), ``varlen_attention`` (the
@@ -31,7 +31,7 @@ one-row Triton GEMV inside the decode CUDA graphs, reached through ``gemm.linear
 
 from engine.ops import reference
 from engine.ops.attention import paged_decode_attention, reshape_and_cache, token_positions_and_slots
-from engine.ops.gemm import linear, linear_into
+from engine.ops.gemm import linear, linear_into, linear_silu_and_mul
 from engine.ops.gguf_quant import GGUFSegments, GGUFWeight, gguf_embedding, gguf_isa, gguf_isas, gguf_linear
 from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
@@ -59,6 +59,7 @@ __all__ = [
     "rotary_and_cache",
     "silu_and_mul",
     "linear",
+    "linear_silu_and_mul",
     "Int8Weight",
     "GGUFWeight",
     "GGUFSegments",

@@ -23,6 +23,7 @@ from engine.ops.native import (
     mode,
     native_lib,
 )
+from engine.ops.norm import silu_and_mul
 from engine.ops.quant_linear import quant_linear
 from engine.weight_quant import Fp8Weight, IntWeight
 
@@ -56,6 +57,15 @@ def linear_into(x: torch.Tensor, weight, acc: torch.Tensor) -> bool:
         return False
     acc.addmm_(x, weight.t())
     return True
+
+
+def linear_silu_and_mul(x: torch.Tensor, weight) -> torch.Tensor:
+    """silu_and_mul(linear(x, weight)) for the MLP's gate_up weight [2I, K] = [gate; up] (any form ``linear``
+    takes): one kernel where the one-row GEMV runs (skinny_gemm.skinny_silu_and_mul: CUDA, one row, inside the decode
+    graphs), the two ops elsewhere. Same roundings either way."""
+    if isinstance(weight, torch.Tensor) and skinny_gemm.wanted_gated(x, weight):
+        return skinny_gemm.skinny_silu_and_mul(x, weight)
+    return silu_and_mul(linear(x, weight))
 
 
 def _torch_linear(x, weight, bias, out):

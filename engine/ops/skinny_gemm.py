@@ -67,10 +67,31 @@ def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
                                       and bias.shape == (weight.shape[0],))))
 
 
+def wanted_gated(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``linear_silu_and_mul`` takes the fused kernel (skinny_silu_and_mul): as ``wanted`` (no bias), an
+    even number of rows, and not KESTREL_FUSED_SILU=off."""
+    return envs.KESTREL_FUSED_SILU != "off" and weight.dim() == 2 and weight.shape[0] % 2 == 0 and wanted(
+        x, weight, None)
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias for x [1, K] (last dim contiguous), weight [N, K] contiguous; returns ``out`` ([1, N],
     contiguous) or a new tensor. Triton (CUDA, or the interpreter on the CPU in tests)."""
+    return _launch(x, weight, bias, out, config, gated=False)
+
+
+def skinny_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
+                        config: SkinnyConfig | None = None) -> torch.Tensor:
+    """silu_and_mul(x @ weight^T) in one kernel for x [1, K], weight [2I, K] = [gate; up] (the MLP's gate_up
+    projection): [1, I], each value rounded as the two ops round it (the projection, silu, the product). Saves the
+    activation kernel and its launch between the projection and down_proj in each layer of a decode step."""
+    if weight.shape[0] % 2:
+        raise ValueError(f"skinny_silu_and_mul: the weight has {weight.shape[0]} rows; gate + up need an even number")
+    return _launch(x, weight, None, out, config, gated=True)
+
+
+def _launch(x, weight, bias, out, config, gated: bool) -> torch.Tensor:
     from engine.ops import skinny_gemm_kernel as kern
 
     M, K = x.shape
@@ -78,15 +99,16 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if M != 1:
         raise ValueError(f"skinny_linear: x has {M} rows; the GEMV takes one")
     if out is None:
-        out = torch.empty(1, N, dtype=x.dtype, device=x.device)
+        out = torch.empty(1, N // 2 if gated else N, dtype=x.dtype, device=x.device)
     cfg = config or GEMV_CONFIG
-    grid = (-(-N // cfg.block_n),)
+    rows = cfg.block_n // 2 if gated else cfg.block_n  # outputs per program
+    grid = (-(-(N // 2 if gated else N) // rows),)
     pdl_on = pdl(x.device)
     early = min(max(envs.KESTREL_GEMV_EARLY, 0), 2)
     kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out, N, K, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, PDL=pdl_on, EARLY=early, BLOCK_N=cfg.block_n,
-                           BLOCK_K=cfg.block_k,
-                           num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl_on else {}))
+                           EVEN_K=K % cfg.block_k == 0, PDL=pdl_on, EARLY=early, GATED=gated,
+                           BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+                           num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl_on else {}))
     return out
 
 

@@ -84,3 +84,56 @@ def test_off_keeps_cublas(monkeypatch):
     w = torch.randn(32, 64, dtype=torch.bfloat16, device=DEV)
     with skinny_gemm.for_graphs():
         assert not skinny_gemm.wanted(x, w, None)
+
+
+def _unfused(x, w, config):
+    from engine import ops
+
+    return ops.silu_and_mul(skinny_gemm.skinny_linear(x, w, config=config))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seed", range(3))
+def test_gate_up_with_the_activation_in_its_epilogue(seed, dtype):
+    """skinny_silu_and_mul = silu_and_mul(skinny_linear(x, [gate; up])): the projections are the same sums (each
+    row streamed in the same order), then the same roundings (the projection, silu, the product); the exponential
+    may differ in its last fp32 bit from the native kernel's, so at most one output ulp, on few elements. I not a
+    multiple of the outputs per program, K ragged or not. (Triton's interpreter rounds float32 to bfloat16 toward
+    zero, the compiled kernel and the native ops to nearest: there, three roundings in bfloat16 differ by up to
+    three ulps from the two ops' mix of both.)"""
+    rng = random.Random(100 + seed)
+    ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    nearest = DEV == "cuda" or dtype == torch.float16
+    ulps = 1 if nearest else 3
+    for _ in range(2):
+        inter, K = rng.choice([8, 20, 36]), rng.choice([64, 96, 200])
+        x, w, _, _ = _case(rng, 2 * inter, K, False, dtype)
+        w = w * 8  # projections of a few units: silu's curved part
+        for cfg in (SMALL, skinny_gemm.GEMV_CONFIG):
+            want = _unfused(x, w, cfg)
+            got = skinny_gemm.skinny_silu_and_mul(x, w, config=cfg)
+            assert got.shape == (1, inter) and got.dtype == dtype
+            diff = (got.float() - want.float()).abs()
+            assert (diff <= ulps * ulp * want.float().abs() + 1e-6).all(), (inter, K, diff.max().item())
+            if nearest:
+                assert (diff == 0).float().mean() >= 0.9
+            ref = skinny_gemm.skinny_linear(x, w, config=cfg).float()
+            g, u = ref[:, :inter], ref[:, inter:]
+            assert torch.allclose(got.float(), g * torch.sigmoid(g) * u, rtol=(ulps + 2) * ulp, atol=1e-3)
+
+
+def test_the_fused_activation_is_taken_inside_graphs_unless_off(monkeypatch):
+    from engine import ops
+
+    x = torch.randn(1, 64, dtype=torch.bfloat16, device=DEV)
+    w = torch.randn(48, 64, dtype=torch.bfloat16, device=DEV)
+    assert not skinny_gemm.wanted_gated(x, w)
+    with skinny_gemm.for_graphs():
+        assert skinny_gemm.wanted_gated(x, w) == x.is_cuda
+        assert not skinny_gemm.wanted_gated(x, w[:47])  # gate + up: an even number of rows
+        monkeypatch.setenv("KESTREL_FUSED_SILU", "off")
+        assert not skinny_gemm.wanted_gated(x, w)
+    ref = ops.silu_and_mul(ops.linear(x, w))
+    torch.testing.assert_close(ops.linear_silu_and_mul(x, w), ref)  # outside the graphs: the two ops
+    with pytest.raises(ValueError, match="even"):
+        skinny_gemm.skinny_silu_and_mul(x, w[:47])
