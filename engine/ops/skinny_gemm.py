@@ -15,6 +15,11 @@ stream of a layer's GEMV begins under the norm, attention or activation kernel b
 TPOT, graphs; docs/benchmarks/gpu_decode_2026-12-05.md): 4.28 / 4.35 / 4.44 ms with 2 / 1 / 0 tiles in one run;
 tiles prefetched into L2 (``prefetch.global.L2``) instead were slower (4.79 ms with three, 5.62 with seven).
 
+The MLP's gate_up projection takes the same kernel with the SiLU-gated activation in its epilogue
+(``skinny_silu_and_mul``, through ``ops.linear_silu_and_mul``): one kernel less per layer; H100, b1 TPOT 5.67 / 5.68
+against 5.74 / 5.73 ms in two runs (docs/benchmarks/gpu_decode_2026-12-06.md). ``KESTREL_FUSED_SILU=off`` keeps
+the GEMV, then silu_and_mul.
+
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
 ``KESTREL_SKINNY_GEMM=off`` keeps cuBLAS there too.
