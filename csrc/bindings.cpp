@@ -115,5 +115,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_token_positions_and_slots", &kestrel::cuda::token_positions_and_slots, release());
   m.def("cuda_paged_decode_attention_workspace", &kestrel::cuda::paged_decode_attention_workspace);
   m.def("cuda_paged_decode_attention", &kestrel::cuda::paged_decode_attention, release());
+  m.def("cuda_int_mma_linear", &kestrel::cuda::int_mma_linear, release());
+  m.def("cuda_int_mma_dequantize", &kestrel::cuda::int_mma_dequantize, release());
 #endif
 }

@@ -12,7 +12,12 @@ Three forms, one meaning:
   per plane of nibbles (4 bits: the code; 8 bits: its high nibble, then its low), nibble i of word j holding
   position 16 i + j of the chunk (engine/ops/quant_linear_kernel.py says why); K padded to whole chunks with code
   0. Act-order weights are stored with their K positions sorted by group (``perm``: x is gathered as x[:, perm]
-  before the product), so every group is a contiguous run of ``group`` positions.
+  before the product), so every group is a contiguous run of ``group`` positions. That is the "chunk" layout of
+  the Triton kernels; the "mma" layout (``pack(layout="mma")``, for the CUDA kernels of csrc/cuda/int_gemm.cu, where
+  engine._C has them: K and the group multiples of 16) puts the codes in the tensor cores' operand order instead:
+  rows in tiles of 16, K in quads of 64 (both padded with code 0), per (tile, quad) 32 lanes x 4 words per plane,
+  lane 4 g + t's word j holding rows g and g + 8 at positions 64 quad + 16 t + 4 j + 0..3 (``_MMA_SLOTS``: which
+  nibble holds which). Both layouts have the same scales / zeros [N, G] and the same ``codes()`` / ``dequantize()``.
 - ``Fp8Weight``: e4m3 values [N, K] and float32 scales: [] (per tensor), [N] (per output channel) or
   [ceil(N / 128), ceil(K / 128)] (blocks of 128 x 128, as DeepSeek / Qwen FP8 releases store them).
 
@@ -29,7 +34,17 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 FP8_BLOCK = 128  # the block scales' tile (rows and columns)
-CHUNK = 128  # K positions per chunk of packed integer codes
+CHUNK = 128  # K positions per chunk of packed integer codes ("chunk" layout)
+MMA_ROWS, MMA_QUAD = 16, 64  # the "mma" layout's row tile and K quad
+# "mma" layout: nibble s of a word holds the value at (row offset h, position offset e) of its 2 x 4 block, stored
+# as h * 4 + e: s = h + 4 (e & 1) + 2 (e >> 1), so that one mask per shift pairs nibbles s and s + 4 into the two
+# halves of one MMA register (csrc/cuda/int_gemm.cu).
+_MMA_SLOTS = (0, 4, 2, 6, 1, 5, 3, 7)
+
+
+def mma_packable(k: int, group: int) -> bool:
+    """Whether integer codes of K positions in groups of ``group`` fit the "mma" layout's kernels."""
+    return k % 16 == 0 and group % 16 == 0
 
 
 def _group_index(k: int, group: int, g_idx: torch.Tensor | None, device) -> torch.Tensor:
@@ -84,9 +99,12 @@ class IntCodes:
         return replace(self, codes=self.codes[:, start:stop], scales=self.scales[:, g0:g1],
                        zeros=self.zeros[:, g0:g1])
 
-    def pack(self, scale_dtype: torch.dtype = torch.float16) -> IntWeight:
-        """The kernels' form. Act-order: positions sorted by group; every group used must then have the same
-        number of positions (true of a whole GPTQ weight; a column slice of one may not: ValueError)."""
+    def pack(self, scale_dtype: torch.dtype = torch.float16, layout: str = "chunk") -> IntWeight:
+        """The kernels' form in ``layout`` ("chunk" or "mma": the module doc). Act-order: positions sorted by group;
+        every group used must then have the same number of positions (true of a whole GPTQ weight; a column slice
+        of one may not: ValueError)."""
+        if layout not in ("chunk", "mma"):
+            raise ValueError(f"unknown integer weight layout {layout!r}")
         n, k = self.codes.shape
         codes, scales, zeros, group, perm = self.codes, self.scales, self.zeros, self.group, None
         g = None if self.g_idx is None else self.g_idx.long().to(codes.device)
@@ -101,6 +119,12 @@ class IntCodes:
             raise ValueError(f"K = {k} is not a multiple of the group size {group}")
         if k % 8:
             raise ValueError(f"integer weights need K a multiple of 8, got {k}")
+        common = dict(scales=scales.to(scale_dtype).contiguous(), zeros=zeros.to(torch.uint8).contiguous(),
+                      bits=self.bits, group=group, k=k, perm=None if perm is None else perm.to(torch.int64).contiguous())
+        if layout == "mma":
+            if not mma_packable(k, group):
+                raise ValueError(f"the mma layout needs K and the group multiples of 16, got K = {k}, group {group}")
+            return IntWeight(q=_pack_mma(codes, self.bits), layout="mma", **common)
         padded = torch.zeros(n, -(-k // CHUNK) * CHUNK, dtype=torch.int32, device=codes.device)
         padded[:, :k] = codes
         planes = [padded] if self.bits == 4 else [padded >> 4, padded & 0xF]
@@ -112,24 +136,63 @@ class IntCodes:
                 w |= nib[:, :, i, :] << (4 * i)
             words.append(w)
         q = torch.stack(words, dim=2).reshape(n, -1)  # per chunk: plane 0's 16 words, then plane 1's
-        return IntWeight(q=q.contiguous(), scales=scales.to(scale_dtype).contiguous(),
-                         zeros=zeros.to(torch.uint8).contiguous(), bits=self.bits, group=group, k=k,
-                         perm=None if perm is None else perm.to(torch.int64).contiguous())
+        return IntWeight(q=q.contiguous(), **common)
+
+
+def _mma_blocks(n: int, k: int) -> tuple[int, int]:
+    return -(-n // MMA_ROWS), -(-k // MMA_QUAD)
+
+
+def _pack_mma(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes [N, K] -> int32 [N / 16, K / 64 * 32 * 4 * planes] in the "mma" layout (padded with 0)."""
+    n, k = codes.shape
+    tiles, quads = _mma_blocks(n, k)
+    c = torch.zeros(tiles * MMA_ROWS, quads * MMA_QUAD, dtype=torch.int32, device=codes.device)
+    c[:n, :k] = codes
+    # n = 16 tile + 8 h + g, k = 64 quad + 16 t + 4 j + e -> [tile, quad, g, t, j, h, e]
+    c = c.reshape(tiles, 2, 8, quads, 4, 4, 4).permute(0, 3, 2, 4, 5, 1, 6).reshape(tiles, quads, 32, 4, 8)
+    c = c[..., list(_MMA_SLOTS)]  # [..., slot s]
+    planes = [c] if bits == 4 else [c >> 4, c & 0xF]
+    words = []
+    for plane in planes:
+        w = torch.zeros(plane.shape[:-1], dtype=torch.int32, device=codes.device)
+        for s in range(8):
+            w |= plane[..., s] << (4 * s)
+        words.append(w)
+    q = torch.stack(words, dim=-1)  # [tile, quad, lane, j, plane]
+    return q.reshape(tiles, -1).contiguous()
+
+
+def _unpack_mma(q: torch.Tensor, n: int, k: int, bits: int) -> torch.Tensor:
+    """The inverse of _pack_mma: uint8 codes [N, K]."""
+    tiles, quads = _mma_blocks(n, k)
+    planes = bits // 4
+    words = q.reshape(tiles, quads, 32, 4, planes)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
+    nib = (words.unsqueeze(-1) >> shifts) & 0xF  # [tile, quad, lane, j, plane, slot]
+    c = nib[..., 0, :] if planes == 1 else nib[..., 0, :] * 16 + nib[..., 1, :]
+    inverse = [0] * 8
+    for s, v in enumerate(_MMA_SLOTS):
+        inverse[v] = s
+    c = c[..., inverse]  # [tile, quad, lane, j, h * 4 + e]
+    c = c.reshape(tiles, quads, 8, 4, 4, 2, 4).permute(0, 5, 2, 1, 3, 4, 6)  # [tile, h, g, quad, t, j, e]
+    return c.reshape(tiles * MMA_ROWS, quads * MMA_QUAD)[:n, :k].to(torch.uint8)
 
 
 @dataclass(frozen=True)
 class IntWeight:
-    q: torch.Tensor          # int32 [N, chunks * 16 * bits // 4] (the module doc: the layout)
+    q: torch.Tensor          # int32: "chunk" [N, chunks * 16 * bits // 4]; "mma" [N / 16, K / 64 * 128 * bits // 4]
     scales: torch.Tensor     # float16 / bfloat16 / float32 [N, K // group]
     zeros: torch.Tensor      # uint8 [N, K // group]
     bits: int
     group: int
     k: int
     perm: torch.Tensor | None = None  # int64 [K]: the kernels take x[:, perm]
+    layout: str = "chunk"    # "chunk" (Triton kernels) or "mma" (csrc/cuda/int_gemm.cu): the module doc
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((self.q.shape[0], self.k))
+        return torch.Size((self.scales.shape[0], self.k))
 
     @property
     def device(self) -> torch.device:
@@ -149,7 +212,9 @@ class IntWeight:
 
     def codes(self) -> torch.Tensor:
         """uint8 [N, K] in the stored (sorted) order."""
-        n = self.q.shape[0]
+        n = self.scales.shape[0]
+        if self.layout == "mma":
+            return _unpack_mma(self.q, n, self.k, self.bits)
         shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=self.q.device)
         words = self.q.reshape(n, -1, self.planes, 16)  # [n, chunks, plane, word j]
         nib = (words.unsqueeze(-2) >> shifts[:, None]) & 0xF  # [n, chunks, plane, nibble i, word j]

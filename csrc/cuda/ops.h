@@ -49,4 +49,16 @@ void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t ou
                             double scale, uintptr_t workspace, int64_t workspace_floats, int64_t part_tokens,
                             int device, uintptr_t stream);
 
+// Integer weights in the "mma" layout (csrc/cuda/int_gemm.cu; engine/weight_quant.py IntCodes.pack): out[M, N] =
+// x[M, K] @ W^T (+ bias, null for none) for M = 1..16 on the tensor cores, x bfloat16 / float16 (dtype 1 / 2) with
+// 16-byte aligned rows; scales [N, G] of scale_dtype (0 fp32, 1 bf16, 2 fp16), zeros uint8 [N, G]; K and the group
+// multiples of 16. int_mma_dequantize writes W [N, K] (dtype 0 / 1 / 2) for the GEMM of a prefill.
+void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t q,
+                    uintptr_t scales, int scale_dtype, int64_t s_stride, uintptr_t zeros, int64_t z_stride,
+                    uintptr_t bias, int64_t M, int64_t N, int64_t K, int64_t bits, int64_t group, int device,
+                    uintptr_t stream);
+void int_mma_dequantize(int dtype, uintptr_t out, int64_t out_stride, uintptr_t q, uintptr_t scales,
+                        int scale_dtype, int64_t s_stride, uintptr_t zeros, int64_t z_stride, int64_t N, int64_t K,
+                        int64_t bits, int64_t group, int device, uintptr_t stream);
+
 }  // namespace kestrel::cuda

@@ -1,8 +1,10 @@
 """`kestrel bench quant`: GPU quantization against bf16 in one run (Llama-3-8B shape, random weights, one GPU).
 
 1. Kernels, on each linear shape of the model at 1 and 16 rows, graph-timed over weights past the L2 cache: bf16
-   (cuBLAS, and the one-row GEMV of the decode graphs) against the fused dequantize-and-multiply kernel for int8 /
-   int4 / fp8 weights (engine/ops/quant_linear_kernel.py, a few tile shapes), torch's built-ins where they run
+   (cuBLAS, and the one-row GEMV of the decode graphs) against the engine's integer path (``{mode}_engine``: the
+   tensor-core kernels of csrc/cuda/int_gemm.cu on the "mma" layout, where engine._C has them), the Triton fused
+   dequantize-and-multiply kernels for int8 / int4 / fp8 weights (engine/ops/quant_linear_kernel.py, on the
+   "chunk" layout; ``--candidates``: a few tile shapes more), torch's built-ins where they run
    (tinygemm's ``_weight_int4pack_mm`` for int4 groups of 128, ``_scaled_mm`` for fp8 with x quantized per token),
    each as microseconds and GB/s of the bytes it must read.
 2. The engine per mode (--quantization none / int8 / int4 / fp8): its weights' bytes, TPOT at batch 1 and 16
@@ -13,8 +15,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
 import random
 import sys
 import time
@@ -29,19 +33,42 @@ def _bytes(w) -> int:
     return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
 
 
-def kernel_rates(cfg, rows=(1, 16)) -> dict:
+def _chunk_form(w):
+    """The same integer weight in the Triton kernels' "chunk" layout."""
+    from engine.weight_quant import IntCodes
+
+    if w is None or w.layout == "chunk":
+        return w
+    return IntCodes(w.codes(), w.scales, w.zeros, w.bits, w.group).pack(w.scales.dtype, "chunk")
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> dict:
     from engine.bench.decode import graph_time, linear_shapes
     from engine.layers.linear import quantize_for_gpu
     from engine.ops import quant_linear_triton as kern
     from engine.ops import skinny_gemm
+    from engine.ops.quant_linear import quant_linear
 
     fp8 = torch.cuda.get_device_capability() >= (8, 9)
     out: dict = {}
     for name, (n, k) in linear_shapes(cfg).items():
         copies = max(2, min(8, -(-(512 << 20) // (n * k * 2))))  # >= 512 MiB of bf16 weights: past the L2 cache
         ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
-        forms = {"bf16": ws, "int8": [quantize_for_gpu(w, "int8") for w in ws],
-                 "int4": [quantize_for_gpu(w, "int4") for w in ws]}
+        engine_forms = {mode: [quantize_for_gpu(w, mode) for w in ws] for mode in ("int8", "int4")}
+        forms = {"bf16": ws, **{mode: [_chunk_form(w) for w in qs] for mode, qs in engine_forms.items()}}
         if fp8:
             forms["fp8"] = [quantize_for_gpu(w, "fp8") for w in ws]
         tiny = _tinygemm_forms(forms["int4"]) if forms["int4"][0] is not None else None
@@ -61,15 +88,22 @@ def kernel_rates(cfg, rows=(1, 16)) -> dict:
             timed("bf16_cublas", ws, lambda w: torch.mm(x, w.t(), out=y), _bytes(ws[0]))
             if m == 1:
                 timed("bf16_gemv", ws, lambda w: skinny_gemm.skinny_linear(x, w, out=y), _bytes(ws[0]))
+            for mode, qs in engine_forms.items():
+                if qs[0] is not None and qs[0].layout == "mma":
+                    timed(f"{mode}_engine", qs, lambda w: quant_linear(x, w, out=y), _bytes(qs[0]))
+                    for warps in int_warps:  # the kernel's warps per block forced (captured into the graph)
+                        with _env("KESTREL_INT_MMA_WARPS", str(warps)):
+                            timed(f"{mode}_engine_cfg_w{warps}", qs, lambda w: quant_linear(x, w, out=y),
+                                  _bytes(qs[0]))
             for mode in ("int8", "int4", "fp8"):
                 qs = forms.get(mode)
                 if not qs or qs[0] is None:
                     continue
                 timed(f"{mode}_fused", qs, lambda w: kern.fused(x, w, out=y), _bytes(qs[0]))
-                for c in _candidates(mode, m):
+                for c in _candidates(mode, m) if candidates else ():
                     timed(f"{mode}_cfg_m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}", qs,
                           lambda w, c=c: kern.fused(x, w, out=y, config=c), _bytes(qs[0]))
-            if m == 1:
+            if m == 1 and candidates:
                 for mode in ("int8", "int4"):
                     for c in _gemv_candidates():
                         timed(f"{mode}_gemv_cfg_n{c.block_n}c{c.chunks}w{c.num_warps}s{c.num_stages}", forms[mode],
@@ -87,7 +121,7 @@ def kernel_rates(cfg, rows=(1, 16)) -> dict:
             print(f"{name} {n}x{k} m={m}: " + ", ".join(
                 f"{key} {v['us']:.1f} us {v['gb_s']:.0f} GB/s" for key, v in res.items()
                 if isinstance(v, dict) and "_cfg_" not in key) + f"; fastest {res['fastest']}", flush=True)
-        del ws, forms, tiny
+        del ws, forms, engine_forms, tiny
         torch.cuda.empty_cache()
     return out
 
@@ -222,7 +256,7 @@ def run(args) -> dict:
     print(f"copy {report['limits']['copy_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     ckpt = random_checkpoint(SHAPE, seed=args.seed, max_position=16384)
     if "kernels" not in args.skip:
-        report["kernels"] = kernel_rates(ckpt.config, tuple(args.rows))
+        report["kernels"] = kernel_rates(ckpt.config, tuple(args.rows), args.candidates, args.int_warps)
         save()
     if "engine" not in args.skip:
         engine_modes(ckpt, args, report, save)
@@ -239,6 +273,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tpot-steps", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", nargs="*", default=[], choices=["kernels", "engine"])
+    p.add_argument("--candidates", action="store_true", help="also time the Triton kernels' other tile shapes")
+    p.add_argument("--int-warps", nargs="*", type=int, default=[],
+                   help="also time the integer tensor-core kernel at these warps per block (KESTREL_INT_MMA_WARPS)")
 
 
 def main(args) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 
 from engine import ops
+from engine.ops import int_mma
 from engine.ops.gguf_quant import GGUFSegments, fuse_rows
 from engine.parallel.context import TPContext
 from engine.weight_quant import Fp8Weight, IntCodes, IntWeight, concat_rows, quantize_int
@@ -85,7 +86,7 @@ def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], para
         if isinstance(w, Fp8Weight) and torch.cuda.get_device_capability(device) < (8, 9):
             log.info("%s: fp8 weights are dequantized to %s (this GPU has no fp8 support)", slices[0][0], param.dtype)
             return None
-        packed = w.pack(w.scales.dtype) if isinstance(w, IntCodes) else w
+        packed = w.pack(w.scales.dtype, _int_layout(w)) if isinstance(w, IntCodes) else w
     except ValueError as e:
         log.info("%s: loaded dequantized to %s (%s)", slices[0][0], param.dtype, e)
         return None
@@ -104,11 +105,20 @@ def quantize_for_gpu(w: torch.Tensor, mode: str) -> IntWeight | Fp8Weight | None
     if mode == "fp8":
         return Fp8Weight.quantize(w, "channel")
     if mode == "int8":
-        return quantize_int(w, 8, None, symmetric=True).pack()
+        c = quantize_int(w, 8, None, symmetric=True)
+        return c.pack(layout=_int_layout(c))
     if mode == "int4":
         group = next((g for g in (INT4_GROUP, 64, 32) if k % g == 0), None)
-        return None if group is None else quantize_int(w, 4, group, symmetric=False).pack()
+        if group is None:
+            return None
+        c = quantize_int(w, 4, group, symmetric=False)
+        return c.pack(layout=_int_layout(c))
     raise ValueError(f"unknown quantization {mode!r}")
+
+
+def _int_layout(c: IntCodes) -> str:
+    """The packed layout of integer codes bound for a GPU: the tensor-core kernels' where they take it."""
+    return int_mma.layout_for(c.codes.shape[1], c.group)
 
 
 class LinearBase(torch.nn.Module):

@@ -1,6 +1,7 @@
 """GPU quantization compiled on the device: the fused dequantize-and-multiply kernel, the whole-weight
 dequantization, per-token fp8 activations and torch._scaled_mm against dequantize-then-matmul references on random
-shapes (and the Llama-3-8B ones); then the engine with --quantization int8 / int4 / fp8: graph replays equal the
+shapes (and the Llama-3-8B ones), integer weights in the Triton kernels' "chunk" layout; then the engine with
+--quantization int8 / int4 / fp8: graph replays equal the
 same steps eager, greedy tokens equal --enforce-eager's, and the logits stay near the CPU's on the same
 quantized weights."""
 
@@ -32,9 +33,15 @@ def _act_order(w: torch.Tensor, group: int, gen) -> IntCodes:
     return IntCodes(c.codes, c.scales, c.zeros, 4, group, g_idx)
 
 
+def _chunk(w):
+    """The engine's integer form in the Triton kernels' "chunk" layout (the engine packs "mma" where engine._C has
+    the tensor-core kernels: tests/gpu/test_int_mma.py)."""
+    return w if w is None else IntCodes(w.codes(), w.scales, w.zeros, w.bits, w.group).pack(w.scales.dtype)
+
+
 def _weights(n: int, k: int, gen) -> dict:
     w = torch.randn(n, k, generator=gen) * 0.02
-    forms = {"int8": quantize_for_gpu(w, "int8"), "int4": quantize_for_gpu(w, "int4"),
+    forms = {"int8": _chunk(quantize_for_gpu(w, "int8")), "int4": _chunk(quantize_for_gpu(w, "int4")),
              "int4 g32": quantize_int(w, 4, 32, False).pack(), "int8 g64 asym": quantize_int(w, 8, 64, False).pack(),
              "int4 act-order": _act_order(w, 64, gen).pack()}
     if FP8_OK:
