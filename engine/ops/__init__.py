@@ -22,7 +22,8 @@ Modules: ``native`` (loading engine._C, and the dispatch and validation every op
 fused_add_rms_norm, silu_and_mul), ``rotary`` (rotary_embedding; rotary_and_cache: rope and the cache write, one
 CUDA kernel), ``attention`` (token_positions_and_slots, reshape_and_cache, paged_decode_attention), ``gemm``
 (linear, linear_silu_and_mul), ``int8`` (Int8Weight), ``quant_linear`` (the product with GPU quantized weights, the forms of
-engine/weight_quant.py; launchers ``quant_linear_triton``, kernels ``quant_linear_kernel``), ``gguf_quant``
+engine/weight_quant.py; launchers ``quant_linear_triton``, kernels ``quant_linear_kernel``; ``int_mma``: the tensor-core
+kernels of csrc/cuda/int_gemm.cu for integer weights in the "mma" layout), ``gguf_quant``
 (GGUFWeight: GGUF Q4_0 / Q4_1 / Q5_0 / Q8_0 / K-quant blocks kept quantized, gguf_linear, gguf_embedding),
 ``reference`` (the pure-torch references), ``bench`` (``python -m engine.ops.bench``), ``varlen_attention`` (the
 paged varlen attention of steps with a prefill: a Triton kernel, ``varlen_attention_kernel``), ``skinny_gemm`` (the
