@@ -1,8 +1,9 @@
 """The C heap's free pages back to the system: glibc's ``malloc_trim(0)``, a no-op elsewhere (musl, macOS).
 
 glibc keeps the memory freed in the middle of its heap (a tensor dropped, a load's temporaries) in the process's
-resident set until a trim; the engine trims after a load, once its KV cache is allocated (the rotary rows past the
-context it allows are dropped there) and when its step loop goes idle. About a millisecond a call."""
+resident set until a trim; the engine trims after a load, once its KV cache is allocated where the rotary table is
+resized then (built for more positions than the cache holds: a GPU's or tensor parallelism's) and when its step loop
+goes idle. About a millisecond a call."""
 
 from __future__ import annotations
 

@@ -33,24 +33,34 @@ def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Neox-style (rotate-half) rotary embedding over a precomputed float32 cos/sin cache."""
+    """Neox-style (rotate-half) rotary embedding over a precomputed float32 cos/sin cache of ``max_position``
+    positions: the model runner builds the model with the positions its engine will serve (the KV cache's capacity
+    where that is known first) and ``resize``s the table once the KV cache is allocated."""
 
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict | None):
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = _inv_freq(head_dim, theta, scaling)
-        t = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)
-        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+        self.inv_freq = _inv_freq(head_dim, theta, scaling)  # [head_dim / 2] float32 (not a buffer: not moved)
+        self.register_buffer("cos_sin_cache", self._table(max_position, self.inv_freq.device), persistent=False)
+
+    def _table(self, n: int, device: torch.device) -> torch.Tensor:
+        """[n, head_dim] float32 on ``device``: cos(t * inv_freq) then sin(t * inv_freq) for positions t < n. Row t
+        does not depend on n (element-wise ops), so a table of fewer positions is the first rows of a longer one."""
+        inv_freq = self.inv_freq.to(device)
+        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv_freq)
+        return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
     @property
     def max_position(self) -> int:
         return self.cos_sin_cache.shape[0]
 
-    def keep_positions(self, n: int) -> None:
-        """Drop the table's rows from position n on (the KV cache capped the context below the model's length)."""
+    def resize(self, n: int) -> None:
+        """Hold positions 0 .. n - 1 exactly: the table's first n rows (the KV cache capped the context below the
+        positions it was built for), or a table built again for n (more positions than it was built for)."""
         if 0 < n < self.max_position:
             self.cos_sin_cache = self.cos_sin_cache[:n].clone()
+        elif n > self.max_position:
+            self.cos_sin_cache = self._table(n, self.cos_sin_cache.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
         ops.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, True)

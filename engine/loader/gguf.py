@@ -19,12 +19,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
-from gguf import quants as gguf_quants
 
 from engine import heap
 from engine.errors import CheckpointError
-from engine.loader.gguf_file import GGUFFile, GGUFTensorInfo
+from engine.loader.gguf_file import (
+    GGML_QUANT_SIZES,
+    LLAMA_FILE_TYPES,
+    GGMLQuantizationType,
+    GGUFFile,
+    GGUFTensorInfo,
+)
 from engine.loader.weights import WeightSource
 
 log = logging.getLogger(__name__)
@@ -38,12 +42,26 @@ GGUF_ARCHITECTURES = {
 _MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
-# every type gguf.quants can dequantize (it has a class per type, named like the enum member)
-SUPPORTED_QTYPES = frozenset(
-    [*_FLOAT_TYPES]
-    + [q for q in GGMLQuantizationType if q not in _FLOAT_TYPES and hasattr(gguf_quants, q.name)
-       and hasattr(getattr(gguf_quants, q.name), "dequantize_blocks")]
-)
+# every type gguf.quants can dequantize (gguf 0.19: F32, F16 and each type with a class of dequantize_blocks),
+# named here without importing gguf (GGMLQuantizationType's docstring says why); tests/unit/test_loader.py holds it
+# equal to what the installed gguf has
+SUPPORTED_QTYPES = frozenset([*_FLOAT_TYPES] + [GGMLQuantizationType[n] for n in (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS",
+    "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "BF16", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")])
+
+
+def dequantize(data: np.ndarray, qtype: int) -> np.ndarray:
+    """``gguf.quants.dequantize(data, qtype)``: F32 and F16 the same way here (a view; float16 widened), every
+    other type by gguf, imported then (only a load that dequantizes blocks pays for the package)."""
+    if qtype == GGMLQuantizationType.F32:
+        return data.view(np.float32)
+    if qtype == GGMLQuantizationType.F16:
+        return data.view(np.float16).astype(np.float32)
+    import gguf
+    from gguf import quants as gguf_quants
+
+    return gguf_quants.dequantize(data, gguf.GGMLQuantizationType(qtype))
+
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -190,7 +208,7 @@ def _llama3_scaling_from_freqs(gf: GGUFFile, head_dim: int, theta: float) -> dic
     metadata. Recover transformers' ``llama3`` rope_scaling: try the published parameter sets and keep the
     one that reproduces the tensor."""
     info = gf.tensors["rope_freqs.weight"]
-    freqs = gguf_quants.dequantize(gf.raw("rope_freqs.weight"), GGMLQuantizationType(info.qtype)).reshape(-1)
+    freqs = dequantize(gf.raw("rope_freqs.weight"), info.qtype).reshape(-1)
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     if freqs.shape[0] != inv_freq.shape[0]:
         raise CheckpointError(gf.path, f"rope_freqs has {freqs.shape[0]} entries, expected {inv_freq.shape[0]}")
@@ -216,12 +234,9 @@ def gguf_quantization(gf: GGUFFile) -> str | None:
         return None
     ftype = gf.metadata.get("general.file_type")
     if ftype is not None:
-        try:
-            name = LlamaFileType(ftype).name
-            if name not in ("GUESSED",):
-                return name.removeprefix("MOSTLY_").removeprefix("ALL_")
-        except ValueError:
-            pass
+        name = LLAMA_FILE_TYPES.get(ftype) if isinstance(ftype, int) else None
+        if name is not None and name != "GUESSED":
+            return name.removeprefix("MOSTLY_").removeprefix("ALL_")
     counts = Counter(t.type_name for t in gf.tensors.values() if len(t.shape) >= 2)
     return counts.most_common(1)[0][0] if counts else None
 
@@ -279,7 +294,7 @@ class GGUFWeights(WeightSource):
 
     def _dequantize(self, info: GGUFTensorInfo, raw: np.ndarray) -> torch.Tensor:
         try:
-            values = gguf_quants.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(info.qtype))
+            values = dequantize(np.ascontiguousarray(raw), info.qtype)
         except (ValueError, NotImplementedError, AssertionError) as e:
             raise CheckpointError(self.path, f"cannot dequantize tensor {info.name!r} ({info.type_name}): {e}") from e
         # a fresh writable array (F32 tensors come back as views of the read-only map)

@@ -82,9 +82,12 @@ class ModelRunner:
             check_quantization(self.device, config.quantization)
         # on a GPU, quantized weights load layer by layer: the float model is never allocated whole
         gpu_quant = self.device.type == "cuda" and (quantized or hasattr(weights, "quantized"))
+        # the rotary table for the positions this engine serves: the KV cache's capacity where it is smaller and
+        # known before the model (else allocate_kv resizes the table once the cache is there)
+        positions = min(max_model_len, self._kv_tokens_before_model(model_config, defer_kv) or max_model_len)
         with torch.device(self.device), (quantized_load(config.quantization if quantized else None) if gpu_quant
                                          else contextlib.nullcontext()):
-            self.model = cls(model_config, self.dtype, tp, max_model_len)
+            self.model = cls(model_config, self.dtype, tp, positions)
         if config.quantization == "gguf":
             check_gguf_blocks(self.device, weights)
             weights.keep_quantized = True
@@ -126,8 +129,25 @@ class ModelRunner:
     # -- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
         layer = self.model.layers[0].self_attn.attn
+        return self._kv_bytes(len(self.model.layers), layer.num_kv_heads, layer.head_dim)
+
+    def _kv_bytes(self, layers: int, kv_heads: int, head_dim: int) -> int:
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * len(self.model.layers) * self.block_size * layer.num_kv_heads * layer.head_dim * elem
+        return 2 * layers * self.block_size * kv_heads * head_dim * elem
+
+    def _kv_tokens_before_model(self, mc: ModelConfig, defer_kv: bool) -> int | None:
+        """The tokens the KV cache will hold (num_kv_blocks_that_fit's blocks), where that needs no model: one
+        rank (its KV heads are the config's) and a fixed number of blocks or a fixed memory size (the CPU's,
+        --kv-cache-memory-gib). None where it takes the model (a GPU's profiling forward) or the executor (TP)."""
+        if defer_kv or self.tp.size > 1:
+            return None
+        if self.config.num_kv_blocks:
+            return self.config.num_kv_blocks * self.block_size
+        if self.device.type == "cpu" or self.config.kv_cache_memory_gib is not None:
+            gib = self.config.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB
+            per_block = self._kv_bytes(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim)
+            return max(1, int(gib * 2**30) // per_block) * self.block_size
+        return None
 
     def num_kv_blocks_that_fit(self) -> int:
         """KV blocks this rank can hold: the configured number, a fixed memory size (CPU, or
@@ -137,7 +157,7 @@ class ModelRunner:
         if self.config.num_kv_blocks:
             return self.config.num_kv_blocks
         per_block = self.kv_bytes_per_block()
-        if self.device.type == "cpu" or self.config.kv_cache_memory_gib is not None:
+        if self.device.type == "cpu" or self.config.kv_cache_memory_gib is not None:  # as _kv_tokens_before_model
             gib = self.config.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB
             return max(1, int(gib * 2**30) // per_block)
         peak = self.profile_activation_peak() if self.tp.size == 1 else None
@@ -220,16 +240,17 @@ class ModelRunner:
     def allocate_kv(self, num_blocks: int) -> None:
         """Allocate the KV cache with exactly num_blocks blocks (tensor parallelism: every rank the same) and cap
         the context at what it holds: max_model_len (which the core and the decode graphs' tables read) and the
-        rotary table, which needs no position past it."""
+        rotary table, which then holds exactly positions 0 .. max_model_len - 1 (built for that many already where
+        the capacity was known before the model: _kv_tokens_before_model)."""
         self.num_blocks = num_blocks
         self._allocate_kv_cache()
         capacity = num_blocks * self.block_size
         if capacity < self.max_model_len:
             self.max_model_len = capacity
-            rotary = getattr(self.model, "rotary", None)
-            if rotary is not None:
-                rotary.keep_positions(capacity)
-                heap.trim()  # the dropped rows (2 MiB for SmolLM2's 8,192 positions) back to the system
+        rotary = getattr(self.model, "rotary", None)
+        if rotary is not None and rotary.max_position != self.max_model_len:
+            rotary.resize(self.max_model_len)
+            heap.trim()  # rows dropped (2 MiB of a table of 8,192 positions for SmolLM2) back to the system
         self.warm_up_kernels()
 
     def warm_up_kernels(self) -> None:

@@ -70,19 +70,28 @@ def test_sharded_checkpoint_loads_identically(tiny_model_dir):
     assert torch.equal(a.core.score(ids), b.core.score(ids))
 
 
-def test_context_capped_by_the_kv_cache_keeps_the_rotary_table_to_the_cap(tiny_model_dir, hf_reference):
-    """A KV cache smaller than the model's length caps the context; the rotary table then holds just those
-    positions, and the last of them still match transformers."""
+@pytest.mark.parametrize("kv", [{"kv_cache_memory_gib": 0.0001}, {"num_kv_blocks": 5}])
+def test_context_capped_by_the_kv_cache_keeps_the_rotary_table_to_the_cap(tiny_model_dir, hf_reference,
+                                                                          monkeypatch, kv):
+    """A KV cache smaller than the model's length caps the context; the rotary table is then built for just those
+    positions (never for the model's whole length: the cache's size is known before the model on the CPU), and the
+    last of them still match transformers."""
+    from engine.layers.rotary import RotaryEmbedding
+
+    built = []
+    table = RotaryEmbedding._table
+    monkeypatch.setattr(RotaryEmbedding, "_table", lambda self, n, device: built.append(n) or table(self, n, device))
     path = tiny_model_dir("llama3")
-    llm = LLM(str(path), dtype="float32", device="cpu", kv_cache_memory_gib=0.0001)
+    llm = LLM(str(path), dtype="float32", device="cpu", **kv)
     core = llm.core
     cap = core.max_model_len
     assert cap < core.model_config.max_position_embeddings
     assert core.runner.model.rotary.max_position == cap
+    assert built == [cap]
     hf = hf_reference(path)
     ids = torch.randint(3, core.model_config.vocab_size, (cap - 1,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0].float()
-    torch.testing.assert_close(core.score(ids), ref, atol=1e-4, rtol=1e-4)
-    out = llm.generate([ids[:cap - 8]], SamplingParams(max_tokens=7, min_tokens=7, temperature=0))
-    assert len(out[0].outputs[0].token_ids) == 7
+    torch.testing.assert_close(core.score(ids), ref, atol=1e-4, rtol=1e-4)  # the longest prompt: cap - 1 tokens
+    out = llm.generate([ids[:cap - 8]], SamplingParams(max_tokens=8, min_tokens=8, temperature=0))
+    assert len(out[0].outputs[0].token_ids) == 8

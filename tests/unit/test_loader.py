@@ -114,6 +114,53 @@ def test_gguf_header_parser_matches_gguf_package(smollm2_gguf):
     assert Tokenizer.from_gguf(reader).encode(text) == Tokenizer.from_gguf(mine).encode(text)
 
 
+
+def test_ggml_type_tables_equal_the_gguf_package():
+    """engine.loader.gguf_file's copies of gguf's type tables (so that a load needs no ``import gguf``) and the
+    loader's SUPPORTED_QTYPES are what the installed gguf has."""
+    import gguf
+    from gguf import quants
+
+    from engine.loader import gguf_file
+    from engine.loader.gguf import SUPPORTED_QTYPES
+
+    assert {q.name: q.value for q in gguf_file.GGMLQuantizationType} == \
+        {q.name: q.value for q in gguf.GGMLQuantizationType}
+    assert gguf_file.GGML_QUANT_SIZES == {int(q): v for q, v in gguf.GGML_QUANT_SIZES.items()}
+    assert gguf_file.LLAMA_FILE_TYPES == {int(t): t.name for t in gguf.LlamaFileType}
+    dequantizable = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16} | {
+        q for q in gguf.GGMLQuantizationType
+        if hasattr(quants, q.name) and hasattr(getattr(quants, q.name), "dequantize_blocks")}
+    assert SUPPORTED_QTYPES == dequantizable
+
+
+def test_float_dequantize_equals_the_gguf_package():
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+
+    from engine.loader.gguf import dequantize
+
+    raw = np.random.default_rng(0).integers(0, 256, (6, 68), dtype=np.uint8)  # 17 F32, 34 F16, 2 Q8_0 blocks a row
+    raw[:, 1::2] &= 0x3B  # no NaN / inf float16 patterns
+    for qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0):
+        ours, ref = dequantize(raw, int(qtype)), quants.dequantize(raw, qtype)
+        assert ours.dtype == ref.dtype and ours.shape == ref.shape
+        assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), qtype.name
+
+
+def test_gguf_blocks_load_without_importing_gguf(smollm2_gguf):
+    """--quantization gguf on the CPU reads SmolLM2 (Q4_1 blocks kept, F32 norms, a Q8_0 embedding kept) without
+    the gguf package: 1.5 MiB of the process's memory after load (docs/benchmarks/cpu_gguf_memory_2026-12-06.md)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from engine import LLM; "
+            f"llm = LLM({str(smollm2_gguf)!r}, device='cpu', quantization='gguf', num_kv_blocks=8); "
+            "assert llm.generate([[1, 2, 3]])[0].outputs[0].token_ids; "
+            "print(sorted(m for m in sys.modules if m == 'gguf' or m.startswith(('gguf.', 'yaml'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
 # -- tiny safetensors directories -------------------------------------------------------------------
 
 
