@@ -221,6 +221,13 @@ class IntWeight:
         c = nib[:, :, 0] if self.planes == 1 else nib[:, :, 0] * 16 + nib[:, :, 1]
         return c.reshape(n, -1)[:, :self.k].to(torch.uint8)
 
+    def as_layout(self, layout: str) -> IntWeight:
+        """The same weight packed in ``layout`` (the stored order of K and its ``perm`` kept)."""
+        if layout == self.layout:
+            return self
+        codes = IntCodes(self.codes(), self.scales, self.zeros, self.bits, self.group)
+        return replace(codes.pack(self.scales.dtype, layout), perm=self.perm)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[N, K] in the checkpoint's order (torch ops: the reference of the kernels)."""
         w = IntCodes(self.codes(), self.scales, self.zeros, self.bits, self.group).dequantize()

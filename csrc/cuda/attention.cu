@@ -426,17 +426,6 @@ __global__ void paged_decode_reduce_kernel(T* __restrict__ out, int64_t os0, int
   }
 }
 
-int sm_count(int device) {
-  static int cached[64] = {0};
-  if (device < 0 || device >= 64) return 132;
-  if (cached[device] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 100;
-    cached[device] = n;
-  }
-  return cached[device];
-}
-
 struct Plan {
   int splits;
   int part_tokens;

@@ -174,6 +174,18 @@ inline void check_launch(const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": CUDA error: " + cudaGetErrorString(e));
 }
 
+// The SM count of `device`, read once (100 when the query fails, 132 for an index past the cache).
+inline int sm_count(int device) {
+  static int cached[64] = {0};
+  if (device < 0 || device >= 64) return 132;
+  if (cached[device] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 100;
+    cached[device] = n;
+  }
+  return cached[device];
+}
+
 // Make `device` current for this runtime (our static cudart keeps its own notion of the device).
 inline void use_device(int device) {
   int cur = -1;

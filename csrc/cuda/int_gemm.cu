@@ -327,17 +327,6 @@ __global__ void int_mma_dequantize_kernel(IntArgs p) {
   }
 }
 
-int sm_count(int device) {
-  static int count[64] = {0};
-  if (device < 0 || device >= 64) return 100;
-  if (count[device] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 100;
-    count[device] = n;
-  }
-  return count[device];
-}
-
 // Warps per block: enough blocks x warps to put ~16 warps on every SM (KESTREL_INT_MMA_WARPS overrides), at
 // most one per U quads of K.
 int warps_for(int ntiles, int kq_total, int u, int device) {

@@ -187,29 +187,27 @@ def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, vari
     GEMV's epilogue), side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
     import os
 
+    from engine.bench.report import environ_restored
+
     runner = core.runner
     if runner.graphs is None:
         return {}
-    saved = {k: os.environ.get(k) for v in DECODE_VARIANTS.values() for k in v}
+    variants = variants or DECODE_VARIANTS
     out: dict = {}
     try:
-        for name, env in (variants or DECODE_VARIANTS).items():
-            os.environ.update(env)
-            runner.graphs = None
-            torch.cuda.empty_cache()
-            runner.capture_decode_graphs()
-            res = out[name] = {}
-            for b in batches:
-                step = statistics.median(decode_step_times(core, b, prompt, steps, rng).step_seconds)
-                bucket = runner.graphs.bucket(b)
-                gpu = cuda_time(runner.graphs.graphs[bucket].replay, 20, warmups=2)
-                res[str(b)] = {"tpot_ms": round(step * 1e3, 3), "replay_gpu_ms": round(gpu * 1e3, 3)}
+        with environ_restored({k for v in variants.values() for k in v}):
+            for name, env in variants.items():
+                os.environ.update(env)
+                runner.graphs = None
+                torch.cuda.empty_cache()
+                runner.capture_decode_graphs()
+                res = out[name] = {}
+                for b in batches:
+                    step = statistics.median(decode_step_times(core, b, prompt, steps, rng).step_seconds)
+                    bucket = runner.graphs.bucket(b)
+                    gpu = cuda_time(runner.graphs.graphs[bucket].replay, 20, warmups=2)
+                    res[str(b)] = {"tpot_ms": round(step * 1e3, 3), "replay_gpu_ms": round(gpu * 1e3, 3)}
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         runner.graphs = None
         torch.cuda.empty_cache()
         runner.capture_decode_graphs()

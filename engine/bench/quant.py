@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -33,30 +32,9 @@ def _bytes(w) -> int:
     return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
 
 
-def _chunk_form(w):
-    """The same integer weight in the Triton kernels' "chunk" layout."""
-    from engine.weight_quant import IntCodes
-
-    if w is None or w.layout == "chunk":
-        return w
-    return IntCodes(w.codes(), w.scales, w.zeros, w.bits, w.group).pack(w.scales.dtype, "chunk")
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> dict:
     from engine.bench.decode import graph_time, linear_shapes
+    from engine.bench.report import environ_restored
     from engine.layers.linear import quantize_for_gpu
     from engine.ops import quant_linear_triton as kern
     from engine.ops import skinny_gemm
@@ -68,7 +46,8 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
         copies = max(2, min(8, -(-(512 << 20) // (n * k * 2))))  # >= 512 MiB of bf16 weights: past the L2 cache
         ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
         engine_forms = {mode: [quantize_for_gpu(w, mode) for w in ws] for mode in ("int8", "int4")}
-        forms = {"bf16": ws, **{mode: [_chunk_form(w) for w in qs] for mode, qs in engine_forms.items()}}
+        forms = {"bf16": ws, **{mode: [w and w.as_layout("chunk") for w in qs]
+                                   for mode, qs in engine_forms.items()}}
         if fp8:
             forms["fp8"] = [quantize_for_gpu(w, "fp8") for w in ws]
         tiny = _tinygemm_forms(forms["int4"]) if forms["int4"][0] is not None else None
@@ -92,7 +71,8 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
                 if qs[0] is not None and qs[0].layout == "mma":
                     timed(f"{mode}_engine", qs, lambda w: quant_linear(x, w, out=y), _bytes(qs[0]))
                     for warps in int_warps:  # the kernel's warps per block forced (captured into the graph)
-                        with _env("KESTREL_INT_MMA_WARPS", str(warps)):
+                        with environ_restored(["KESTREL_INT_MMA_WARPS"]):
+                            os.environ["KESTREL_INT_MMA_WARPS"] = str(warps)
                             timed(f"{mode}_engine_cfg_w{warps}", qs, lambda w: quant_linear(x, w, out=y),
                                   _bytes(qs[0]))
             for mode in ("int8", "int4", "fp8"):

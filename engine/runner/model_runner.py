@@ -141,12 +141,18 @@ class ModelRunner:
         --kv-cache-memory-gib). None where it takes the model (a GPU's profiling forward) or the executor (TP)."""
         if defer_kv or self.tp.size > 1:
             return None
+        blocks = self._fixed_kv_blocks(lambda: self._kv_bytes(mc.num_hidden_layers, mc.num_key_value_heads,
+                                                               mc.head_dim))
+        return None if blocks is None else blocks * self.block_size
+
+    def _fixed_kv_blocks(self, per_block) -> int | None:
+        """The configured number of KV blocks, or those of a fixed memory size (CPU, or --kv-cache-memory-gib) at
+        per_block() bytes each; None where the GPU's free memory decides."""
         if self.config.num_kv_blocks:
-            return self.config.num_kv_blocks * self.block_size
+            return self.config.num_kv_blocks
         if self.device.type == "cpu" or self.config.kv_cache_memory_gib is not None:
             gib = self.config.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB
-            per_block = self._kv_bytes(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim)
-            return max(1, int(gib * 2**30) // per_block) * self.block_size
+            return max(1, int(gib * 2**30) // per_block())
         return None
 
     def num_kv_blocks_that_fit(self) -> int:
@@ -154,12 +160,10 @@ class ModelRunner:
         --kv-cache-memory-gib), or on a GPU what remains of gpu_memory_utilization x the GPU's memory after the
         weights and the activation peak of the largest step, measured by a profiling forward (TP=1; TP ranks
         cannot run a forward alone here, so they keep 10% of the budget for activations)."""
-        if self.config.num_kv_blocks:
-            return self.config.num_kv_blocks
+        fixed = self._fixed_kv_blocks(self.kv_bytes_per_block)
+        if fixed is not None:
+            return fixed
         per_block = self.kv_bytes_per_block()
-        if self.device.type == "cpu" or self.config.kv_cache_memory_gib is not None:  # as _kv_tokens_before_model
-            gib = self.config.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB
-            return max(1, int(gib * 2**30) // per_block)
         peak = self.profile_activation_peak() if self.tp.size == 1 else None
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

@@ -15,24 +15,10 @@ if not torch.cuda.is_available():
 from engine.ops import int_mma
 from engine.ops.quant_linear import quant_linear
 from engine.weight_quant import IntCodes
+from tests.support.int_codes import random_int_codes
 
 if not int_mma.available():
     pytest.skip("engine._C was built without CUDA", allow_module_level=True)
-
-
-def _codes(gen, n, k, bits, group, act_order=False, symmetric=False) -> IntCodes:
-    top = 2 ** bits - 1
-    codes = torch.randint(0, top + 1, (n, k), generator=gen, dtype=torch.int32).to(torch.uint8)
-    g = -(-k // group)
-    scales = (torch.rand(n, g, generator=gen) * 0.02 + 0.001).half()
-    zeros = (torch.full((n, g), 2 ** (bits - 1), dtype=torch.uint8) if symmetric
-             else torch.randint(0, top + 1, (n, g), generator=gen, dtype=torch.int32).to(torch.uint8))
-    g_idx = None
-    if act_order:
-        order = torch.randperm(k, generator=gen)
-        g_idx = torch.empty(k, dtype=torch.int32)
-        g_idx[order] = (torch.arange(k) // group).to(torch.int32)
-    return IntCodes(codes, scales, zeros, bits, group, g_idx)
 
 
 CASES = [  # bits, n, k, group, act-order, scale dtype
@@ -48,7 +34,7 @@ CASES = [  # bits, n, k, group, act-order, scale dtype
 @pytest.mark.parametrize("bits,n,k,group,act,sdt", CASES)
 def test_kernel_against_dequantize_then_matmul(dtype, bits, n, k, group, act, sdt):
     gen = torch.Generator().manual_seed(bits * 7 + n + k + group)
-    c = _codes(gen, n, k, bits, group, act, symmetric=(n % 2 == 0))
+    c = random_int_codes(gen, n, k, bits, group, act, symmetric=(n % 2 == 0))
     c = IntCodes(c.codes, c.scales.to(sdt), c.zeros, bits, group, c.g_idx)
     w = c.pack(sdt, layout="mma").to("cuda")
     ref_w = c.dequantize().cuda()
@@ -70,7 +56,7 @@ def test_kernel_against_dequantize_then_matmul(dtype, bits, n, k, group, act, sd
 @pytest.mark.parametrize("bits,group,act", [(4, 128, False), (4, 32, True), (8, 1024, False), (8, 64, False)])
 def test_dequantize_is_exact_and_the_prefill_path_matches(bits, group, act):
     gen = torch.Generator().manual_seed(bits + group)
-    c = _codes(gen, 300, 1024, bits, group, act)
+    c = random_int_codes(gen, 300, 1024, bits, group, act)
     w = c.pack(torch.float16, layout="mma").to("cuda")
     ref_w = c.dequantize().cuda()
     assert torch.equal(int_mma.dequantize(w, torch.float32), ref_w)
@@ -83,7 +69,7 @@ def test_dequantize_is_exact_and_the_prefill_path_matches(bits, group, act):
 
 def test_graph_replay_equals_the_eager_call():
     gen = torch.Generator().manual_seed(1)
-    w = _codes(gen, 4096, 4096, 4, 128).pack(layout="mma").to("cuda")
+    w = random_int_codes(gen, 4096, 4096, 4, 128).pack(layout="mma").to("cuda")
     x = torch.randn(3, 4096, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(3, 4096, device="cuda", dtype=torch.bfloat16)
     eager = quant_linear(x, w).clone()

@@ -33,15 +33,11 @@ def _act_order(w: torch.Tensor, group: int, gen) -> IntCodes:
     return IntCodes(c.codes, c.scales, c.zeros, 4, group, g_idx)
 
 
-def _chunk(w):
-    """The engine's integer form in the Triton kernels' "chunk" layout (the engine packs "mma" where engine._C has
-    the tensor-core kernels: tests/gpu/test_int_mma.py)."""
-    return w if w is None else IntCodes(w.codes(), w.scales, w.zeros, w.bits, w.group).pack(w.scales.dtype)
-
-
 def _weights(n: int, k: int, gen) -> dict:
     w = torch.randn(n, k, generator=gen) * 0.02
-    forms = {"int8": _chunk(quantize_for_gpu(w, "int8")), "int4": _chunk(quantize_for_gpu(w, "int4")),
+    # the engine's integer forms in the Triton kernels' layout (KESTREL_INT_MMA=auto packs "mma": test_int_mma.py)
+    forms = {"int8": quantize_for_gpu(w, "int8").as_layout("chunk"),
+             "int4": quantize_for_gpu(w, "int4").as_layout("chunk"),
              "int4 g32": quantize_int(w, 4, 32, False).pack(), "int8 g64 asym": quantize_int(w, 8, 64, False).pack(),
              "int4 act-order": _act_order(w, 64, gen).pack()}
     if FP8_OK:

@@ -7,20 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.weight_quant import IntCodes, mma_packable, quantize_int
-
-
-def _codes(gen, n, k, bits, group, act_order=False) -> IntCodes:
-    top = 2 ** bits - 1
-    codes = torch.randint(0, top + 1, (n, k), generator=gen, dtype=torch.int32).to(torch.uint8)
-    scales = (torch.rand(n, k // group, generator=gen) * 0.02 + 0.001).half()
-    zeros = torch.randint(0, top + 1, (n, k // group), generator=gen, dtype=torch.int32).to(torch.uint8)
-    g_idx = None
-    if act_order:
-        order = torch.randperm(k, generator=gen)
-        g_idx = torch.empty(k, dtype=torch.int32)
-        g_idx[order] = (torch.arange(k) // group).to(torch.int32)
-    return IntCodes(codes, scales, zeros, bits, group, g_idx)
+from engine.weight_quant import mma_packable, quantize_int
+from tests.support.int_codes import random_int_codes
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -28,12 +16,15 @@ def _codes(gen, n, k, bits, group, act_order=False) -> IntCodes:
                                            (130, 576, 576, False), (5, 96, 32, True)])
 def test_round_trip(bits, n, k, group, act):
     gen = torch.Generator().manual_seed(n * k + bits + group)
-    c = _codes(gen, n, k, bits, group, act)
+    c = random_int_codes(gen, n, k, bits, group, act)
     packed = c.pack(torch.float32, layout="mma")
     assert packed.layout == "mma" and packed.shape == (n, k)
     assert packed.q.shape == (-(-n // 16), -(-k // 64) * 128 * bits // 4)
     assert torch.equal(packed.dequantize(), c.dequantize())
     assert torch.equal(packed.dequantize(), c.pack(torch.float32).dequantize())  # = the chunk layout's
+    chunk = packed.as_layout("chunk")  # repacked: same weight, same act-order permutation
+    assert chunk.layout == "chunk" and torch.equal(chunk.dequantize(), c.dequantize())
+    assert chunk.as_layout("mma").q.equal(packed.q) and packed.as_layout("mma") is packed
 
 
 def test_layout_refuses_what_the_kernels_cannot_take():
@@ -97,7 +88,7 @@ def _emulate(x: torch.Tensor, packed) -> torch.Tensor:
                                               (8, 16, 64, 16, 2)])
 def test_emulated_tensor_core_products(bits, n, k, group, m):
     gen = torch.Generator().manual_seed(bits + n + k + m)
-    c = _codes(gen, n, k, bits, group)
+    c = random_int_codes(gen, n, k, bits, group)
     packed = c.pack(torch.float32, layout="mma")
     x = torch.randn(m, k, generator=gen, dtype=torch.float64)
     torch.testing.assert_close(_emulate(x, packed), x @ c.dequantize(torch.float64).t(), rtol=1e-9, atol=1e-9)

@@ -10,26 +10,13 @@ import torch
 
 from engine.ops.quant_linear import quant_linear
 from engine.weight_quant import FP8, Fp8Weight, IntCodes, IntWeight, concat_rows, quantize_int
+from tests.support.int_codes import random_int_codes
 
 triton = pytest.importorskip("triton")
 if torch.cuda.is_available():
     pytest.skip("CPU interpreter tests (tests/gpu covers CUDA)", allow_module_level=True)
 
 from engine.ops import quant_linear_triton as kern  # noqa: E402
-
-
-def _random_codes(gen, n, k, bits, group, act_order=False) -> IntCodes:
-    top = 2 ** bits - 1
-    g = k // group
-    codes = torch.randint(0, top + 1, (n, k), generator=gen, dtype=torch.int32).to(torch.uint8)
-    scales = (torch.rand(n, g, generator=gen) * 0.02 + 0.001).half()
-    zeros = torch.randint(0, top + 1, (n, g), generator=gen, dtype=torch.int32).to(torch.uint8)
-    g_idx = None
-    if act_order:  # as GPTQ writes it: the columns quantized in a random order, groups in that order
-        order = torch.randperm(k, generator=gen)
-        g_idx = torch.empty(k, dtype=torch.int32)
-        g_idx[order] = (torch.arange(k) // group).to(torch.int32)
-    return IntCodes(codes, scales, zeros, bits, group, g_idx)
 
 
 def _reference(x, w_float, bias):
@@ -41,7 +28,7 @@ def _reference(x, w_float, bias):
                                             (8, 32, True)])
 def test_pack_keeps_the_weight(bits, group, act):
     gen = torch.Generator().manual_seed(bits * 1000 + group + act)
-    c = _random_codes(gen, 48, 256, bits, group, act)
+    c = random_int_codes(gen, 48, 256, bits, group, act)
     w = c.dequantize()
     packed = c.pack(torch.float32)
     assert (packed.perm is not None) == act
@@ -58,7 +45,7 @@ def test_pack_keeps_the_weight(bits, group, act):
 
 def test_slices_for_tensor_parallelism():
     gen = torch.Generator().manual_seed(3)
-    c = _random_codes(gen, 64, 256, 4, 64)
+    c = random_int_codes(gen, 64, 256, 4, 64)
     w = c.dequantize()
     assert torch.equal(c.rows(16, 40).pack(torch.float32).dequantize(), w[16:40])
     assert torch.equal(c.cols(128, 256).pack(torch.float32).dequantize(), w[:, 128:256])
@@ -67,7 +54,7 @@ def test_slices_for_tensor_parallelism():
     per_channel = IntCodes(c.codes, c.scales[:, :1], c.zeros[:, :1], 4, 256)
     half = per_channel.cols(0, 128)
     assert half.group == 128 and torch.equal(half.dequantize(), per_channel.dequantize()[:, :128])
-    act = _random_codes(gen, 16, 256, 4, 64, act_order=True)
+    act = random_int_codes(gen, 16, 256, 4, 64, act_order=True)
     assert torch.equal(act.rows(0, 8).pack(torch.float32).dequantize(), act.dequantize()[:8])
     with pytest.raises(ValueError, match="unequal"):  # a random column slice of act-order groups
         act.cols(0, 100).pack()
@@ -111,7 +98,7 @@ def test_fp8_forms():
 
 
 def _int_weight(gen, n, k, bits, group, act=False) -> IntWeight:
-    return _random_codes(gen, n, k, bits, group, act).pack(torch.float16)
+    return random_int_codes(gen, n, k, bits, group, act).pack(torch.float16)
 
 
 CASES = [  # (name, n, k, weight factory); the fused kernel takes all but a group of 192 (dequantized instead)
