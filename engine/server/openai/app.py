@@ -291,7 +291,8 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
         if not hardware:
             hardware.update(await asyncio.to_thread(host_hardware))  # NVML: once, off the loop
         i, cfg = ctx.info, getattr(client, "config", None)
-        opts = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "num_threads", "deterministic")
+        opts = ("quantization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "num_threads",
+                "deterministic")  # quantization: the load option (--quantization), not the checkpoint's
         tp = int(i.tensor_parallel_size or 1)
         table = None
         if tp > 1 and client.is_alive:  # auto's start-up measurements, kept in the engine's stats
