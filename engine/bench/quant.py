@@ -36,6 +36,7 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
     from engine.bench.decode import graph_time, linear_shapes
     from engine.bench.report import environ_restored
     from engine.layers.linear import quantize_for_gpu
+    from engine.ops import int_mma
     from engine.ops import quant_linear_triton as kern
     from engine.ops import skinny_gemm
     from engine.ops.quant_linear import quant_linear
@@ -70,6 +71,9 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
             for mode, qs in engine_forms.items():
                 if qs[0] is not None and qs[0].layout == "mma":
                     timed(f"{mode}_engine", qs, lambda w: quant_linear(x, w, out=y), _bytes(qs[0]))
+                    if m > 16:  # what the engine would do past SLICED_MAX_M: the whole weight, then cuBLAS
+                        timed(f"{mode}_dequant_gemm", qs,
+                              lambda w: torch.mm(x, int_mma.dequantize(w, x.dtype).t(), out=y), _bytes(qs[0]))
                     for warps in int_warps:  # the kernel's warps per block forced (captured into the graph)
                         with environ_restored(["KESTREL_INT_MMA_WARPS"]):
                             os.environ["KESTREL_INT_MMA_WARPS"] = str(warps)
@@ -188,9 +192,16 @@ def engine_modes(ckpt, args, report, save) -> dict:
         r = res[mode] = {"load_s": time.perf_counter() - t0}
         try:
             r["weight_bytes"] = weight_bytes(core.runner.model)
+            r["kv_blocks"] = core.blocks.num_blocks
             r["tpot"] = {}
             for b in args.batch:
-                s = kestrel_tpot(core, rng, vocab, b, 512, args.tpot_steps)
+                try:
+                    s = kestrel_tpot(core, rng, vocab, b, 512, args.tpot_steps)
+                except Exception as e:  # noqa: BLE001 - recorded; the other batch sizes and modes still run
+                    r.setdefault("errors", {})[str(b)] = f"{type(e).__name__}: {e}"
+                    print(f"{mode} b{b}: {r['errors'][str(b)]}", flush=True)
+                    save()
+                    continue
                 kv = b * (512 + args.tpot_steps // 2) * kv_per_token
                 r["tpot"][str(b)] = {"ms": s * 1e3, "tok_s": b / s, "limit_ms": (r["weight_bytes"] + kv) / copy * 1e3}
                 save()

@@ -130,6 +130,7 @@ def decode_step_times(core, batch: int, prompt_len: int, steps: int, rng: random
         core.add_request(f"tpot-{batch}-{i}-{time.monotonic_ns()}", None, params,
                          prompt_token_ids=random_ids(rng, prompt_len, vocab))
     out = DecodeTimes()
+    preempted = core.scheduler.num_preemptions
     while core.has_unfinished():
         decoding = all(r.request.output_token_ids for r in core.requests.values())
         t0 = time.perf_counter()
@@ -139,4 +140,9 @@ def decode_step_times(core, batch: int, prompt_len: int, steps: int, rng: random
             out.step_seconds.append(dt)
             if core.executor is not None and core.recent_comm_steps:
                 out.comm_seconds.append(core.recent_comm_steps[-1].seconds)
+    if not out.step_seconds:
+        raise RuntimeError(
+            f"no step had all {batch} requests decoding together ({core.scheduler.num_preemptions - preempted} "
+            f"preemptions; the KV cache holds {core.blocks.num_blocks} blocks of {core.blocks.block_size} tokens, "
+            f"the batch needs {batch} x {prompt_len + steps + 1} tokens)")
     return out

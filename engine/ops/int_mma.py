@@ -1,5 +1,5 @@
 """Launchers of csrc/cuda/int_gemm.cu: integer weights in the "mma" layout (engine/weight_quant.py) on the tensor
-cores. ``linear`` multiplies up to SLICED_MAX_M rows (decode batches: one kernel per 16 rows, each reading the
+cores. ``linear`` multiplies up to SLICED_MAX_M rows (decode batches: one kernel per 64 rows, each reading the
 packed weight once); ``dequantize`` writes the whole weight for the GEMM of a prefill. Reached through
 engine/ops/quant_linear.py. ``available()`` says whether engine._C has the kernels (built with CUDA)."""
 
@@ -11,8 +11,8 @@ from engine import envs
 from engine.ops.native import cuda_available, dtype_code, native_lib, raw_stream
 from engine.weight_quant import IntWeight, mma_packable
 
-KERNEL_M = 16  # rows of x per kernel
-SLICED_MAX_M = 64  # up to here, one kernel per 16 rows; beyond (prefills), the dequantized weight and the GEMM
+KERNEL_M = 64  # rows of x per kernel
+SLICED_MAX_M = 256  # up to here, one kernel per 64 rows; beyond (prefills), the dequantized weight and the GEMM
 
 
 def available() -> bool:

@@ -1,7 +1,7 @@
 """The tensor-core kernels for integer weights in the "mma" layout (csrc/cuda/int_gemm.cu through
 engine/ops/int_mma.py and quant_linear) against dequantize-then-matmul on random shapes: 4 and 8 bits, groups of
 16 / 32 (scaled in the weight) and 64 / 128 / per channel (scaled after the products), act-order, padded rows and
-K, 1..64 rows of x (sliced by 16), bias, strided x and out, bf16 and fp16; the whole-weight dequantization bit for
+K, 1..256 rows of x (one kernel per 64: the 8, 16, 32 and 64-row variants), bias, strided x and out, bf16 and fp16; the whole-weight dequantization bit for
 bit; the prefill path; a CUDA graph replay equal to the eager call."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_kernel_against_dequantize_then_matmul(dtype, bits, n, k, group, act, sd
     c = IntCodes(c.codes, c.scales.to(sdt), c.zeros, bits, group, c.g_idx)
     w = c.pack(sdt, layout="mma").to("cuda")
     ref_w = c.dequantize().cuda()
-    for m in (1, 2, 7, 8, 9, 16, 23, 64):
+    for m in (1, 2, 7, 8, 9, 16, 17, 23, 32, 33, 48, 64, 100, 256):
         big = torch.randn(m, k + 64, device="cuda", dtype=dtype)
         x = big[:, 8:8 + k] if m % 2 else big[:, :k].contiguous()  # strided rows (16-byte aligned) or contiguous
         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 3 == 0 else None
