@@ -172,7 +172,10 @@ class MessageWidget(QFrame):
         self.text = ""
         self.setObjectName("message")
         self.setProperty("role", role)
-        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Maximum)
+        # vertical Preferred, not Maximum: Maximum caps a card at its size hint, the height at the label's preferred
+        # width; at a narrower width the wrapped text needs more (the end of a long reply was cut off) and at a wider
+        # one the list's height-for-width gave the difference out as gaps between the cards (issue 45, row 3)
+        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(14, 10, 14, 10)
         lay.setSpacing(4)
