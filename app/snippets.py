@@ -42,7 +42,8 @@ def _body(kind: str, model: str) -> tuple[str, dict]:
 def curl_snippet(base_url: str, model: str, api_key: str | None, kind: str = "chat") -> str:
     route, body = _body(kind, model)
     auth = f' \\\n  -H "Authorization: Bearer {api_key}"' if api_key else ""
-    return (f"curl {base_url}{route} \\\n  -H \"Content-Type: application/json\"{auth} \\\n"
+    # -s: no progress meter mixed into the JSON answer
+    return (f"curl -s {base_url}{route} \\\n  -H \"Content-Type: application/json\"{auth} \\\n"
             f"  -d '{json.dumps(body)}'")
 
 

@@ -32,7 +32,7 @@ def test_server_settings_snippets_and_lan_warning(make_window, qtbot):
     assert "this machine only" in panel.status.text()
     assert panel.start_button.text() == "Stop server" and not panel.port.isEnabled()
     base = panel.url_field.text()
-    assert f"curl {base}/chat/completions" in panel.curl.toPlainText()
+    assert f"curl -s {base}/chat/completions" in panel.curl.toPlainText()
     assert "Authorization" not in panel.curl.toPlainText()
     assert f'base_url="{base}"' in panel.python.toPlainText()
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)

@@ -7,6 +7,8 @@ import contextlib
 import io
 import json
 import re
+import shutil
+import subprocess
 
 import jsonschema
 import pytest
@@ -40,7 +42,8 @@ def test_python_snippet_runs(server, kind):
 def test_curl_snippet_body_is_served(http, kind):
     text = curl_snippet("http://HOST", MODEL, "sk-1", kind)
     assert '-H "Authorization: Bearer sk-1"' in text
-    route = re.match(r"curl http://HOST(\S+)", text).group(1)
+    assert text.startswith("curl -s ")  # no progress meter in the pasted command's output
+    route = re.match(r"curl -s http://HOST(\S+)", text).group(1)
     body = json.loads(re.search(r"-d '(.*)'$", text, re.S).group(1))
     if route.endswith("completions"):  # accepted as written (tools, schema); the Python test runs them whole
         body["max_tokens"] = 1
@@ -48,3 +51,13 @@ def test_curl_snippet_body_is_served(http, kind):
     assert r.status_code == 200, r.text
     if kind == "embeddings":
         assert len(r.json()["data"]) == 2
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs the curl command")
+def test_curl_snippet_runs_with_nothing_but_the_answer(server):
+    """Pasted into a shell as it is, the curl snippet prints the JSON answer and nothing else (``-s``: no progress
+    meter on the terminal)."""
+    text = curl_snippet(server.url, MODEL, None, "chat").replace('"stream": false', '"max_tokens": 4, "stream": false')
+    r = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert json.loads(r.stdout)["choices"][0]["message"]["content"] is not None
