@@ -8,6 +8,11 @@ token counts. A request that did not finish by itself (its record says "abort" o
 client stopped reading or dropped, an engine failure mid-stream) counts the tokens its response was handed,
 which the TrackingClient's streams note as they go (the record's count includes tokens that reached the
 client but not the response); a response's ``usage`` comes first when it has one.
+
+Each entry says why a request did not succeed (``detail``): the error message of a 4xx / 5xx answer (the
+OpenAI error object's ``message``, or a plain ``detail``), an error event in a stream that had started with
+200, or that the client closed the connection before the response was complete: such a request is logged
+with status 499 ("client closed request", as nginx does), whatever status its response had started with.
 """
 
 from __future__ import annotations
@@ -33,6 +38,14 @@ class LogEntry:
     tokens: int | None
     latency: float  # seconds
     client: str = ""
+    detail: str = ""  # why it did not succeed, in words ("" when it did)
+
+    @property
+    def failed(self) -> bool:
+        return self.status >= 400 or bool(self.detail)
+
+
+CLIENT_CLOSED = 499  # the status logged for a request whose client left before its response was complete
 
 
 @dataclass
@@ -153,8 +166,11 @@ class RequestLogMiddleware:
         sniffer = _UsageSniffer()
         tracker = _Tracker()
         token = _current.set(tracker)
+        complete = False  # the response's last body part was sent
+        gone = False  # the client disconnected before that
 
         async def sending(message) -> None:
+            nonlocal complete
             if message["type"] == "http.response.start":
                 sniffer.status = message["status"]
                 for name, value in message.get("headers", []):
@@ -162,17 +178,36 @@ class RequestLogMiddleware:
                         sniffer.content_type = value.decode("latin-1")
             elif message["type"] == "http.response.body":
                 sniffer.feed(message.get("body", b""))
+                if not message.get("more_body", False):
+                    complete = True
             await send(message)
 
+        async def receiving():
+            nonlocal gone
+            message = await receive()
+            # after a complete response the server says "disconnect" to a waiting receive(): not a client leaving
+            if message.get("type") == "http.disconnect" and not complete:
+                gone = True
+            return message
+
         try:
-            await self.app(scope, receive, sending)
+            await self.app(scope, receiving, sending)
         finally:
             _current.reset(token)
             tokens = tracker.count(sniffer.tokens())
             client = scope.get("client") or ("", 0)
+            status, detail = sniffer.status or 500, sniffer.error
+            if gone or (sniffer.status == CLIENT_CLOSED and not detail):
+                status = CLIENT_CLOSED
+                after = f" after {tokens} tokens" if tokens else ""
+                detail = f"client closed the connection{after} (the request was stopped)"
+            elif not sniffer.status:
+                detail = detail or "no response: the server failed while handling the request"
+            elif not complete and not detail:
+                detail = "the response was cut off before its end"
             entry = LogEntry(time=started, method=scope.get("method", ""), path=scope.get("path", ""),
-                             status=sniffer.status or 500, tokens=tokens, latency=time.perf_counter() - t0,
-                             client=str(client[0]))
+                             status=status, tokens=tokens, latency=time.perf_counter() - t0,
+                             client=str(client[0]), detail=detail)
             try:
                 self.on_entry(entry)
             except Exception:  # logging must never break a response
@@ -180,7 +215,8 @@ class RequestLogMiddleware:
 
 
 class _UsageSniffer:
-    """The status, and ``usage.completion_tokens`` from a JSON body or from an SSE stream's usage chunk."""
+    """The status, ``usage.completion_tokens`` from a JSON body or from an SSE stream's usage chunk, and the
+    error message of an error answer or of a stream's error event."""
 
     def __init__(self):
         self.status = 0
@@ -188,6 +224,7 @@ class _UsageSniffer:
         self.body = bytearray()
         self.pending = b""
         self.usage_tokens: int | None = None
+        self.stream_error = ""
 
     def feed(self, data: bytes) -> None:
         if not data:
@@ -196,7 +233,7 @@ class _UsageSniffer:
             self.pending += data
             *events, self.pending = self.pending.split(b"\n\n")
             for ev in events:
-                if b'"usage"' in ev:
+                if b'"usage"' in ev or b'"error"' in ev:
                     self._event(ev)
         elif len(self.body) < _MAX_JSON:
             self.body += data
@@ -208,9 +245,29 @@ class _UsageSniffer:
                     obj = json.loads(line[5:].strip())
                 except ValueError:
                     continue
-                usage = obj.get("usage") if isinstance(obj, dict) else None
+                if not isinstance(obj, dict):
+                    continue
+                usage = obj.get("usage")
                 if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
                     self.usage_tokens = int(usage["completion_tokens"])
+                message = _error_message(obj)
+                if message:
+                    self.stream_error = message
+
+    @property
+    def error(self) -> str:
+        """Why the request failed, from its answer ("" for a success)."""
+        if self.stream_error:
+            return self.stream_error
+        if self.status < 400:
+            return ""
+        message = ""
+        if self.body:
+            try:
+                message = _error_message(json.loads(bytes(self.body)))
+            except ValueError:
+                message = bytes(self.body[:200]).decode("utf-8", "replace").strip()
+        return message or _REASONS.get(self.status, "")
 
     def tokens(self) -> int | None:
         if self.usage_tokens is not None:
@@ -223,3 +280,26 @@ class _UsageSniffer:
             except (ValueError, AttributeError):
                 return None
         return None
+
+
+_REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 413: "Payload Too Large", 422: "Unprocessable Content", 429: "Too Many Requests",
+            499: "Client Closed Request", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def _error_message(obj) -> str:
+    """The message of an OpenAI error object ``{"error": {"message": ...}}`` or of a plain ``{"detail": ...}``."""
+    if not isinstance(obj, dict):
+        return ""
+    err = obj.get("error")
+    if isinstance(err, dict) and err.get("message"):
+        return str(err["message"])
+    if isinstance(err, str) and err:
+        return err
+    detail = obj.get("detail")
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list) and detail:  # FastAPI's validation errors
+        first = detail[0]
+        return str(first.get("msg", first)) if isinstance(first, dict) else str(first)
+    return ""

@@ -1,6 +1,8 @@
 """Server: one click starts or stops the OpenAI-compatible endpoint on the loaded model. Port, API key (with a
-generator), LAN access (off by default, warned about), CORS origins; the base URL with copy buttons,
-ready-to-paste curl and Python, and a live log of the requests served."""
+generator), LAN access (off by default, warned about), CORS origins, and whether the endpoint starts with the
+app (once the model is loaded at start-up); the base URL with copy buttons, ready-to-paste curl and Python,
+and a live log of the requests served, with the reason of each failure, and a line when the endpoint moves
+to another model (it follows the loaded one, at the same address)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import secrets
 import time
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont, QGuiApplication
+from PySide6.QtGui import QColor, QFont, QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -37,6 +39,7 @@ from app.workers.engine_worker import READY
 from app.workers.server_worker import ServerOptions
 
 LOG_LIMIT = 500
+ERROR_RED = "#d64545"  # readable on the light and the dark theme
 PREFS = "server.options"
 
 
@@ -48,12 +51,16 @@ class ServerPanel(QWidget):
         self.url: str | None = None
         self.model_name = ""
         self._starting = False
+        self._stop_note = ""  # why the endpoint last stopped or failed (kept shown until it starts again)
         self._build()
         self._restore()
+        self._autostart_pending = self.autostart.isChecked()  # once, for the model loaded at start-up
         self.server.started.connect(self._on_started)
         self.server.stopped.connect(self._on_stopped)
         self.server.failed.connect(self._on_failed)
         self.server.requestLogged.connect(self.add_log_entry)
+        self.server.modelChanging.connect(self._on_model_changing)
+        self.server.modelChanged.connect(self._on_model_changed)
         ctx.engine.stateChanged.connect(self._on_engine_state)
         ctx.engine.loaded.connect(self._on_model_loaded)
         ctx.engine.engineRestarting.connect(self._on_engine_restarting)
@@ -95,6 +102,11 @@ class ServerPanel(QWidget):
         self.cors = QLineEdit()
         self.cors.setPlaceholderText("e.g. http://localhost:3000, https://app.example  (none by default)")
         form.addRow("CORS origins", self.cors)
+        self.autostart = QCheckBox("Start the local endpoint with the app")
+        self.autostart.setToolTip("When Kestrel starts, the endpoint starts on this port as soon as the model is "
+                                  "loaded (on this machine only: LAN access is chosen each session).")
+        self.autostart.toggled.connect(lambda _on: self._save())
+        form.addRow("At start-up", self.autostart)
         buttons = QHBoxLayout()
         self.start_button = QPushButton("Start server")
         self.start_button.setObjectName("primary")
@@ -150,13 +162,20 @@ class ServerPanel(QWidget):
 
         log_box = QGroupBox("Requests")
         ll = QVBoxLayout(log_box)
-        self.log = QTableWidget(0, 6)
-        self.log.setHorizontalHeaderLabels(["Time", "Method", "Route", "Status", "Tokens", "Latency"])
+        self.log = QTableWidget(0, 7)
+        self.log.setHorizontalHeaderLabels(["Time", "Method", "Route", "Status", "Tokens", "Latency", "Detail"])
         self.log.verticalHeader().hide()
         self.log.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.log.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.log.setAlternatingRowColors(True)
-        self.log.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)
+        self.log.setWordWrap(False)
+        self.log.setTextElideMode(Qt.ElideRight)
+        header = self.log.horizontalHeader()
+        for col in (0, 1, 3, 4, 5):
+            header.setSectionResizeMode(col, QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(2, QHeaderView.Interactive)
+        header.resizeSection(2, 190)
+        header.setSectionResizeMode(6, QHeaderView.Stretch)
         ll.addWidget(self.log)
         clear = QPushButton("Clear")
         clear.clicked.connect(lambda: self.log.setRowCount(0))
@@ -183,10 +202,10 @@ class ServerPanel(QWidget):
 
     def _on_started(self, url: str, model: str) -> None:
         self._starting = False
+        self._stop_note = ""
         self.url, self.model_name = url, model
         self.url_field.setText(url + "/v1")
-        where = "from this machine only" if not self.lan.isChecked() else "from the local network"
-        self.status.setText(f"Running: serving {model} {where}.")
+        self.status.setText(self._serving_text())
         self.status.setObjectName("okBox")
         self._repolish(self.status)
         self._update_snippets()
@@ -194,6 +213,7 @@ class ServerPanel(QWidget):
 
     def _on_stopped(self, why: str) -> None:
         self._starting = False
+        self._stop_note = why
         self.url = None
         self.url_field.clear()
         self.status.setText(why or "Stopped.")
@@ -204,30 +224,58 @@ class ServerPanel(QWidget):
 
     def _on_failed(self, message: str) -> None:
         self._starting = False
+        self._stop_note = message
         self.url = None
         self.status.setText(message)
         self.status.setObjectName("errorBox")
         self._repolish(self.status)
         self._update_controls()
 
+    def _serving_text(self) -> str:
+        where = "from this machine only" if not self.lan.isChecked() else "from the local network"
+        return f"Serving {self.model_name} at {self.url}/v1 ({where})."
+
     def add_log_entry(self, e: LogEntry) -> None:
+        row = self._new_log_row()
+        cells = [time.strftime("%H:%M:%S", time.localtime(e.time)), e.method, e.path, str(e.status),
+                 "" if e.tokens is None else str(e.tokens), f"{e.latency * 1000:.0f} ms" if e.latency < 10
+                 else f"{e.latency:.1f} s", e.detail]
+        for col, text in enumerate(cells):
+            item = QTableWidgetItem(text)
+            if col in (3, 6) and e.failed:
+                item.setForeground(QColor(ERROR_RED))
+            if e.detail:
+                item.setToolTip(f"{e.status}: {e.detail}")
+            self.log.setItem(row, col, item)
+        self.log.scrollToBottom()
+
+    def add_log_event(self, text: str) -> None:
+        """A line in the log that is not a request (the endpoint moved to another model)."""
+        row = self._new_log_row()
+        self.log.setItem(row, 0, QTableWidgetItem(time.strftime("%H:%M:%S")))
+        item = QTableWidgetItem(text)
+        item.setToolTip(text)
+        font = item.font()
+        font.setItalic(True)
+        item.setFont(font)
+        self.log.setItem(row, 1, item)
+        self.log.setSpan(row, 1, 1, self.log.columnCount() - 1)
+        self.log.scrollToBottom()
+
+    def _new_log_row(self) -> int:
         row = self.log.rowCount()
         if row >= LOG_LIMIT:
             self.log.removeRow(0)
             row -= 1
         self.log.insertRow(row)
-        cells = [time.strftime("%H:%M:%S", time.localtime(e.time)), e.method, e.path, str(e.status),
-                 "" if e.tokens is None else str(e.tokens), f"{e.latency * 1000:.0f} ms" if e.latency < 10
-                 else f"{e.latency:.1f} s"]
-        for col, text in enumerate(cells):
-            item = QTableWidgetItem(text)
-            if col == 3 and e.status >= 400:
-                item.setForeground(Qt.red)
-            self.log.setItem(row, col, item)
-        self.log.scrollToBottom()
+        return row
 
     def log_rows(self) -> list[list[str]]:
-        return [[self.log.item(r, c).text() for c in range(self.log.columnCount())] for r in range(self.log.rowCount())]
+        def text(r: int, c: int) -> str:
+            item = self.log.item(r, c)
+            return item.text() if item is not None else ""
+
+        return [[text(r, c) for c in range(self.log.columnCount())] for r in range(self.log.rowCount())]
 
     # ------------------------------------------------------------------------------------------------
     def _on_engine_state(self, _state: str) -> None:
@@ -235,6 +283,20 @@ class ServerPanel(QWidget):
 
     def _on_model_loaded(self, _info) -> None:
         self._update_snippets()
+        if self._autostart_pending:
+            self._autostart_pending = False
+            if self.url is None and not self._starting:
+                self.toggle()
+
+    def _on_model_changing(self, notice: str) -> None:
+        if self.url is not None:
+            self.status.setText(notice)
+            self.status.setObjectName("hint")
+            self._repolish(self.status)
+
+    def _on_model_changed(self, old: str, new: str) -> None:
+        same = " (the same model, loaded again with other settings)" if old == new else ""
+        self.add_log_event(f"Model changed to {new}{same}: the endpoint serves it at the same address.")
 
     def _on_engine_restarting(self, why: str) -> None:
         if self.url is not None:
@@ -244,7 +306,7 @@ class ServerPanel(QWidget):
 
     def _on_engine_restarted(self, notice: str) -> None:
         if self.url is not None:
-            self.status.setText(f"Running: serving {self.model_name}. {notice}")
+            self.status.setText(f"{self._serving_text()} {notice}")
             self.status.setObjectName("okBox")
             self._repolish(self.status)
 
@@ -253,10 +315,10 @@ class ServerPanel(QWidget):
         ready = self.ctx.engine.state == READY
         self.start_button.setText("Stop server" if running else "Start server")
         self.start_button.setEnabled(running or (ready and not self._starting))
-        for w in (self.port, self.api_key, self.generate_key, self.lan, self.cors):
+        for w in (self.port, self.api_key, self.generate_key, self.lan, self.cors):  # (autostart: any time)
             w.setEnabled(not running and not self._starting)
         self.copy_url.setEnabled(running)
-        if not running and not ready and not self._starting:
+        if not running and not ready and not self._starting and not self._stop_note:
             self.status.setObjectName("hint")
             self._repolish(self.status)
             self.status.setText("Load a model first: the endpoint serves the loaded model.")
@@ -293,11 +355,14 @@ class ServerPanel(QWidget):
     def _save(self) -> None:
         o = self.options()
         self.ctx.store.set_pref(PREFS, {"port": o.port, "lan": o.lan, "cors": self.cors.text(),
-                                        "api_key": o.api_key or ""})
+                                        "api_key": o.api_key or "", "autostart": self.autostart.isChecked()})
 
     def _restore(self) -> None:
         p = self.ctx.store.pref(PREFS) or {}
         self.port.setValue(int(p.get("port", 8000)))
         self.cors.setText(p.get("cors", ""))
         self.api_key.setText(p.get("api_key", ""))
+        self.autostart.blockSignals(True)  # restoring is not a change to save
+        self.autostart.setChecked(bool(p.get("autostart", False)))
+        self.autostart.blockSignals(False)
         # LAN access always starts off: it is opted into each session

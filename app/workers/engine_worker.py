@@ -6,7 +6,17 @@ same client (app.workers.server_worker), so one loaded model serves the chat and
 An engine process that dies is restarted with the same model and options (engine.client.RestartPolicy,
 ``restart_policy``): the state goes to DEAD with ``engineDied`` and ``engineRestarting`` (the notice, saying
 when it restarts), then back to READY with ``engineRestarted`` (the notice); the endpoint keeps its port and
-answers 503 meanwhile. Past the policy's limit it stays DEAD (``engineDied``): Reload starts it again."""
+answers 503 meanwhile. Past the policy's limit it stays DEAD (``engineDied``): Reload starts it again.
+
+For one clear state in the chat while that happens (the state stays DEAD throughout, as before):
+``restartAttempt(attempt, most, why)`` before each attempt (1-based; ``most`` is the policy's limit;
+``restart_text(attempt, most)`` words it "Restarting engine… (attempt 1 of 3)"; ``restart_attempt`` holds the
+pair while it lasts, None otherwise), then either ``engineRestarted`` or ``engineGaveUp(reason)``: the engine
+is dead for good (restarts spent, or none allowed) and ``reason`` says why (the exit code or signal, the
+engine's last error or output line), also kept in ``dead_reason``.
+
+Loading another model over a loaded one tells the model listeners (``add_model_listener``: the endpoint,
+which keeps its address and follows the new model) instead of the unload hooks."""
 
 from __future__ import annotations
 
@@ -14,6 +24,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,6 +67,8 @@ class EngineWorker(QObject):
     replyFailed = Signal(str, str)  # request id, message
     statsUpdated = Signal(object)  # engine.ipc.EngineStats
     requestRecorded = Signal(object)  # engine.metrics.RequestRecord of every finished request (chat and HTTP)
+    restartAttempt = Signal(int, int, str)  # attempt (1-based), the most attempts allowed, why (the notice)
+    engineGaveUp = Signal(str)  # the engine is dead for good (no restart follows): why, in words
 
     def __init__(self, stats_interval: float = 0.5, parent: QObject | None = None, restart_policy=None):
         super().__init__(parent)
@@ -71,6 +84,11 @@ class EngineWorker(QObject):
         self._streams: dict[str, Any] = {}
         self._aborted: set[str] = set()
         self._unload_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._model_listeners: list[tuple[Callable[[Any], Awaitable[None]],
+                                          Callable[[Any, str], Awaitable[None]]]] = []
+        self._attempts: list[float] = []  # when each restart attempt of the current client was announced
+        self.restart_attempt: tuple[int, int] | None = None  # (attempt, most) while a restart is under way
+        self.dead_reason = ""  # why the engine is dead for good (engineGaveUp's reason)
         self._thread = thread_for(self, "engine")
         self._thread.started.connect(self._run)
 
@@ -101,6 +119,14 @@ class EngineWorker(QObject):
     def add_unload_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
         """``await hook()`` runs on the loop before the model is unloaded or replaced (the server stops)."""
         self._unload_hooks.append(hook)
+
+    def add_model_listener(self, replacing: Callable[[Any], Awaitable[None]],
+                           done: Callable[[Any, str], Awaitable[None]]) -> None:
+        """For a load over a loaded model (another model, or the same one with other settings): ``await
+        replacing(config)`` runs on the loop before the current model is unloaded (instead of the unload
+        hooks), and ``await done(client, "")`` once the new one is loaded, or ``await done(None, why)`` when
+        that load failed or was cancelled (no model is loaded then)."""
+        self._model_listeners.append((replacing, done))
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop everything (blocking; for the app's exit): the server, the engine process, the loop, the thread."""
@@ -139,8 +165,16 @@ class EngineWorker(QObject):
 
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
-        await self._unload(emit=False)
+        replacing = self.client is not None
+        if replacing:
+            for on_replacing, _ in self._model_listeners:
+                try:
+                    await on_replacing(config)
+                except Exception:
+                    log.exception("model listener failed")
+        await self._unload(emit=False, hooks=not replacing)
         self.config = config
+        self.restart_attempt, self._attempts, self.dead_reason = None, [], ""
         self._set_state(LOADING)
         self.loadProgress.emit("Starting the engine process…")
 
@@ -155,15 +189,18 @@ class EngineWorker(QObject):
         except asyncio.CancelledError:
             self._set_state(EMPTY)
             self.loadCancelled.emit()
+            await self._tell_loaded(None, "The load was cancelled.")
             return
         except KestrelError as e:
             self._set_state(FAILED)
             self.loadFailed.emit(_plain(e))
+            await self._tell_loaded(None, "The model could not be loaded.")
             return
         except Exception as e:
             log.exception("load failed")
             self._set_state(FAILED)
             self.loadFailed.emit(f"{type(e).__name__}: {e}")
+            await self._tell_loaded(None, "The model could not be loaded.")
             return
         finally:
             self._load_task = None
@@ -174,13 +211,21 @@ class EngineWorker(QObject):
         self._stats_task = asyncio.ensure_future(self._poll_stats(client))
         self._set_state(READY)
         self.loaded.emit(client.info)
+        await self._tell_loaded(client, "")
+
+    async def _tell_loaded(self, client, why: str) -> None:
+        for _, done in self._model_listeners:
+            try:
+                await done(client, why)
+            except Exception:
+                log.exception("model listener failed")
 
     def _cancel_load(self) -> None:
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
 
-    async def _unload(self, emit: bool) -> None:
-        for hook in self._unload_hooks:
+    async def _unload(self, emit: bool, hooks: bool = True) -> None:
+        for hook in self._unload_hooks if hooks else ():
             try:
                 await hook()
             except Exception:
@@ -193,6 +238,7 @@ class EngineWorker(QObject):
             self._stats_task = None
         for stream in list(self._streams.values()):
             stream.abort()
+        self.restart_attempt = None
         if client is not None:
             self.info = None
             await client.shutdown()
@@ -264,16 +310,38 @@ class EngineWorker(QObject):
             if self.state != DEAD:
                 self._set_state(DEAD)
                 self.engineDied.emit(detail)
+            attempt, most = self._count_attempt(client)
+            self.restart_attempt = (attempt, most)
             self.engineRestarting.emit(detail)
-            self.loadProgress.emit("Restarting the engine after a crash…")
+            self.restartAttempt.emit(attempt, most, detail)
+            self.loadProgress.emit(restart_text(attempt, most))
         elif state == "ready":
             self.info = client.info
+            self.restart_attempt = None
             self._set_state(READY)
             self.engineRestarted.emit(f"{detail} It runs again (restart {client.restarts}); the chat and the "
                                       "endpoint work as before.")
-        elif state == "dead" and self.state != DEAD:
+        elif state == "dead":
+            self._gave_up(detail or client.dead_reason or "The engine process stopped.")
+
+    def _count_attempt(self, client: EngineClient) -> tuple[int, int]:
+        """The restart about to be made: its number among those the policy counts (within its window), and
+        the most it allows."""
+        policy = client.restart_policy or self._restart_policy()
+        now = time.monotonic()
+        self._attempts = [t for t in self._attempts if t >= now - policy.window_s] + [now]
+        return len(self._attempts), max(policy.max_restarts, len(self._attempts))
+
+    def _gave_up(self, reason: str) -> None:
+        """The engine is dead and stays so: say why once (the state DEAD, engineDied, engineGaveUp)."""
+        if self.dead_reason:
+            return
+        self.restart_attempt = None
+        self.dead_reason = reason
+        if self.state != DEAD:
             self._set_state(DEAD)
-            self.engineDied.emit(detail or "The engine process stopped. Reload the model.")
+        self.engineDied.emit(reason)
+        self.engineGaveUp.emit(reason)
 
     async def _poll_stats(self, client: EngineClient) -> None:
         from engine.errors import EngineDeadError
@@ -282,12 +350,10 @@ class EngineWorker(QObject):
             if client is not self.client:
                 return
             if not client.is_alive:
-                if client.state == "restarting":  # the state listener reports it; the client comes back
+                if client.state not in ("dead", "closed"):  # restarting (or about to): the listener says so
                     await asyncio.sleep(self.stats_interval)
                     continue
-                if self.state != DEAD:
-                    self._set_state(DEAD)
-                    self.engineDied.emit(client.dead_reason or "The engine process stopped. Reload the model.")
+                self._gave_up(client.state_detail or client.dead_reason or "The engine process stopped.")
                 return
             try:
                 stats = await asyncio.wait_for(client.stats(), 30)
@@ -299,6 +365,11 @@ class EngineWorker(QObject):
             else:
                 self.statsUpdated.emit(stats)
             await asyncio.sleep(self.stats_interval)
+
+
+def restart_text(attempt: int, most: int) -> str:
+    """The one line the app shows while the engine restarts by itself."""
+    return f"Restarting engine… (attempt {attempt} of {most})"
 
 
 def _plain(e: BaseException) -> str:
