@@ -300,6 +300,21 @@ def tp_fits(tp: int, shape: ModelShape | None) -> bool:
     return tp_size_fits(tp, shape.num_attention_heads, shape.num_kv_heads)
 
 
+def tp_misfit(tp: int, shape: ModelShape | None) -> str:
+    """Why the model does not split over ``tp`` ranks, in words ("its 9 attention heads do not divide into 2 equal
+    groups"); "" when it does."""
+    if shape is None or tp_fits(tp, shape):
+        return ""
+    heads, kv = shape.num_attention_heads, shape.num_kv_heads
+    if heads % tp:
+        return f"its {heads} attention heads do not divide into {tp} equal groups"
+    if kv >= tp and kv % tp:
+        return f"its {kv} KV heads do not divide into {tp} equal groups"
+    if kv < tp and tp % kv:
+        return f"its {kv} KV heads can be neither split nor evenly copied over {tp} ranks"
+    return f"its MLP width ({shape.intermediate_size:,}) does not divide by {tp}"
+
+
 def tp_sizes(max_size: int, shape: ModelShape | None = None) -> list[int]:
     """Every TP size from 1 to ``max_size`` the model splits into."""
     return [tp for tp in range(1, max(1, max_size) + 1) if tp_fits(tp, shape)]

@@ -75,10 +75,19 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             return _Reader(mm, path).read()
-    except (struct.error, IndexError, UnicodeDecodeError, OverflowError, MemoryError) as e:
-        raise GGUFHeaderError(f"{path}: corrupt or truncated GGUF header ({e})") from None
+    except (struct.error, IndexError, UnicodeDecodeError, OverflowError, MemoryError):
+        raise GGUFHeaderError("the GGUF header is corrupt or cut short") from None
     except ValueError as e:  # mmap of an empty file
-        raise GGUFHeaderError(f"{path}: {e}") from None
+        if path.is_file() and path.stat().st_size == 0:
+            raise GGUFHeaderError("the file is empty") from None
+        raise GGUFHeaderError(str(e)) from None
+
+
+def first_bytes_words(head: bytes) -> str:
+    """The first bytes of a file as a person reads them: "FRP3" when they are printable, else hex ("00 1f 8b")."""
+    if head and all(32 <= b < 127 for b in head):
+        return '"' + head.decode("ascii") + '"'
+    return " ".join(f"{b:02x}" for b in head) or "nothing"
 
 
 class _Reader:
@@ -90,7 +99,7 @@ class _Reader:
     def _take(self, fmt: str):
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.mm):
-            raise GGUFHeaderError(f"{self.path}: truncated GGUF header")
+            raise GGUFHeaderError("the GGUF header is cut short (the file is truncated)")
         (value,) = struct.unpack_from(fmt, self.mm, self.pos)
         self.pos += size
         return value
@@ -98,7 +107,7 @@ class _Reader:
     def _string(self) -> str:
         n = self._take("<Q")
         if self.pos + n > len(self.mm):
-            raise GGUFHeaderError(f"{self.path}: truncated GGUF header")
+            raise GGUFHeaderError("the GGUF header is cut short (the file is truncated)")
         s = bytes(self.mm[self.pos:self.pos + n]).decode("utf-8")
         self.pos += n
         return s
@@ -123,18 +132,19 @@ class _Reader:
                     for _ in range(n):
                         self._skip_string()
                 else:
-                    raise GGUFHeaderError(f"{self.path}: nested arrays in {key}")
+                    raise GGUFHeaderError(f"the GGUF header is corrupt (nested arrays in {key})")
                 return None
             return [self._value(etype, key, skipped) for _ in range(n)]
-        raise GGUFHeaderError(f"{self.path}: unknown metadata value type {vtype} ({key})")
+        raise GGUFHeaderError(f"the GGUF header is corrupt (unknown value type {vtype} for {key})")
 
     def read(self) -> GGUFHeader:
         if bytes(self.mm[:4]) != MAGIC:
-            raise GGUFHeaderError(f"{self.path}: not a GGUF file (bad magic)")
+            raise GGUFHeaderError(f"not a GGUF file (it starts with {first_bytes_words(bytes(self.mm[:4]))}, "
+                                  'where a GGUF file starts with "GGUF")')
         self.pos = 4
         version = self._take("<I")
         if version not in (2, 3):
-            raise GGUFHeaderError(f"{self.path}: GGUF version {version} is not supported")
+            raise GGUFHeaderError(f"GGUF version {version} is not supported (versions 2 and 3 are)")
         n_tensors = self._take("<Q")
         n_kv = self._take("<Q")
         metadata: dict[str, Any] = {}

@@ -63,8 +63,12 @@ def _inspect_gguf(path: Path) -> ModelFacts:
     facts = ModelFacts(path=path, format="gguf", name=path.name.removesuffix(".gguf"), size_bytes=_size(path))
     try:
         header = read_gguf_header(path)
-    except (GGUFHeaderError, OSError) as e:
+    except GGUFHeaderError as e:
         facts.supported, facts.reason, facts.readable = False, str(e), False
+        return facts
+    except OSError as e:  # the path is shown beside the reason: not in it again
+        facts.supported, facts.readable = False, False
+        facts.reason = f"the file cannot be read ({e.strerror or type(e).__name__})"
         return facts
     md = header.metadata
     arch = header.architecture

@@ -64,6 +64,8 @@ NONE_TEXT = {"max_model_len": "model's (≤ 8192)", "kv_cache_memory_gib": "auto
 SUFFIXES = {"kv_cache_memory_gib": " GiB", "max_model_len": " tokens"}
 ENGINE_DEFAULT_CONTEXT_CAP = 8192
 GPU_KERNELS_REASON = "runs on the GPU kernels"
+# the strategies that need GPUs: on the CPU the ranks all-reduce through shared memory (host, int8)
+GPU_COMM_REASONS = {"nccl": "needs NVIDIA GPUs", "overlap": "needs a GPU's second stream"}
 # what a chosen quantization does to the linear layers, for the estimate's note ({dtype}: the load dtype)
 # (the engine puts the LM head in int8 under every GPU mode: engine/layers/embedding.py quantize_head)
 GPU_QUANT_NOTES = {
@@ -146,6 +148,8 @@ class LoadPanel(QWidget):
         self._applying = False
         self._last_tp = 1  # the TP size shown before the last change: an invalid one steps on in its direction
         self._stage = ""
+        self._fit_problem = ""
+        self._previous = None  # (key, EngineConfig) of the model a load replaces, to bring it back if that fails
         self._tick = QTimer(self)  # the engine says when loading starts and ends: show the time in between
         self._tick.setInterval(500)
         self._tick.timeout.connect(self._show_elapsed)
@@ -236,9 +240,13 @@ class LoadPanel(QWidget):
         self.cancel_button.clicked.connect(self.cancel_load)
         self.unload_button = QPushButton("Unload")
         self.unload_button.clicked.connect(self.unload)
+        self.reload_button = QPushButton("Load the model before again")
+        self.reload_button.clicked.connect(self.reload_previous)
+        self.reload_button.hide()
         actions.addWidget(self.load_button)
         actions.addWidget(self.cancel_button)
         actions.addWidget(self.unload_button)
+        actions.addWidget(self.reload_button)
         actions.addStretch(1)
         root.addLayout(actions)
         self.progress = QProgressBar()
@@ -275,10 +283,15 @@ class LoadPanel(QWidget):
 
     def _add_item(self, e: LibraryEntry) -> None:
         facts = e.facts
+        self.model_combo.addItem("", e.key)
+        self._label_item(self.model_combo.count() - 1, e)
+
+    def _label_item(self, i: int, e: LibraryEntry) -> None:
+        facts = e.facts
         bits = [b for b in (facts.quantization_name or facts.quantization, fit.human_bytes(facts.size_bytes)) if b]
-        text = f"{e.name}  —  {', '.join(bits)}" + ("" if facts.supported else "  (not supported)")
-        self.model_combo.addItem(text, e.key)
-        self.model_combo.setItemData(self.model_combo.count() - 1, facts.reason or str(facts.path), Qt.ToolTipRole)
+        text = f"{e.name}  —  {', '.join(bits)}" + ("" if facts.supported else "  (cannot be loaded)")
+        self.model_combo.setItemText(i, text)
+        self.model_combo.setItemData(i, facts.reason or str(facts.path), Qt.ToolTipRole)
 
     def all_entries(self) -> list[LibraryEntry]:
         return self.entries + list(self.extra.values())
@@ -327,9 +340,12 @@ class LoadPanel(QWidget):
         lines.append(" · ".join(f"{k}: {v}" for k, v in details if v))
         lines.append(f'<span style="color:#6b7280">{facts.path}</span>')
         self.summary.setText("<br>".join(lines))
-        self.model_warning.setText("" if facts.supported else f"Kestrel may not load this model: {facts.reason}")
+        self.model_warning.setText("" if facts.supported else f"Kestrel cannot load this: {facts.reason}")
         self.model_warning.setVisible(not facts.supported)
+        self._update_load_button()
         saved = self.ctx.store.model_settings(e.key).get("engine", {})
+        self.form.set_field_note("tensor_parallel_size", "")
+        self._last_tp = saved.get("tensor_parallel_size") or 1
         self.form.set_values(saved)
         self._apply_availability()
 
@@ -365,8 +381,14 @@ class LoadPanel(QWidget):
         else:
             f.set_field_enabled("comm_strategy", True)
             for c in f.main.specs["comm_strategy"].choices:
-                if c != "auto":
-                    f.set_choice_enabled("comm_strategy", c, c in caps.comm_strategies, "not in this engine yet")
+                if c == "auto":
+                    continue
+                if c not in caps.comm_strategies:
+                    f.set_choice_enabled("comm_strategy", c, False, "not in this engine yet")
+                elif not on_gpu and c in GPU_COMM_REASONS:  # only what runs on the CPU ranks
+                    f.set_choice_enabled("comm_strategy", c, False, GPU_COMM_REASONS[c])
+                else:
+                    f.set_choice_enabled("comm_strategy", c, True)
         self._apply_quantization_choices(on_gpu)
         f.set_field_enabled("gpu_memory_utilization", on_gpu, "applies when the model runs on a GPU")
         f.set_field_enabled("kv_cache_memory_gib", not on_gpu, "applies when the model runs on the CPU")
@@ -419,18 +441,26 @@ class LoadPanel(QWidget):
             f.set_field_enabled("tensor_parallel_size", False, reason)
             self._last_tp = 1
             return
-        editor.setMaximum(sizes[-1])
+        # any size up to the limit may be typed: one the model does not split into is replaced by the next that does
+        # (in the direction the value moved), and the note beside the field says why and which sizes work
+        editor.setMaximum(limit)
         tp = f.values().get("tensor_parallel_size") or 1
+        works = ", ".join(map(str, sizes))
         if tp not in sizes:
             up = [s for s in sizes if s > tp]
             down = [s for s in sizes if s < tp]
-            tp = (up[0] if up else sizes[-1]) if tp > self._last_tp else (down[-1] if down else sizes[0])
-            f.set_value("tensor_parallel_size", tp)
+            new = (up[0] if up else sizes[-1]) if tp > self._last_tp else (down[-1] if down else sizes[0])
+            why = fit.tp_misfit(tp, shape) or "it does not split this model"
+            f.set_field_note("tensor_parallel_size", f"{tp} is not possible: {why}. Using {new}; sizes that work "
+                                                     f"here: {works}.")
+            f.set_value("tensor_parallel_size", new)
+            tp = new
+        elif tp != self._last_tp:
+            f.set_field_note("tensor_parallel_size", "")
         self._last_tp = tp
         f.set_field_enabled("tensor_parallel_size", True)
         editor.setToolTip(editor.toolTip() + "\nSizes this model splits into"
-                          + (" on these GPUs: " if on_gpu else " (CPU ranks share the cores): ")
-                          + ", ".join(map(str, sizes)))
+                          + (" on these GPUs: " if on_gpu else " (CPU ranks share the cores): ") + works)
 
     def _device(self) -> str:
         device = self.form.values().get("device") or "auto"
@@ -442,6 +472,7 @@ class LoadPanel(QWidget):
         self._apply_availability()
 
     def _update_estimate(self) -> None:
+        self._fit_problem = ""  # set when the estimate says the model does not fit (the Load check refuses then)
         e = self.entry(self.current_key())
         if e is None:
             self.estimate.setText("")
@@ -470,20 +501,41 @@ class LoadPanel(QWidget):
         if on_gpu:
             text = self._gpu_estimate(facts, wb, quant, dtype, context, tp)
         else:
-            weights = wb.total
-            ram = snap.ram_total if snap is not None else None
-            kv_pool = int((values.get("kv_cache_memory_gib") or 2.0) * fit.GIB)  # the engine's CPU default: 2 GiB
-            per_token = facts.shape.kv_bytes_per_token(fit.DTYPE_BYTES[dtype]) if facts.shape else None
-            total = weights + kv_pool + int(fit.CPU_OVERHEAD)
-            room = (f" (room for about {kv_pool // per_token:,} tokens: {kv_pool // per_token // context:,} "
-                    f"sequences of {context:,})" if per_token else "")
-            verdict = "" if ram is None else (" It fits in this machine's memory." if total <= ram else
-                                               " That is more than this machine's memory.")
-            text = (f"About {fit.gib(total)} of RAM ({dtype}, CPU): weights {fit.gib(weights)}, KV cache "
-                    f"{fit.gib(kv_pool)}{room}, overhead {fit.gib(fit.CPU_OVERHEAD)}"
-                    f"{'; this machine has ' + fit.gib(ram) if ram else ''}.{verdict}")
+            text = self._cpu_estimate(facts, wb, dtype, context, tp, values)
         text += f"\n{note}" if note else ""
         self.estimate.setText(text.replace(" GiB", "\u00a0GiB"))  # a size never wraps from its unit
+
+    def _cpu_estimate(self, facts, wb: fit.WeightBytes, dtype: str, context: int, tp: int, values: dict) -> str:
+        """RAM for a CPU load. Each tensor-parallel rank is a process with its own KV-cache pool of the chosen size
+        (engine ModelRunner._fixed_kv_blocks, then the executor takes the ranks' minimum) and its own overhead; a
+        rank holds only its share of the KV heads, so the pool has room for more tokens."""
+        snap = self.ctx.hardware_snapshot
+        ram = snap.ram_total if snap is not None else None
+        kv_pool = int((values.get("kv_cache_memory_gib") or 2.0) * fit.GIB)  # the engine's CPU default: 2 GiB
+        per_token = facts.shape.kv_bytes_per_token(fit.DTYPE_BYTES[dtype], tp) if facts.shape else None
+        total = wb.total + tp * (kv_pool + int(fit.CPU_OVERHEAD))
+        tokens = kv_pool // per_token if per_token else 0
+        room = f"room for about {tokens:,} tokens: {tokens // context:,} sequences of {context:,}" if per_token else ""
+        if tp > 1:
+            share = ""
+            if facts.shape is not None:
+                heads = max(1, -(-facts.shape.num_kv_heads // tp))
+                share = f"each holds {heads} of the {facts.shape.num_kv_heads} KV heads, so "
+            kv = (f"KV cache {tp} x {fit.gib(kv_pool)} (one pool per rank; {share}"
+                  f"{room or 'room for more tokens per pool'})")
+            where, over = f"CPU, {tp} ranks", f"{tp} x {fit.gib(fit.CPU_OVERHEAD)}"
+            weights = f"weights {fit.gib(wb.total)} split over the ranks"
+        else:
+            kv = f"KV cache {fit.gib(kv_pool)}" + (f" ({room})" if room else "")
+            where, over = "CPU", fit.gib(fit.CPU_OVERHEAD)
+            weights = f"weights {fit.gib(wb.total)}"
+        if ram is not None and total > ram:
+            self._fit_problem = (f"it needs about {fit.gib(total)} of RAM and this machine has {fit.gib(ram)} "
+                                 "(a smaller KV-cache memory, int8 weights or fewer ranks need less)")
+        verdict = "" if ram is None else (" It fits in this machine's memory." if total <= ram else
+                                           " That is more than this machine's memory.")
+        return (f"About {fit.gib(total)} of RAM ({dtype}, {where}): {weights}, {kv}, overhead {over}"
+                f"{'; this machine has ' + fit.gib(ram) if ram else ''}.{verdict}")
 
     def _weights(self, facts, quant: str, dtype: str, gpu: bool) -> fit.WeightBytes | None:
         return fit.weights_bytes(facts.num_params, dtype, facts.size_bytes,
@@ -519,6 +571,8 @@ class LoadPanel(QWidget):
             have = "the GPU has" if n == 1 else "the GPUs have"
             tries = self._fit_suggestions(facts, wb, quant, dtype, context, tp, util)
             head = f"Does not fit: needs {need}, {have} {box} ({fit.gib(cap)} at the {util:.0%} share); {tries}."
+            self._fit_problem = (f"it needs {need} of GPU memory, {have} {box} ({fit.gib(cap)} at the {util:.0%} "
+                                 f"share); {tries}")
         if wb.from_file:
             what = "about the files' size"
         elif quant in GPU_QUANT_NOTES:
@@ -615,10 +669,55 @@ class LoadPanel(QWidget):
         values = {k: v for k, v in self.form.values().items() if v is not None}
         return EngineConfig(model=(e.model_ref or None) if e is not None else None, **values)
 
-    def load_selected(self) -> None:
+    def load_problem(self) -> str:
+        """Why the selected model must not replace the one loaded, checked now, before anything is unloaded: its
+        file read again (the header, the architecture, the tensor types: a file can change after the library
+        scan), and the memory estimate's verdict for the chosen options. "" when it may load."""
+        e = self.entry(self.current_key())
+        if e is None:
+            return ""
+        fresh = inspect_model(e.facts.path)
+        if fresh.supported != e.facts.supported or fresh.reason != e.facts.reason:
+            e.facts = fresh  # what the file is now: the summary, the warning and the estimate follow
+            self._label_item(self.model_combo.currentIndex(), e)
+            self._on_model_selected(self.model_combo.currentIndex())
+        if not fresh.supported:
+            return f"Kestrel cannot load {e.name}: {fresh.reason}"
+        self._update_estimate()
+        if self._fit_problem:
+            return f"{e.name} does not fit: {self._fit_problem}."
+        return ""
+
+    def load_selected(self) -> bool:
+        """Load the selected model with the form's options, after load_problem's check: a model that cannot load
+        is refused here, and the one loaded (if any) keeps working."""
         key = self.current_key() or EMBEDDED_KEY
+        problem = self.load_problem()
+        if problem:
+            info = self.engine.info if self.engine.state == READY else None
+            kept = f"\n{info.name} is still loaded." if info is not None else ""
+            self._show_message(f"Not loaded. {problem}{kept}", "errorBox")
+            self._update_load_button()
+            return False
         self.ctx.store.update_model_settings(key, engine=self.form.values())
+        self._previous = (self.ctx.model_key, self.engine.config) if self.engine.state == READY else None
         self.ctx.load_model(key, self.config())
+        return True
+
+    def _update_load_button(self) -> None:
+        """Load is off while loading, and for a model Kestrel cannot load (the reason in its tooltip)."""
+        e = self.entry(self.current_key())
+        bad = e is not None and not e.facts.supported
+        self.load_button.setEnabled(self.engine.state != LOADING and not bad)
+        self.load_button.setToolTip(f"Kestrel cannot load this: {e.facts.reason}" if bad else
+                                    "Load the chosen model (the model loaded now is unloaded first)")
+
+    def reload_previous(self) -> None:
+        """After a failed load: load again the model that the failed one replaced, with its settings."""
+        if self._previous is not None:
+            key, config = self._previous
+            self._previous = None
+            self.ctx.load_model(key or EMBEDDED_KEY, config)
 
     # (the engine worker lives on its own thread: a button wired straight to it would queue the call there)
     def cancel_load(self) -> None:
@@ -645,7 +744,8 @@ class LoadPanel(QWidget):
         self.progress_label.setVisible(loading)
         self.cancel_button.setVisible(loading)
         self.unload_button.setEnabled(state in (READY, DEAD))
-        self.load_button.setEnabled(not loading)
+        self._update_load_button()
+        self.reload_button.hide()
         if loading:
             self.message.hide()
         if state == EMPTY and self.message.isHidden():
@@ -678,6 +778,7 @@ class LoadPanel(QWidget):
         self._show_message(f"The engine stopped: {why}\nPress Load to start it again.", "errorBox")
 
     def _on_loaded(self, info) -> None:
+        self._previous = None
         took = time.monotonic() - self._load_started if self._load_started else info.load_time
         config = self.ctx.engine.config
         quant = getattr(config, "quantization", None) if config is not None else None
@@ -691,7 +792,14 @@ class LoadPanel(QWidget):
             f"{info.num_kv_blocks:,} KV blocks of {info.block_size} tokens, in {took:.1f} s.{graphs_text}", "okBox")
 
     def _on_failed(self, message: str) -> None:
-        self._show_message(f"The model could not be loaded.\n{message}", "errorBox")
+        previous = self._previous
+        before = ""
+        if previous is not None and previous[1] is not None:
+            name = self.entry(previous[0]).name if self.entry(previous[0]) is not None else "the model before"
+            before = f"\n{name} was unloaded before this model was tried: the button below loads it again."
+            self.reload_button.setText(f"Load {name} again")
+        self._show_message(f"The model could not be loaded.\n{message}{before}", "errorBox")
+        self.reload_button.setVisible(bool(before))
 
     def _show_message(self, text: str, kind: str) -> None:
         self.message.setObjectName(kind)
@@ -736,6 +844,9 @@ class ConfigFormPair:
 
     def set_choice_enabled(self, name: str, choice: str, enabled: bool, reason: str = "") -> None:
         self._owner(name).set_choice_enabled(name, choice, enabled, reason)
+
+    def set_field_note(self, name: str, note: str) -> None:
+        self._owner(name).set_field_note(name, note)
 
 
 class _MergedSignal:

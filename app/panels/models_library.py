@@ -39,7 +39,7 @@ class LibraryTab(QWidget):
         self.status = status
         lay = QVBoxLayout(self)
         bar = QHBoxLayout()
-        for text, slot in (("Refresh", self.library.refresh), ("Add GGUF file…", self._add_file),
+        for text, slot in (("Refresh", self.library.refresh), ("Add GGUF file…", self.add_file),
                            ("Open models folder", self._open_models_folder)):
             b = QPushButton(text)
             b.clicked.connect(slot)
@@ -56,14 +56,24 @@ class LibraryTab(QWidget):
         lay.addLayout(bar)
         # the names sized to their text; the engine support column takes what is left (a long "no: ..." is
         # elided, whole in its tooltip) instead of squeezing the names to "SmolL..." (issue 14 item 5)
+        # (issue 45 row 14: the reason wraps in its row, which grows to hold it; the selected one is also shown
+        # whole below the table)
         self.table = table(COLUMNS, stretch=COLUMNS.index("Engine support"))
+        self.table.setWordWrap(True)
         self.table.setTextElideMode(Qt.ElideRight)
+        self.table.horizontalHeader().sectionResized.connect(self._fit_rows)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.itemDoubleClicked.connect(self._on_double_click)
         self.table.setContextMenuPolicy(Qt.CustomContextMenu)
         self.table.customContextMenuRequested.connect(self._context_menu)
         self.table.installEventFilter(self)  # the Delete key: remove (added file) or delete
         lay.addWidget(self.table, 1)
+        self.reason_note = QLabel()  # the selected file's whole reason, where the column has to cut it
+        self.reason_note.setObjectName("warningBox")
+        self.reason_note.setWordWrap(True)
+        self.reason_note.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.reason_note.hide()
+        lay.addWidget(self.reason_note)
         missing = QHBoxLayout()
         self.missing_note = QLabel()
         self.missing_note.setObjectName("hint")
@@ -99,8 +109,12 @@ class LibraryTab(QWidget):
             for c, it in enumerate(cells):
                 it.setData(Qt.UserRole, e.key)
                 self.table.setItem(r, c, it)
+        self._fit_rows()
         self._update_buttons()
         self._update_missing()
+
+    def _fit_rows(self, *_args) -> None:
+        self.table.resizeRowsToContents()
 
     def _update_missing(self) -> None:
         gone = missing_added(self.library.added_files())
@@ -144,7 +158,7 @@ class LibraryTab(QWidget):
         if e is None:
             return
         menu = QMenu(self)
-        menu.addAction("Load…", self.load_selected)
+        menu.addAction("Load…", self.load_selected).setEnabled(e.facts.supported)
         if e.source == "added":
             menu.addAction("Remove from list (the file stays)", self.remove_selected_from_list)
         elif e.deletable:
@@ -172,7 +186,7 @@ class LibraryTab(QWidget):
 
     def load_selected(self) -> None:
         e = self.selected_entry()
-        if e is not None:
+        if e is not None and e.facts.supported:
             self.ctx.open_in_load_panel(e.key)
 
     def delete_selected(self, confirm: bool = True) -> None:
@@ -199,7 +213,12 @@ class LibraryTab(QWidget):
 
     def _update_buttons(self) -> None:
         e = self.selected_entry()
-        self.load_button.setEnabled(e is not None)
+        bad = e is not None and not e.facts.supported
+        self.load_button.setEnabled(e is not None and not bad)
+        self.load_button.setToolTip(f"Kestrel cannot load {e.name}: {e.facts.reason}" if bad else
+                                    "Open the selected model in the Load panel")
+        self.reason_note.setText(f"Kestrel cannot load {e.name}: {e.facts.reason}" if bad else "")
+        self.reason_note.setVisible(bad)
         self.delete_button.setEnabled(e is not None and e.source != "embedded")
         self.delete_button.setText("Remove from list" if e is not None and e.source == "added" else "Delete")
 
@@ -209,7 +228,7 @@ class LibraryTab(QWidget):
     def _on_scan_failed(self, message: str) -> None:
         self.status(f"Could not read the library: {message}", error=True)
 
-    def _add_file(self) -> None:
+    def add_file(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF file", "", "GGUF models (*.gguf)")
         if path:
             self.library.add_file(path)

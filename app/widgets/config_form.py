@@ -61,6 +61,7 @@ class ConfigForm(QWidget):
         self.specs = {s.name: s for s in field_specs(cls) if s.name in names}
         self.editors: dict[str, QWidget] = {}
         self.reasons: dict[str, QLabel] = {}
+        self.notes: dict[str, str] = {}  # shown beside an enabled field (set_field_note)
         labels, ranges, none_text = labels or {}, ranges or {}, none_text or {}
         choice_labels, suffixes = choice_labels or {}, suffixes or {}
         self.form = QFormLayout(self)
@@ -169,9 +170,23 @@ class ConfigForm(QWidget):
             return
         w.setEnabled(enabled)
         label = self.reasons[name]
-        label.setText("" if enabled else reason)
-        label.setVisible(not enabled and bool(reason))
+        text = self.notes.get(name, "") if enabled else reason
+        label.setText(text)
+        label.setVisible(bool(text))
         w.setToolTip(self.specs[name].help + ("" if enabled or not reason else f"\nUnavailable: {reason}"))
+
+    def set_field_note(self, name: str, note: str) -> None:
+        """A word beside an enabled field (why the value just changed, what it accepts); the reason of a disabled
+        field takes its place while the field is off."""
+        if name not in self.editors:
+            return
+        self.notes[name] = note
+        if self.editors[name].isEnabled():
+            self.reasons[name].setText(note)
+            self.reasons[name].setVisible(bool(note))
+
+    def field_note(self, name: str) -> str:
+        return self.notes.get(name, "")
 
     def set_choice_enabled(self, name: str, choice: str, enabled: bool, reason: str = "") -> None:
         w = self.editors.get(name)
@@ -200,4 +215,4 @@ class ConfigForm(QWidget):
         return bool(item.isEnabled())
 
     def disabled_reason(self, name: str) -> str:
-        return self.reasons[name].text()
+        return "" if self.editors[name].isEnabled() else self.reasons[name].text()

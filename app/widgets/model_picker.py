@@ -11,6 +11,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox
 
 from app.context import AppContext
+from app.model_inspect import inspect_model
 from app.workers.engine_worker import DEAD, LOADING, READY
 from engine.config import EngineConfig
 
@@ -78,6 +79,11 @@ class ModelPicker(QComboBox):
         """Load the library's model ``key`` as the Load panel would (its saved engine settings)."""
         entry = self.ctx.library.find(key)
         if entry is None or not entry.facts.supported:
+            return False
+        fresh = inspect_model(entry.facts.path)  # read again before the loaded model is unloaded
+        if not fresh.supported:
+            entry.facts = fresh
+            self.problem.emit(f"Cannot load {entry.name}: {fresh.reason}")
             return False
         names = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
         saved = self.ctx.store.model_settings(key).get("engine", {})

@@ -36,16 +36,34 @@ def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot, mo
     if w.ctx.num_gpus == 0:  # this machine: tensor parallelism on the CPU (the ranks are processes sharing the cores)
         # the embedded SmolLM2-135M has 9 attention heads and 3 KV heads: TP 1 or 3 (up to the form's 8)
         assert main.is_field_enabled("tensor_parallel_size")
-        assert main.editors["tensor_parallel_size"].maximum() == 3
-        assert "splits into (CPU ranks share the cores): 1, 3" in main.editors["tensor_parallel_size"].toolTip()
+        tp_editor = main.editors["tensor_parallel_size"]
+        assert tp_editor.maximum() == 8  # any size may be typed; one that does not split the model is explained
+        assert "splits into (CPU ranks share the cores): 1, 3" in tp_editor.toolTip()
+        assert main.field_note("tensor_parallel_size") == ""
         assert not main.is_field_enabled("comm_strategy")
         assert main.disabled_reason("comm_strategy") == "applies with tensor-parallel size 2 or more"
-        main.editors["tensor_parallel_size"].stepUp()  # 2 does not split the heads: on to 3
+        tp_editor.stepUp()  # 2 does not split the heads: on to 3, and the note beside the field says why
         assert load.form.values()["tensor_parallel_size"] == 3
+        note = main.field_note("tensor_parallel_size")
+        assert note == ("2 is not possible: its 9 attention heads do not divide into 2 equal groups. Using 3; sizes "
+                        "that work here: 1, 3."), note
+        assert not main.reasons["tensor_parallel_size"].isHidden() and main.reasons["tensor_parallel_size"].text() == note
         assert main.is_field_enabled("comm_strategy")
-        main.editors["tensor_parallel_size"].stepDown()  # and back past 2 to 1
+        # no GPU: only the strategies the CPU ranks can run (NCCL and the second stream's overlap need GPUs)
+        assert not main.is_choice_enabled("comm_strategy", "nccl")
+        assert "needs NVIDIA GPUs" in main.editors["comm_strategy"].itemText(1)
+        assert not main.is_choice_enabled("comm_strategy", "overlap")
+        assert main.is_choice_enabled("comm_strategy", "host") and main.is_choice_enabled("comm_strategy", "int8")
+        tp_editor.setValue(5)  # typed: 5 does not split the 9 heads either, and nothing larger does
+        assert load.form.values()["tensor_parallel_size"] == 3
+        assert main.field_note("tensor_parallel_size").startswith("5 is not possible: its 9 attention heads")
+        load.form.set_value("kv_cache_memory_gib", 1.0)  # another option changed: the note stays
+        assert main.field_note("tensor_parallel_size").startswith("5 is not possible")
+        tp_editor.stepDown()  # and back past 2 to 1
         assert load.form.values()["tensor_parallel_size"] == 1
+        assert main.field_note("tensor_parallel_size").startswith("2 is not possible")
         assert not main.is_field_enabled("comm_strategy")
+        load.form.set_value("kv_cache_memory_gib", None)
     assert [main.editors["comm_strategy"].itemData(i) for i in range(5)] == ["auto", "nccl", "int8", "host", "overlap"]
     if w.ctx.num_gpus == 0:  # this machine: no GPU
         assert not main.is_choice_enabled("device", "cuda")
@@ -181,7 +199,10 @@ def test_garbage_file_is_no_model_and_no_estimate(make_window, qtbot, tmp_path):
     text = load.estimate.text()
     assert "Cannot tell" in text and "not a model file" in text, text
     assert "fits" not in text and "GiB" not in text
-    assert not load.model_warning.isHidden() and "bad magic" in load.model_warning.text()
+    warning = load.model_warning.text()
+    assert not load.model_warning.isHidden() and "not a GGUF file (it starts with" in warning, warning
+    assert str(junk) not in warning  # the path is in the summary above, once
+    assert not load.load_button.isEnabled() and "not a GGUF file" in load.load_button.toolTip()
     # a real model still gets its estimate
     qtbot.waitUntil(lambda: load.model_combo.findData(EMBEDDED_KEY) >= 0, timeout=30_000)
     load.select_key(EMBEDDED_KEY)
