@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = {
@@ -18,6 +19,25 @@ SUPPORTED_ARCHITECTURES = {
 # The names of --comm-strategy, defined once: engine/parallel/comm/group.py implements them, engine/capabilities.py
 # publishes them and the app's Load form offers them (this module is torch-free).
 COMM_STRATEGIES = ("auto", "nccl", "int8", "host", "overlap")
+
+
+# --quantization's choices (auto first: the default). The app's Load form offers them (this module is torch-free).
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "fp8", "gguf")
+# The GGUF types the native CPU kernels compute on (engine/ops/gguf_quant.py TYPES; a test holds the two equal), for
+# what --quantization auto does with a .gguf file, torch-free for the app.
+GGUF_KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def auto_quantization(device_type: str, gguf_types: Collection[str] | None, native: bool) -> str:
+    """What ``--quantization auto`` loads: "gguf" (the file's blocks kept, engine/loader/gguf.py) for a .gguf file
+    on the CPU where the native kernels are there (``native``) and one of the types of its 2-D tensors
+    (``gguf_types``: names such as "Q4_1"; None for a checkpoint that is not a .gguf file) has a kernel (tensors of
+    other types are dequantized, as under gguf); else "none": a GGUF file dequantized to the dtype (a GPU's path, or
+    a CPU without the native kernels, or a float file), a Hugging Face checkpoint as it is (float weights, or a GPTQ
+    / AWQ / FP8 checkpoint's own quantized ones)."""
+    if device_type == "cpu" and native and gguf_types is not None and set(gguf_types) & set(GGUF_KERNEL_TYPES):
+        return "gguf"
+    return "none"
 
 
 def tp_size_fits(size: int, num_heads: int, num_kv_heads: int) -> bool:
@@ -115,15 +135,19 @@ class EngineConfig:
     dtype: str = _opt("Weights and activations dtype", default="auto",
                       choices=["auto", "float32", "bfloat16", "float16"])
     device: str = _opt("Device", default="auto", choices=["auto", "cpu", "cuda"])
-    quantization: str = _opt("Weights quantized while loading: none (the checkpoint's own weights: float, or a GPTQ / "
-                             "AWQ / FP8 checkpoint's quantized ones; a GGUF file's blocks dequantized to the dtype), "
-                             "int8 (weight-only; CPU: one scale per 32 weights, GPU: one per output channel), int4 "
-                             "(GPU: weight-only, groups of 128 with a scale and zero point), fp8 (GPU with fp8 tensor "
-                             "cores, sm_89+: e4m3 weights with a scale per channel, activations quantized per token "
-                             "for prefills) or gguf (a .gguf file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K "
-                             "linear weights kept as their blocks for the CPU kernels: about the file's size in "
-                             "memory, faster decode; greedy outputs may then change with batching)", default="none",
-                             choices=["none", "int8", "int4", "fp8", "gguf"])
+    quantization: str = _opt("Weights quantized while loading: auto (the default: a .gguf file's blocks kept for "
+                             "the CPU kernels where this CPU runs them and the file has a type they take, as gguf "
+                             "below; a GPTQ / AWQ / FP8 checkpoint's own scheme; float weights as they are: what "
+                             "none does everywhere else, a GPU included), none (the checkpoint's own weights: float, "
+                             "or a GPTQ / AWQ / FP8 checkpoint's quantized ones; a GGUF file's blocks dequantized "
+                             "to the dtype), int8 (weight-only; CPU: one scale per 32 weights, GPU: one per output "
+                             "channel), int4 (GPU: weight-only, groups of 128 with a scale and zero point), fp8 "
+                             "(GPU with fp8 tensor cores, sm_89+: e4m3 weights with a scale per channel, "
+                             "activations quantized per token for prefills) or gguf (a .gguf file's Q4_0 / Q4_1 / "
+                             "Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K linear weights kept as their blocks for the CPU "
+                             "kernels: about the file's size in memory, faster decode; the kernels quantize "
+                             "activations per block, so a greedy output may change with what it is batched with "
+                             "unless --deterministic)", default="auto", choices=list(QUANTIZATIONS))
     max_model_len: int | None = _opt("Context length (default: the model's, capped at 8192)")
     block_size: int | None = _opt("KV-cache block size in tokens (default: 64 on a GPU, where the prefill "
                                   "attention kernel copies a key tile out of one block with TMA; 16 on the CPU)")

@@ -145,7 +145,9 @@ def hf_tokenizer():
 
 @pytest.fixture(scope="session")
 def smollm2_fp32():
-    """One float32 engine on the embedded model, shared by the engine tests (loading takes seconds)."""
+    """One float32 engine on the embedded model, its GGUF blocks dequantized (``quantization="none"``: float weights,
+    whose greedy outputs the tests hold to transformers' and to batching), shared by the engine tests (loading takes
+    seconds)."""
     from engine import LLM
 
-    return LLM(dtype="float32")
+    return LLM(dtype="float32", quantization="none")

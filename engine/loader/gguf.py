@@ -5,9 +5,10 @@ transformers' GGUF loader produces (its q/k un-permutation included).
 Linear weights of a type with a native CPU kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K:
 engine/ops/gguf_quant.py) can instead be
 read as their blocks (``quantized_slice``), which the CPU linear layers keep as they are: the model then takes
-about the file's size in memory. Opt-in (``--quantization gguf``: the model runner sets ``keep_quantized``), because
-the kernels quantize activations per block, llama.cpp's way, so a request's greedy output may change with what it
-is batched with; types without a kernel are dequantized, with a log line per type."""
+about the file's size in memory. The default on the CPU (``--quantization auto``, or ``gguf``: the model runner sets
+``keep_quantized``; ``none`` dequantizes every tensor at load). The kernels quantize activations per block, llama.cpp's
+way, so a request's greedy output may change with what it is batched with (``--deterministic`` keeps it invariant);
+types without a kernel are dequantized, with a log line per type."""
 
 from __future__ import annotations
 
@@ -247,7 +248,7 @@ class GGUFWeights(WeightSource):
     def __init__(self, gf: GGUFFile, num_heads: int, num_kv_heads: int):
         self.path = gf.path
         self.file = gf
-        self.keep_quantized = False  # --quantization gguf: quantized_slice hands out the blocks
+        self.keep_quantized = False  # --quantization gguf / auto on the CPU: quantized_slice hands out the blocks
         arch = gf.metadata.get("general.architecture")
         self._permute = arch == "llama"  # llama.cpp permutes q/k for llama-arch files only
         self._heads = {"self_attn.q_proj": num_heads, "self_attn.k_proj": num_kv_heads}
@@ -283,6 +284,11 @@ class GGUFWeights(WeightSource):
     def quant_type(self, name: str) -> str:
         """The GGUF storage type of a tensor, e.g. 'Q4_1'."""
         return self._info(name).type_name
+
+    def matrix_types(self) -> set[str]:
+        """The GGUF storage types of the model's 2-D tensors (linear weights, token table, LM head), e.g.
+        {'Q4_1', 'Q8_0'}: what ``--quantization auto`` looks at (engine.config.auto_quantization)."""
+        return {info.type_name for info in self._map.values() if len(info.shape) == 2}
 
     def _row_order(self, name: str, info: GGUFTensorInfo) -> np.ndarray | None:
         if not self._permute:
@@ -343,8 +349,8 @@ class GGUFWeights(WeightSource):
         (uint8 [rows, k / block * type_size], a copy), when the tensor's ggml type is one of
         ``kernel_types`` (the caller's kernels: engine.ops.GGUFWeight.KERNEL_TYPES); else None and the caller takes
         the dequantized ``get_slice``: another quantized type (logged once per type), a float type, a column
-        slice not on block boundaries (256 for the K-quants), or ``keep_quantized`` off (the default: blocks
-        dequantized at load)."""
+        slice not on block boundaries (256 for the K-quants), or ``keep_quantized`` off (--quantization none, or
+        a GPU: blocks dequantized at load)."""
         if not self.keep_quantized:
             return None
         shape = self._check_slice(name, dim, start, stop)

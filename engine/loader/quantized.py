@@ -3,8 +3,11 @@
 
 ``QuantizedWeights`` wraps the directory's SafetensorsWeights and presents Hugging Face float names: each quantized
 linear ``<p>`` shows as ``<p>.weight`` of shape (N, K) (its qweight / qzeros / scales / g_idx, or weight_scale /
-weight_scale_inv / input_scale, hidden). ``get`` / ``get_slice`` return it dequantized to the checkpoint's compute
-dtype (the CPU path); ``quantized`` returns the canonical form of a slice, for the GPU kernels. Tensors are read
+weight_scale_inv / input_scale, hidden). ``get`` / ``get_slice`` return it dequantized to ``compute_dtype`` (the CPU
+path): computed in float32, where (code - zero) * scale is exact for float16 / bfloat16 scales, and rounded once to
+that dtype; it is the checkpoint's torch_dtype until the model runner sets the engine's (a float32 engine then holds
+exactly the weights' values, not their float16 rounding). ``quantized`` returns the canonical form of a slice, for
+the GPU kernels. Tensors are read
 only when asked, and only the slice asked for (the small scales of FP8 excepted). Which quantization_configs
 load (``QuantScheme``, ``parse_scheme``'s rules) is engine/quant_scheme.py's, torch-free for the app.
 
@@ -94,6 +97,7 @@ class QuantizedWeights(WeightSource):
     def __init__(self, inner: SafetensorsWeights, scheme: QuantScheme, dtype: str | torch.dtype | None = None):
         self.inner, self.scheme, self.path = inner, scheme, inner.path
         default = _DTYPES[scheme.default_dtype_name]
+        # what get / get_slice dequantize into: the checkpoint's dtype here, the engine's once the runner sets it
         self.compute_dtype = dtype if isinstance(dtype, torch.dtype) else _DTYPES.get(dtype, default)
         self._is_int = scheme.method != "fp8"
         names = inner.names()

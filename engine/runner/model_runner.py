@@ -77,24 +77,28 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.activation_peak_bytes: int | None = None
         cls = model_class(model_config)
-        quantized = config.quantization in ("int8", "int4", "fp8")
+        # the mode this load runs: --quantization as given, auto resolved for this device and checkpoint
+        self.quantization = resolve_quantization(config.quantization, self.device, weights)
+        quantized = self.quantization in ("int8", "int4", "fp8")
         if quantized:
-            check_quantization(self.device, config.quantization)
+            check_quantization(self.device, self.quantization)
         # on a GPU, quantized weights load layer by layer: the float model is never allocated whole
         gpu_quant = self.device.type == "cuda" and (quantized or hasattr(weights, "quantized"))
         # the rotary table for the positions this engine serves: the KV cache's capacity where it is smaller and
         # known before the model (else allocate_kv resizes the table once the cache is there)
         positions = min(max_model_len, self._kv_tokens_before_model(model_config, defer_kv) or max_model_len)
-        with torch.device(self.device), (quantized_load(config.quantization if quantized else None) if gpu_quant
+        with torch.device(self.device), (quantized_load(self.quantization if quantized else None) if gpu_quant
                                          else contextlib.nullcontext()):
             self.model = cls(model_config, self.dtype, tp, positions)
-        if config.quantization == "gguf":
+        if self.quantization == "gguf":
             check_gguf_blocks(self.device, weights)
             weights.keep_quantized = True
+        if hasattr(weights, "compute_dtype"):  # GPTQ / AWQ / FP8 weights the device dequantizes: once, into our dtype
+            weights.compute_dtype = self.dtype
         self.model.load_weights(weights)
         self.model.eval()
         if quantized:
-            self._quantize(config.quantization)
+            self._quantize(self.quantization)
         # decode CUDA graphs: one GPU, not --enforce-eager (tensor parallelism waits for capturable all-reduces);
         # on the CPU, decode tapes of the native calls (engine/runner/cpu_tape.py), recorded by each bucket's first step
         replays = tp.size == 1 and not config.enforce_eager
@@ -492,6 +496,23 @@ def select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
     if rows[-1] - first == len(rows) - 1 and all(r == first + i for i, r in enumerate(rows)):
         return hidden[first:first + len(rows)]
     return hidden.index_select(0, to_device(rows, torch.long, hidden.device))
+
+
+def resolve_quantization(mode: str, device: torch.device, weights) -> str:
+    """--quantization as this load runs it: ``auto`` becomes gguf for a .gguf checkpoint on the CPU with the native
+    kernels and a type they take (engine.config.auto_quantization), else none (a GPU dequantizes GGUF blocks and
+    keeps a GPTQ / AWQ / FP8 checkpoint's own weights, float weights load as they are); other modes as given."""
+    if mode != "auto":
+        return mode
+    from engine.config import auto_quantization
+
+    matrix_types = getattr(weights, "matrix_types", None)  # GGUFWeights
+    types = matrix_types() if matrix_types is not None else None
+    resolved = auto_quantization(device.type, types, ops.native_available())
+    if types is not None:
+        log.info("--quantization auto: %s", "the GGUF blocks kept for the CPU kernels" if resolved == "gguf" else
+                 "the GGUF tensors dequantized to the model's dtype at load (--quantization none)")
+    return resolved
 
 
 def check_quantization(device: torch.device, mode: str) -> None:

@@ -14,7 +14,7 @@ WORDS = "the cat sat on a mat while seven quick foxes jumped over lazy dogs near
 
 @pytest.fixture(scope="module")
 def ahead():
-    llm = LLM(dtype="float32", async_scheduling="on")
+    llm = LLM(dtype="float32", async_scheduling="on", quantization="none")  # as smollm2_fp32, its reference
     assert llm.core.async_scheduling
     yield llm
     llm.close()

@@ -31,7 +31,7 @@ def test_parse_keys_aliases_and_values():
     (["nonsense=1"], None, "unknown engine option 'nonsense'"),
     (["prefix_caching"], None, "is not KEY=VALUE"),
     (["prefix_caching=maybe"], None, "enable_prefix_caching is on or off"),
-    (["quantization=int9"], None, "quantization is one of none, int8, int4, fp8, gguf"),
+    (["quantization=int9"], None, "quantization is one of auto, none, int8, int4, fp8, gguf"),
     (["max_num_seqs=many"], None, "max_num_seqs takes a number"),
     (["tp=1", "tp=1"], None, "each configuration once"),
     (["tp=1"], "colour=blue", "--engine-common: unknown engine option 'colour'"),

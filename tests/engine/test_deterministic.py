@@ -1,5 +1,6 @@
 """--deterministic: at temperature 0 (or with a seed) a request gets the same tokens alone or beside any other
-requests, on the default model (the embedded SmolLM2-135M-Instruct, CPU).
+requests, on the default model (the embedded SmolLM2-135M-Instruct, CPU), dequantized at load (--quantization none)
+and as the default load keeps it (auto: its GGUF blocks, whose kernels quantize the activations per block).
 
 Without it the tokens can depend on the step: the linear kernels round differently at decode sizes (M <= 16,
 GEMV) and prefill sizes (GEMM), decode attention splits long contexts by the batch and the thread count, and
@@ -36,10 +37,12 @@ def _tokens(outputs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
-def test_concurrent_requests_get_their_solo_tokens(dtype):
-    with LLM(deterministic=True, dtype=dtype, max_model_len=1024, max_num_batched_tokens=96) as llm:
+@pytest.mark.parametrize("dtype, quantization", [("auto", "none"), ("bfloat16", "none"), ("auto", "auto")])
+def test_concurrent_requests_get_their_solo_tokens(dtype, quantization):
+    with LLM(deterministic=True, dtype=dtype, quantization=quantization, max_model_len=1024,
+             max_num_batched_tokens=96) as llm:
         assert llm.core.runner.deterministic
+        assert llm.core.runner.quantization == ("gguf" if quantization == "auto" else "none")
         prompts = _prompts()
         params = [SEEDED if i in (3, 6) else GREEDY for i in range(len(prompts))]
         solo = [_tokens(llm.generate([p], sp))[0] for p, sp in zip(prompts, params)]

@@ -91,14 +91,14 @@ def test_smollm2_perplexity_per_mode(smollm2_gguf):
     weights' quantization alone: in bfloat16 the activations' rounding moves this 242-token perplexity by ~0.6%
     between CPUs (torch's bf16 GEMM on AMX or not: 18.155 against 18.270, fp8 +2.58% against +1.95%), as much as
     the gates' margins. Measured in float32 (2026-12-05): base 18.213, int8 -0.23%, fp8 +1.11%, int4 +34.8%."""
-    base = LLM(str(smollm2_gguf), dtype="float32", kv_cache_memory_gib=0.1)
+    base = LLM(str(smollm2_gguf), dtype="float32", kv_cache_memory_gib=0.1, quantization="none")
     try:
         ids = base.tokenizer.encode(TEXT)
         ppl = {"base": _perplexity(base, ids)}
     finally:
         base.close()
     for mode in GATES:
-        llm = LLM(str(smollm2_gguf), dtype="float32", kv_cache_memory_gib=0.1)
+        llm = LLM(str(smollm2_gguf), dtype="float32", kv_cache_memory_gib=0.1, quantization="none")
         try:
             llm.core.runner.model.quantize_weights(mode)
             ppl[mode] = _perplexity(llm, ids)

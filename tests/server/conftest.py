@@ -1,6 +1,6 @@
 """Real uvicorn servers on free 127.0.0.1 ports, each in a background thread with its own EngineClient and
-engine process. ``server``: the embedded SmolLM2 in float32 (deterministic greedy outputs), shared by the
-whole session."""
+engine process. ``server``: the embedded SmolLM2 in float32, its GGUF blocks dequantized (``quantization="none"``:
+float weights, as the offline reference below: the greedy outputs the tests compare), shared by the whole session."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def make_server(**kw):
     from engine.server.serve import BackgroundServer
 
     core_factory = kw.pop("core_factory", None)
-    config = EngineConfig(dtype="float32", **kw.pop("engine", {}))
+    config = EngineConfig(**{"dtype": "float32", "quantization": "none", **kw.pop("engine", {})})
     kw.setdefault("served_model_names", [MODEL])
     return BackgroundServer(config, core_factory=core_factory, **kw).start()
 
@@ -52,7 +52,7 @@ def offline():
     """The offline API on the same model and dtype: the reference for outputs."""
     from engine import LLM
 
-    return LLM(dtype="float32")
+    return LLM(dtype="float32", quantization="none")
 
 
 def engine_stats(srv):

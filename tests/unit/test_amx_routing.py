@@ -132,7 +132,7 @@ def test_embedded_model_prefill_on_the_route_is_as_close_to_float32(monkeypatch,
     from engine import LLM
 
     text = "The history of the city begins in the Middle Ages, when a small market grew around the bridge. " * 12
-    with LLM(dtype="float32", kv_cache_memory_gib=0.02) as ref:
+    with LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="none") as ref:
         ids = ref.core.tokenizer.encode(text)[:300]
         truth = ref.core.score(ids).float()
     err, agree = {}, {}

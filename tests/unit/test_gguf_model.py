@@ -1,6 +1,6 @@
 """The embedded SmolLM2 Q4_1 GGUF with its linear weights kept quantized on the CPU (engine/loader/gguf.py,
-engine/layers/linear.py, engine/ops/gguf_quant.py; --quantization gguf) against the same file dequantized at
-load (the default).
+engine/layers/linear.py, engine/ops/gguf_quant.py; --quantization gguf, which the default auto picks on the CPU:
+tests/unit/test_quantization_auto.py) against the same file dequantized at load (--quantization none).
 
 - Both regimes (integer GEMV at <= 8 rows, float GEMM on dequantized panels above) quantize the activations per
   block of 32 to int8 (llama.cpp's rounding), so the logits move off the dequantized model's by that rounding.
@@ -143,9 +143,9 @@ def test_type_without_kernel_is_dequantized_and_logged(monkeypatch, caplog):
         llm.close()
 
 
-def test_gguf_blocks_are_opt_in_and_refused_where_they_cannot_run(tiny_model_dir):
-    """The default load dequantizes (batch-invariant greedy outputs); --quantization gguf on float weights or on a
-    GPU is a clear error, not a silent float load."""
+def test_gguf_blocks_are_refused_where_they_cannot_run(tiny_model_dir):
+    """--quantization gguf asked for on float weights (or on a GPU: tests/unit/test_quantization_auto.py) is a clear
+    error, not a silent float load (the default, auto, picks the blocks only where they run)."""
     from engine.errors import KestrelError
 
     with pytest.raises(KestrelError, match="needs a .gguf checkpoint"):

@@ -333,6 +333,42 @@ def test_runs_as_the_dequantized_float_model(fmt, quantized_dir, float_twin):
     assert np.allclose([lp.logprob for lp in out.logprobs], [lp.logprob for lp in ref_out.logprobs], atol=1e-5)
 
 
+# checkpoints whose config.json says float16 or bfloat16 (their scales' dtype), one of each method and layout
+_HALF_FORMATS = ["gptq-4b-g128-sym", "gptq-4b-g64-act-order", "awq-4b-g128", "fp8-block", "ct-fp8-channel"]
+
+
+@pytest.mark.parametrize("fmt", _HALF_FORMATS)
+def test_dequantized_once_into_the_engines_dtype(fmt, quantized_dir, float_twin):
+    """A float16 / bfloat16 checkpoint in a float32 (or bfloat16) engine: its weights are dequantized straight into
+    the engine's dtype (exact in float32, one rounding to bfloat16), never through the checkpoint's own dtype: the
+    engine's weights are the float32 twin's bit for bit, and a float32 engine gives the twin's logits and logprobs
+    at float32 tolerance (through float16 they moved ~1e-3)."""
+    from engine import LLM, SamplingParams
+
+    path, _ = quantized_dir(fmt)
+    assert FORMATS[fmt][2] in ("float16", "bfloat16")
+    ids = torch.randint(3, 1024, (23,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(max_tokens=12, min_tokens=12, temperature=0, logprobs=1)
+    for dtype in ("float32", "bfloat16"):
+        got = {}
+        for name, where in (("quantized", path), ("twin", float_twin(fmt))):
+            llm = LLM(str(where), device="cpu", dtype=dtype, kv_cache_memory_gib=0.02)
+            try:
+                got[name] = ({k: v.clone() for k, v in llm.core.runner.model.state_dict().items()},
+                             llm.core.score(ids), llm.generate([ids], params)[0].outputs[0])
+            finally:
+                llm.close()
+        (weights, logits, out), (twin_weights, twin_logits, twin_out) = got["quantized"], got["twin"]
+        assert weights.keys() == twin_weights.keys()
+        differ = [k for k in weights if not torch.equal(weights[k], twin_weights[k])]
+        assert not differ, (dtype, differ)
+        if dtype == "float32":
+            torch.testing.assert_close(logits, twin_logits, atol=1e-5, rtol=1e-5)
+            assert out.token_ids == twin_out.token_ids
+            assert np.allclose([lp.logprob for lp in out.logprobs], [lp.logprob for lp in twin_out.logprobs],
+                               atol=1e-5, rtol=0)
+
+
 _GPU_FORMATS = ["gptq-4b-g128-sym", "gptq-4b-g64-act-order", "gptq-8b-per-channel", "gptq_v2-4b-g64-asym",
                 "awq-4b-g128", "fp8-block", "ct-fp8-channel", "ct-fp8-tensor"]
 
