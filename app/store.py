@@ -1,5 +1,10 @@
 """Persistent app state in one SQLite file: conversations and their messages, settings per model, and
-small app preferences. No Qt here; used from the GUI thread only (each call is a short transaction)."""
+small app preferences. No Qt here; used from the GUI thread only (each call is a short transaction).
+
+A reply is saved while it streams (``update_message``): one that did not finish (the app closed, the engine
+died, the request failed) stays with ``finish_reason`` "interrupted" and ``error`` saying why. A reply that
+was regenerated keeps its earlier versions (``add_version``, ``select_version``): the message's own columns
+hold the version shown, ``versions`` all of them (None while there is only one)."""
 
 from __future__ import annotations
 
@@ -29,7 +34,10 @@ CREATE TABLE IF NOT EXISTS messages (
     tokens_per_s REAL,
     num_tokens INTEGER,
     finish_reason TEXT,
-    model TEXT
+    model TEXT,
+    error TEXT,
+    versions TEXT,
+    version INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE TABLE IF NOT EXISTS model_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -61,6 +69,23 @@ class Message:
     num_tokens: int | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     model: str | None = None  # an assistant reply: the model that wrote it (None: from before this was kept)
+    error: str | None = None  # a reply that did not finish ("interrupted"): why, in words
+    versions: list[dict] | None = None  # a regenerated reply: every version (VERSION_FIELDS), None when one
+    version: int = 0  # the version shown (an index into ``versions``)
+
+    @property
+    def version_count(self) -> int:
+        return len(self.versions) if self.versions else 1
+
+    def fields(self) -> dict[str, Any]:
+        """This version's content and stats (VERSION_FIELDS)."""
+        return {k: getattr(self, k) for k in VERSION_FIELDS}
+
+
+INTERRUPTED = "interrupted"  # finish_reason of a reply that did not finish (``error`` says why)
+# what one version of a reply holds (the message's columns of the same names show the selected one)
+VERSION_FIELDS = ("content", "created", "ttft", "tokens_per_s", "num_tokens", "finish_reason", "model", "error")
+_UPDATABLE = {"content", "ttft", "tokens_per_s", "num_tokens", "finish_reason", "model", "error"}
 
 
 class Store:
@@ -80,6 +105,9 @@ class Store:
         cols = {r[1] for r in self._db.execute("PRAGMA table_info(messages)")}
         if "model" not in cols:  # a database from before replies kept the model that wrote them
             self._db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
+        for col, decl in (("error", "TEXT"), ("versions", "TEXT"), ("version", "INTEGER NOT NULL DEFAULT 0")):
+            if col not in cols:  # from before interrupted replies and reply versions were kept
+                self._db.execute(f"ALTER TABLE messages ADD COLUMN {col} {decl}")
         self._db.commit()
 
     def close(self) -> None:
@@ -102,8 +130,9 @@ class Store:
         row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return Conversation(**dict(row)) if row else None
 
-    def create_conversation(self, title: str = NEW_TITLE, system_prompt: str = "") -> Conversation:
-        now = time.time()
+    def create_conversation(self, title: str = NEW_TITLE, system_prompt: str = "",
+                            created: float | None = None) -> Conversation:
+        now = time.time() if created is None else created
         with self._db:
             cur = self._db.execute(
                 "INSERT INTO conversations (title, system_prompt, created, updated) VALUES (?, ?, ?, ?)",
@@ -130,21 +159,72 @@ class Store:
     # -- messages -----------------------------------------------------------------------------
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self._db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,))
-        return [Message(**dict(r)) for r in rows]
+        return [_message(r) for r in rows]
 
     def message(self, message_id: int) -> Message | None:
         row = self._db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
-        return Message(**dict(row)) if row else None
+        return _message(row) if row else None
 
-    def add_message(self, conversation_id: int, role: str, content: str, **stats: Any) -> Message:
+    def add_message(self, conversation_id: int, role: str, content: str, created: float | None = None,
+                    **stats: Any) -> Message:
+        """Append a message (``stats``: ttft, tokens_per_s, num_tokens, finish_reason, model, error, and
+        ``versions`` as a list with ``version``, as Message has them)."""
         now = time.time()
+        if "versions" in stats:
+            stats["versions"] = json.dumps(stats["versions"]) if stats["versions"] else None
         cols = ["conversation_id", "role", "content", "created", *stats]
         with self._db:
             cur = self._db.execute(
                 f"INSERT INTO messages ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                (conversation_id, role, content, now, *stats.values()))
+                (conversation_id, role, content, now if created is None else created, *stats.values()))
             self._touch(conversation_id, now)
         return self.message(cur.lastrowid)
+
+    def update_message(self, message_id: int, **fields: Any) -> Message | None:
+        """Change the shown version of a message (content and stats; a streaming reply is saved this way)."""
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"not a message field: {', '.join(sorted(unknown))}")
+        m = self.message(message_id)
+        if m is None:
+            return None
+        values = {**m.fields(), **fields}
+        self._write_version(m, m.version, values, m.versions)
+        return self.message(message_id)
+
+    def add_version(self, message_id: int, content: str = "", **fields: Any) -> Message | None:
+        """Add a version of a reply (Regenerate) and show it; the earlier ones are kept."""
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"not a message field: {', '.join(sorted(unknown))}")
+        m = self.message(message_id)
+        if m is None:
+            return None
+        versions = list(m.versions) if m.versions else [m.fields()]
+        new = {k: None for k in VERSION_FIELDS} | {"content": content, "created": time.time()} | fields
+        versions.append(new)
+        self._write_version(m, len(versions) - 1, new, versions)
+        return self.message(message_id)
+
+    def select_version(self, message_id: int, index: int) -> Message | None:
+        """Show another version of a reply (clamped to those there are)."""
+        m = self.message(message_id)
+        if m is None or not m.versions:
+            return m
+        index = max(0, min(index, len(m.versions) - 1))
+        self._write_version(m, index, m.versions[index], m.versions)
+        return self.message(message_id)
+
+    def _write_version(self, m: Message, index: int, values: dict[str, Any], versions: list[dict] | None) -> None:
+        if versions:
+            versions = list(versions)
+            versions[index] = {k: values.get(k) for k in VERSION_FIELDS}
+        cols = list(VERSION_FIELDS)
+        with self._db:
+            self._db.execute(
+                f"UPDATE messages SET {', '.join(f'{c} = ?' for c in cols)}, versions = ?, version = ? WHERE id = ?",
+                (*(values.get(c) for c in cols), json.dumps(versions) if versions else None, index, m.id))
+            self._touch(m.conversation_id, time.time())
 
     def delete_messages_from(self, conversation_id: int, message_id: int) -> None:
         """Delete this message and every later one of the conversation (edit-and-resend, regenerate)."""
@@ -152,6 +232,11 @@ class Store:
             self._db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
                              (conversation_id, message_id))
             self._touch(conversation_id, time.time())
+
+    def set_updated(self, conversation_id: int, when: float) -> None:
+        """Set when a conversation last changed (its place in the list; an imported one keeps its own)."""
+        with self._db:
+            self._touch(conversation_id, when)
 
     def _touch(self, conversation_id: int, now: float) -> None:
         self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
@@ -177,6 +262,13 @@ class Store:
     def set_pref(self, key: str, value: Any) -> None:
         with self._db:
             self._db.execute("INSERT OR REPLACE INTO prefs (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+
+def _message(row: sqlite3.Row) -> Message:
+    d = dict(row)
+    d["versions"] = json.loads(d["versions"]) if d.get("versions") else None
+    d["version"] = d.get("version") or 0
+    return Message(**d)
 
 
 def _escape_like(text: str) -> str:

@@ -9,11 +9,18 @@ through the conversation's overflow policy (app.chat_context) the same way befor
 turns are left out and max tokens clamped so that a long chat keeps working at the context limit.
 
 The model picker above the conversation (app/widgets/model_picker.py) switches the loaded model without leaving
-the chat; it is disabled while a reply streams."""
+the chat; it is disabled while a reply streams.
+
+A reply is saved as it streams (app.store: "interrupted", with why, until it finishes), so closing the window or
+an engine crash mid-reply leaves the partial reply and its reason in the conversation, never two user turns in a
+row. A turn the overflow policy refuses adds nothing: the notice says why and the draft stays in the composer.
+Regenerate keeps the earlier replies as versions ("< 2/3 >" on the reply switches between them). While the engine
+restarts itself the notice says so ("Restarting engine… (attempt 1 of 3)"), and why when it gives up."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -39,16 +46,26 @@ from PySide6.QtWidgets import (
 from app.chat_context import DEFAULT_POLICY, Fit, fit_messages
 from app.context import AppContext
 from app.sampling import OutputFormat, SamplingSettings
-from app.store import NEW_TITLE, Conversation
+from app.store import INTERRUPTED, NEW_TITLE, Conversation, Message
 from app.widgets.context_meter import ContextMeter
 from app.widgets.messages import Composer, MessageList, MessageWidget
 from app.widgets.model_picker import ModelPicker
 from app.widgets.output_format import OutputFormatEditor
 from app.widgets.sampling_form import SamplingForm
 from app.widgets.tool_calls import readable_tool_calls
-from app.workers.engine_worker import LOADING, READY, ReplyStats
+from app.workers.engine_worker import DEAD, LOADING, READY, ReplyStats
+
+try:
+    from app.workers.engine_worker import restart_text
+except ImportError:  # a worker without its restart words
+    def restart_text(attempt: int, most: int) -> str:
+        return f"Restarting engine… (attempt {attempt} of {most})"
 
 RENDER_INTERVAL_MS = 50  # streaming re-render at most 20 times a second
+SAVE_INTERVAL_S = 1.0  # a streaming reply is saved at least this often
+# why a reply is "interrupted", as saved while it streams (what is left if the app is killed) and at the end
+STREAMING_REASON = "The app stopped before this reply finished."
+CLOSED_REASON = "The app was closed during this reply."
 METER_DELAY_MS = 250  # the context meter recounts this long after the last change
 
 
@@ -62,6 +79,13 @@ class _Pending:
     history: list[dict] = field(default_factory=list)
     settings: SamplingSettings | None = None
     output: OutputFormat | None = None  # the conversation's output format when the turn was sent
+    user_text: str | None = None  # a send: the user's message, added once the overflow policy lets it through
+    edit_from: int | None = None  # ... replacing this message and every later one (edit and resend)
+    regen_of: int | None = None  # a regenerate: the reply that gets a new version (None: answer the last message)
+    message_id: int | None = None  # the reply's row, saved as it streams (None until the request starts)
+    saved_len: int = 0  # how much of ``text`` is saved
+    saved_at: float = 0.0  # when (monotonic)
+    cancelled: bool = False  # the user left the conversation before the request started
 
 
 def _output_format_key(conversation_id: int) -> str:
@@ -96,7 +120,8 @@ def format_stats(stats: ReplyStats) -> str:
     if stats.tokens_per_s is not None:
         parts.append(f"{stats.tokens_per_s:.1f} tok/s")
     parts.append(f"{stats.num_tokens} tokens")
-    note = {"abort": "stopped", "length": "max tokens reached"}.get(stats.finish_reason or "")
+    note = {"abort": "stopped", "length": "max tokens reached", INTERRUPTED: "interrupted"}.get(
+        stats.finish_reason or "")
     if note:
         parts.append(note)
     return " · ".join(parts)
@@ -132,6 +157,12 @@ class ChatPanel(QWidget):
         self.engine.replyFailed.connect(self._on_failed)
         self.engine.stateChanged.connect(self._on_engine_state)
         self.engine.loaded.connect(self._on_model_loaded)
+        # the engine's own restarts (app.workers.engine_worker): one state in the notice while they last
+        if hasattr(self.engine, "restartAttempt"):
+            self.engine.restartAttempt.connect(self._on_restart_attempt)
+        if hasattr(self.engine, "engineGaveUp"):
+            self.engine.engineGaveUp.connect(self._on_engine_gave_up)
+        self.engine.engineRestarted.connect(self._on_engine_restarted)
         self.refresh_conversations()
         convs = self.store.conversations()
         if convs:
@@ -317,16 +348,28 @@ class ChatPanel(QWidget):
         self.system_prompt.blockSignals(False)
         self.output_format.set_value(OutputFormat.from_dict(self.store.pref(_output_format_key(conversation_id))))
         self.meter.set_policy(self.conversation.overflow_policy)
-        self.messages.clear()
-        for m in self.store.messages(conversation_id):  # each reply under the model that wrote it
-            w = self._message_widget(m.role, m.content, m.id, (m.model or "Assistant") if m.role == "assistant" else "")
-            if m.role == "assistant":
-                w.set_stats(format_stats(ReplyStats(m.finish_reason, m.num_tokens or 0, 0, m.ttft, m.tokens_per_s)))
-            self.messages.add(w)
+        self._show_messages()
         self.messages.set_placeholder("Start the conversation below." if not self.messages.widgets() else "")
         self.refresh_conversations()
         self._update_controls()
         self.schedule_meter()
+
+    def _show_messages(self) -> None:
+        """The open conversation's messages, as stored (each reply under the model that wrote it)."""
+        self.messages.clear()
+        for m in self.store.messages(self.conversation.id):
+            w = self._message_widget(m.role, m.content, m.id, (m.model or "Assistant") if m.role == "assistant" else "")
+            if m.role == "assistant":
+                self._show_stored_reply(w, m)
+            self.messages.add(w)
+
+    def _show_stored_reply(self, w: MessageWidget, m: Message) -> None:
+        """A stored reply's text, stats, why it was interrupted, and which of its versions it is."""
+        w.set_title(m.model or "Assistant")
+        w.set_text(_shown("assistant", m.content))
+        w.set_stats(stored_stats(m))
+        w.set_error(interrupted_text(m.error) if m.finish_reason == INTERRUPTED else (m.error or ""))
+        w.set_versions(m.version, m.version_count)
 
     def rename_conversation(self, conversation_id: int, title: str | None = None) -> None:
         conv = self.store.conversation(conversation_id)
@@ -398,9 +441,15 @@ class ChatPanel(QWidget):
     # sending
 
     def send(self, text: str) -> bool:
-        """Send ``text`` as the user's next message (replacing the edited one when editing)."""
+        """Send ``text`` as the user's next message (replacing the edited one when editing). It is added once
+        the overflow policy lets the turn through; a refused turn adds nothing and the notice says why."""
         text = text.strip()
         if not text or self.pending is not None or self.engine.state != READY:
+            return False
+        settings, output = self.sampling.settings(), self.output_format.value()
+        problem = _params_problem(settings, output)
+        if problem:  # refused in place: nothing reaches the store or the engine
+            self._refuse(problem)
             return False
         if self.conversation is None:
             self.conversation = self.store.create_conversation()
@@ -408,35 +457,33 @@ class ChatPanel(QWidget):
             self.store.set_system_prompt(self.conversation.id, self.system_prompt.toPlainText())  # typed before
             self._output_format_changed()  # chosen before too
             self.conversation = self.store.conversation(self.conversation.id)
-        conv_id = self.conversation.id
+        conv = self.conversation
+        earlier = self.store.messages(conv.id)
         if self.editing_id is not None:
-            self.store.delete_messages_from(conv_id, self.editing_id)
-            self.editing_id = None
-            self.editing_banner.hide()
-            self.open_conversation_force(conv_id)
-        msg = self.store.add_message(conv_id, "user", text)
-        self.messages.add(self._message_widget("user", text, msg.id))
-        if self.conversation.title == NEW_TITLE:
-            self.rename_conversation(conv_id, _title_from(text))
-        self.composer.clear()
-        self._start_reply()
+            earlier = [m for m in earlier if m.id < self.editing_id]
+        history = self._request_history(conv, earlier) + [{"role": "user", "content": text}]
+        self._start_reply(_Pending(f"chat-{uuid.uuid4().hex[:12]}", conv.id, None, history=history,
+                                   settings=settings, output=output, user_text=text, edit_from=self.editing_id))
         return True
 
     def regenerate(self) -> None:
-        """Replace the last reply with a new one (or answer the last message when there is no reply)."""
+        """A new version of the last reply (the earlier ones are kept), or a reply to the last message when
+        it has none."""
         if self.conversation is None or self.pending is not None or self.engine.state != READY:
             return
-        msgs = self.store.messages(self.conversation.id)
+        conv = self.store.conversation(self.conversation.id)
+        msgs = self.store.messages(conv.id)
         if not msgs:
             return
-        if msgs[-1].role == "assistant":
-            self.store.delete_messages_from(self.conversation.id, msgs[-1].id)
-            widgets = self.messages.widgets()
-            if widgets and widgets[-1].role == "assistant":
-                self.messages.remove(widgets[-1])
-        elif self.messages.widgets() and self.messages.widgets()[-1].role == "assistant":
-            self.messages.remove(self.messages.widgets()[-1])  # a failed reply's frame
-        self._start_reply()
+        settings, output = self.sampling.settings(), self.output_format.value()
+        problem = _params_problem(settings, output)
+        if problem:
+            self._refuse(problem)
+            return
+        target = msgs[-1] if msgs[-1].role == "assistant" else None
+        history = self._request_history(conv, msgs[:-1] if target else msgs)
+        self._start_reply(_Pending(f"chat-{uuid.uuid4().hex[:12]}", conv.id, None, history=history,
+                                   settings=settings, output=output, regen_of=target.id if target else None))
 
     def stop(self) -> None:
         if self.pending is not None:
@@ -460,27 +507,23 @@ class ChatPanel(QWidget):
         self.conversation = None
         self.open_conversation(conversation_id)
 
-    def _start_reply(self) -> None:
-        conv = self.store.conversation(self.conversation.id)
-        history = [{"role": m.role, "content": m.content} for m in self.store.messages(conv.id)
-                   if m.content or m.role == "user"]
-        if conv.system_prompt.strip():
-            history.insert(0, {"role": "system", "content": conv.system_prompt})
-        rid = f"chat-{uuid.uuid4().hex[:12]}"
-        widget = self.messages.add(self._message_widget("assistant", "", None, self._assistant_name()))
-        settings = self.sampling.settings()
-        output = self.output_format.value()
-        self.pending = _Pending(rid, conv.id, widget, history=history, settings=settings, output=output)
-        try:
-            settings.to_params(output)
-        except ValueError as e:  # InvalidRequestError names the setting; a schema's problem says what it is
-            self.pending = None
-            widget.set_error(f"Output format: {e}" if output.problem() else str(e))
-            self._update_controls()
-            return
-        # the overflow policy first (counted on the engine's loop), then the request: _on_fit_done
-        self._submit_fit(rid, history, settings.max_tokens, conv.overflow_policy)
-        self._render_timer.start()
+    def _request_history(self, conv: Conversation, msgs: list[Message]) -> list[dict]:
+        """What the engine gets for ``msgs``: the system prompt first, replies without text left out, and
+        user messages that follow each other (after a reply that failed before any text) joined as one, so
+        that the roles alternate as chat templates require."""
+        history = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
+        return history + request_messages(msgs)
+
+    def _refuse(self, why: str) -> None:
+        """A turn that is not sent: say why where the user is looking (the draft stays in the composer)."""
+        self.notice.setText(f"Not sent: {why}")
+        self.notice.setProperty("refused", True)
+
+    def _start_reply(self, p: _Pending) -> None:
+        """The overflow policy first (counted on the engine's loop), then the request: _on_fit_done."""
+        self.pending = p
+        self._submit_fit(p.request_id, p.history, p.settings.max_tokens,
+                         self.store.conversation(p.conversation_id).overflow_policy)
         self._update_controls()
 
     def _submit_fit(self, tag: str, messages: list[dict], max_tokens: int, policy: str) -> None:
@@ -506,21 +549,68 @@ class ChatPanel(QWidget):
         p = self.pending
         if p is None or p.request_id != tag:
             return
-        settings = p.settings or self.sampling.settings()
+        if p.cancelled or self.store.conversation(p.conversation_id) is None:
+            self.pending = None
+            self._update_controls()
+            return
+        settings = p.settings
         messages = p.history
         if isinstance(result, Fit):
-            if not result.ok:
+            if not result.ok:  # nothing added: the notice and the meter say why, the draft stays
                 self.pending = None
-                self._render_timer.stop()
-                if p.widget is not None:
-                    p.widget.set_error(result.error)
+                self._refuse(result.error)
                 self._show_meter(result)  # the count that refused it, not the one from before the send
                 self._update_controls()
                 return
             messages = result.messages
             settings = dataclasses.replace(settings, max_tokens=result.max_tokens)
             self._show_note(result.summary())
+        if self.notice.property("refused"):
+            self.notice.setText("")
+            self.notice.setProperty("refused", False)
+        self._begin_reply(p)
+        self._render_timer.start()
         self.engine.generate(p.request_id, messages, settings.to_params(p.output))
+
+    def _begin_reply(self, p: _Pending) -> None:
+        """The turn goes ahead: the user's message (for a send) and the reply's row, saved as "interrupted"
+        until it finishes, in the store and the view."""
+        conv_id = p.conversation_id
+        name = self._assistant_name()
+        if p.user_text is not None:
+            if p.edit_from is not None:
+                self.store.delete_messages_from(conv_id, p.edit_from)
+                self.editing_id = None
+                self.editing_banner.hide()
+                self._show_messages()
+            msg = self.store.add_message(conv_id, "user", p.user_text)
+            self.messages.add(self._message_widget("user", p.user_text, msg.id))
+            if self.conversation.title == NEW_TITLE:
+                self.rename_conversation(conv_id, _title_from(p.user_text))
+            if self.composer.toPlainText().strip() == p.user_text:
+                self.composer.clear()
+        streaming = {"finish_reason": INTERRUPTED, "error": STREAMING_REASON, "model": name if self.engine.info
+                     else None, "ttft": None, "tokens_per_s": None, "num_tokens": None}
+        widget = None
+        old = self.store.message(p.regen_of) if p.regen_of is not None else None
+        if old is not None:
+            if old.content.strip():
+                m = self.store.add_version(old.id, "", **streaming)
+            else:  # a reply that failed before any text is replaced, not kept as a version
+                m = self.store.update_message(old.id, content="", **streaming)
+            widget = next((w for w in self.messages.widgets() if w.message_id == old.id), None)
+            if widget is not None:
+                self._show_stored_reply(widget, m)
+                widget.set_error("")
+                widget.set_stats("")
+        else:
+            m = self.store.add_message(conv_id, "assistant", "", **streaming)
+        if widget is None:
+            widget = self.messages.add(self._message_widget("assistant", "", m.id, name))
+            widget.set_versions(m.version, m.version_count)
+        p.message_id, p.widget = m.id, widget
+        p.saved_at = time.monotonic()
+        self._update_controls()
 
     # ------------------------------------------------------------------------------------------------
     # the context meter
@@ -530,20 +620,15 @@ class ChatPanel(QWidget):
 
     def next_turn_messages(self) -> list[dict]:
         """The next request's messages as things stand: the conversation and the draft (not yet sent)."""
-        history: list[dict] = []
+        msgs: list[Message] = []
         if self.conversation is not None:
-            history = [{"role": m.role, "content": m.content} for m in self.store.messages(self.conversation.id)
-                       if m.content or m.role == "user"]
+            msgs = self.store.messages(self.conversation.id)
             if self.editing_id is not None:
-                ids = [m.id for m in self.store.messages(self.conversation.id) if m.content or m.role == "user"]
-                history = history[:next((i for i, mid in enumerate(ids) if mid >= self.editing_id), len(ids))]
+                msgs = [m for m in msgs if m.id < self.editing_id]
         system = self.system_prompt.toPlainText()
-        if system.strip():
-            history.insert(0, {"role": "system", "content": system})
+        history = [{"role": "system", "content": system}] if system.strip() else []
         draft = self.composer.toPlainText().strip()
-        if draft:
-            history.append({"role": "user", "content": draft})
-        return history
+        return history + request_messages(msgs, [{"role": "user", "content": draft}] if draft else [])
 
     def update_meter(self) -> None:
         """Recount the next turn (on the engine's loop; the answer updates the meter)."""
@@ -566,6 +651,7 @@ class ChatPanel(QWidget):
         if self.pending is not None:
             self.engine.abort(self.pending.request_id)
             self.pending.widget = None  # the reply is still saved when it ends
+            self.pending.cancelled = True  # not started yet: it will not be
 
     # ------------------------------------------------------------------------------------------------
     # engine signals
@@ -579,9 +665,22 @@ class ChatPanel(QWidget):
 
     def _render_pending(self) -> None:
         p = self.pending
-        if p is not None and p.dirty and p.widget is not None:
+        if p is None:
+            return
+        if p.dirty and p.widget is not None:
             p.widget.set_text(_shown("assistant", p.text))
             p.dirty = False
+        if p.message_id is not None and len(p.text) != p.saved_len and \
+                time.monotonic() - p.saved_at >= SAVE_INTERVAL_S:
+            self._save_partial(p)
+
+    def _save_partial(self, p: _Pending, reason: str | None = None) -> None:
+        """The streaming reply as far as it got (still "interrupted"; ``reason``: why it ended)."""
+        fields = {"content": p.text}
+        if reason is not None:
+            fields.update(finish_reason=INTERRUPTED, error=reason)
+        self.store.update_message(p.message_id, **fields)
+        p.saved_len, p.saved_at = len(p.text), time.monotonic()
 
     def _on_finished(self, rid: str, stats: ReplyStats) -> None:
         p = self.pending
@@ -589,15 +688,13 @@ class ChatPanel(QWidget):
             return
         self.pending = None
         self._render_timer.stop()
-        info = self.engine.info
-        msg = self.store.add_message(p.conversation_id, "assistant", p.text, ttft=stats.ttft,
-                                     tokens_per_s=stats.tokens_per_s, num_tokens=stats.num_tokens,
-                                     finish_reason=stats.finish_reason,
-                                     model=self._assistant_name() if info else None)
+        if p.message_id is not None:
+            self.store.update_message(p.message_id, content=p.text, ttft=stats.ttft, tokens_per_s=stats.tokens_per_s,
+                                      num_tokens=stats.num_tokens, finish_reason=stats.finish_reason, error=None)
         if p.widget is not None:
             p.widget.set_text(_shown("assistant", p.text))
-            p.widget.message_id = msg.id
             p.widget.set_stats(format_stats(stats))
+            p.widget.set_error("")
         self._update_controls()
         self.schedule_meter()
 
@@ -607,21 +704,50 @@ class ChatPanel(QWidget):
             return
         self.pending = None
         self._render_timer.stop()
+        reason = failure_reason(message)
+        if p.message_id is not None:
+            self._save_partial(p, reason)
         if p.widget is not None:
             p.widget.set_text(_shown("assistant", p.text))
-            p.widget.set_error(f"The reply failed: {message}  Use Regenerate to try again.")
+            p.widget.set_error(interrupted_text(reason))
+            p.widget.set_stats("interrupted")
         self._update_controls()
+        self.schedule_meter()
 
     def _on_engine_state(self, state: str) -> None:
         if state == READY:
             self.notice.setText("")
         elif state == LOADING:
             self.notice.setText("Loading the model… you can type meanwhile.")
+        elif state == DEAD:
+            attempt = getattr(self.engine, "restart_attempt", None)
+            if attempt:
+                self._on_restart_attempt(*attempt, "")
+            else:  # engineGaveUp says why
+                self.notice.setText(_gave_up_text(getattr(self.engine, "dead_reason", "")))
         else:
             self.notice.setText("No model is loaded: choose one above or in the Load panel to chat.")
+        self.notice.setProperty("refused", False)
         self.model_picker.refresh()
         self._update_controls()
         self.schedule_meter()
+
+    def _on_restart_attempt(self, attempt: int, most: int, _why: str) -> None:
+        """The engine died and restarts by itself: one state, the attempt it is at."""
+        if self.engine.state != READY:
+            self.notice.setText(f"{restart_text(attempt, most)}: the engine stopped; your conversation is kept.")
+
+    def _on_engine_gave_up(self, reason: str) -> None:
+        self.notice.setText(_gave_up_text(reason))
+
+    def _on_engine_restarted(self, _notice: str) -> None:
+        if self.engine.state != READY:
+            return
+        msgs = self.store.messages(self.conversation.id) if self.conversation is not None else []
+        if msgs and msgs[-1].role == "assistant" and msgs[-1].finish_reason == INTERRUPTED:
+            self.notice.setText("The engine runs again. Regenerate retries the interrupted reply.")
+        else:
+            self.notice.setText("The engine runs again.")
 
     def _on_model_loaded(self, info) -> None:
         key = self.ctx.model_key or info.path
@@ -650,7 +776,17 @@ class ChatPanel(QWidget):
         w = MessageWidget(role, _shown(role, text), title, message_id)
         w.editRequested.connect(self.edit_message)
         w.regenerateRequested.connect(lambda _w: self.regenerate())
+        w.versionRequested.connect(self.show_version)
         return w
+
+    def show_version(self, widget: MessageWidget, index: int) -> None:
+        """Show another version of a regenerated reply (it is what the next turns send)."""
+        if self.pending is not None or widget.message_id is None:
+            return
+        m = self.store.select_version(widget.message_id, index)
+        if m is not None:
+            self._show_stored_reply(widget, m)
+            self.schedule_meter()
 
     def _assistant_name(self) -> str:
         """The loaded model as a reply's label (kept with the reply): its name, and int8 when requantized."""
@@ -658,7 +794,7 @@ class ChatPanel(QWidget):
         if info is None:
             return "Assistant"
         quant = getattr(self.engine.config, "quantization", None)
-        return f"{info.name} ({quant})" if quant and quant != "none" else info.name
+        return f"{info.name} ({quant})" if quant and quant not in ("none", "auto") else info.name
 
     def _update_controls(self) -> None:
         busy = self.pending is not None
@@ -675,13 +811,18 @@ class ChatPanel(QWidget):
         last_assistant = next((w for w in reversed(widgets) if w.role == "assistant"), None)
         for w in widgets:
             w.set_actions_enabled(ready and not busy, last=w is last_assistant)
+            w.set_versions_enabled(not busy)
 
     def shutdown(self) -> None:
-        """Before the store closes: stop listening and the timers, keep unsaved settings."""
+        """Before the store closes: stop listening and the timers, keep unsaved settings, and a reply still
+        streaming as far as it got (interrupted: the app was closed)."""
         for signal, slot in ((self.engine.delta, self._on_delta), (self.engine.replyFinished, self._on_finished),
                              (self.engine.replyFailed, self._on_failed)):
             signal.disconnect(slot)
-        self.pending = None
+        p, self.pending = self.pending, None
+        if p is not None and p.message_id is not None:
+            self.engine.abort(p.request_id)
+            self._save_partial(p, CLOSED_REASON)
         self._render_timer.stop()
         self._meter_timer.stop()
         self._bridge.done.disconnect(self._on_fit_done)
@@ -703,6 +844,68 @@ class _TitleLabel(QLabel):
         text = self.fontMetrics().elidedText(self.text(), Qt.ElideRight, rect.width())
         self.style().drawItemText(painter, rect, int(self.alignment()), self.palette(), self.isEnabled(), text,
                                   self.foregroundRole())
+
+
+def stored_stats(m: Message) -> str:
+    """A stored reply's stats line (tokens only when counted: an interrupted reply may have none)."""
+    parts = []
+    if m.ttft is not None:
+        parts.append(f"TTFT {m.ttft:.2f} s")
+    if m.tokens_per_s is not None:
+        parts.append(f"{m.tokens_per_s:.1f} tok/s")
+    if m.num_tokens is not None:
+        parts.append(f"{m.num_tokens} tokens")
+    note = {"abort": "stopped", "length": "max tokens reached", INTERRUPTED: "interrupted"}.get(m.finish_reason or "")
+    if note:
+        parts.append(note)
+    return " · ".join(parts)
+
+
+def request_messages(msgs: list[Message], extra: list[dict] = ()) -> list[dict]:
+    """Stored messages (and ``extra``) as a request's messages: replies without text left out, user messages
+    that end up next to each other joined as one (the roles alternate, as chat templates require)."""
+    out: list[dict] = []
+    for m in [*({"role": m.role, "content": m.content} for m in msgs), *extra]:
+        if m["role"] == "assistant" and not m["content"]:
+            continue
+        if out and m["role"] == "user" and out[-1]["role"] == "user":
+            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{m['content']}"}
+        else:
+            out.append(dict(m))
+    return out
+
+
+def failure_reason(message: str) -> str:
+    """A failed request's message as the reason a reply was interrupted (without the engine's "retry shortly":
+    the notice follows the restart)."""
+    text = message.strip()
+    for tail in (" It is being restarted; retry shortly.", "It is being restarted; retry shortly."):
+        if text.endswith(tail):
+            text = text[: -len(tail)].rstrip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def interrupted_text(reason: str | None) -> str:
+    return f"Interrupted: {reason or 'the reply did not finish.'}  Regenerate tries again."
+
+
+def _gave_up_text(reason: str) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        return "The engine stopped. Reload the model to chat again."
+    if not reason.endswith((".", "!", "?")):
+        reason += "."
+    return f"The engine stopped and was not restarted. {reason}" + (
+        "" if "reload" in reason.lower() else " Reload the model to chat again.")
+
+
+def _params_problem(settings: SamplingSettings, output: OutputFormat) -> str:
+    """Why these settings cannot make a request ('' when they can)."""
+    try:
+        settings.to_params(output)
+    except ValueError as e:  # InvalidRequestError names the setting; a schema's problem says what it is
+        return f"Output format: {e}" if output.problem() else str(e)
+    return ""
 
 
 def _title_from(text: str) -> str:

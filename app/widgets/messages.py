@@ -164,6 +164,7 @@ class MessageBody(QWidget):
 class MessageWidget(QFrame):
     editRequested = Signal(object)  # self
     regenerateRequested = Signal(object)
+    versionRequested = Signal(object, int)  # self, the version to show (0-based)
 
     def __init__(self, role: str, text: str = "", title: str = "", message_id: int | None = None):
         super().__init__()
@@ -182,7 +183,25 @@ class MessageWidget(QFrame):
         head = QHBoxLayout()
         self.role_label = QLabel(title or ("You" if role == "user" else "Assistant"))
         self.role_label.setObjectName("messageRole")
-        head.addWidget(self.role_label)
+        head.addWidget(self.role_label, 0)
+        # a regenerated reply: "‹ 2/3 ›" switches between its versions
+        self.versions = QWidget()
+        vl = QHBoxLayout(self.versions)
+        vl.setContentsMargins(8, 0, 0, 0)
+        vl.setSpacing(0)
+        self.prev_version = self._action("‹", lambda: self.versionRequested.emit(self, self.version - 1))
+        self.prev_version.setToolTip("The previous version of this reply")
+        self.version_label = QLabel()
+        self.version_label.setObjectName("messageStats")
+        self.next_version = self._action("›", lambda: self.versionRequested.emit(self, self.version + 1))
+        self.next_version.setToolTip("The next version of this reply")
+        vl.addWidget(self.prev_version)
+        vl.addWidget(self.version_label)
+        vl.addWidget(self.next_version)
+        self.versions.hide()
+        self.version, self.version_count = 0, 1
+        self._versions_enabled = True
+        head.addWidget(self.versions)
         head.addStretch(1)
         self.copy_button = self._action("Copy", self._copy)
         head.addWidget(self.copy_button)
@@ -250,6 +269,19 @@ class MessageWidget(QFrame):
     def set_error(self, text: str) -> None:
         self.error_label.setText(text)
         self.error_label.setVisible(bool(text))
+
+    def set_versions(self, index: int, count: int) -> None:
+        """Which version of the reply this is, of how many (the arrows show from two on)."""
+        self.version, self.version_count = index, max(1, count)
+        self.version_label.setText(f"{index + 1}/{self.version_count}")
+        self.versions.setVisible(self.version_count > 1)
+        self.set_versions_enabled(self._versions_enabled)
+
+    def set_versions_enabled(self, enabled: bool) -> None:
+        """The arrows (off while a reply streams)."""
+        self._versions_enabled = enabled
+        self.prev_version.setEnabled(enabled and self.version > 0)
+        self.next_version.setEnabled(enabled and self.version < self.version_count - 1)
 
     def set_actions_enabled(self, enabled: bool, last: bool = False) -> None:
         if self.role == "user":

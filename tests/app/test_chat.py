@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
+from app.panels import chat as chat_panel
 from tests.app.helpers import REPLY_TIMEOUT_MS, set_sampling
 
 
@@ -58,8 +59,14 @@ def test_stop_regenerate_and_edit(make_window, qtbot, monkeypatch):
     qtbot.mouseClick(chat.regenerate_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: chat.pending is None and len(w.ctx.store.messages(conv)) == 2, timeout=REPLY_TIMEOUT_MS)
     msgs = w.ctx.store.messages(conv)
-    assert msgs[-1].id != stopped.id and msgs[-1].content == "abcde" and msgs[-1].finish_reason == "length"
+    # the new reply is a second version of the same message: the stopped one is kept
+    assert msgs[-1].id == stopped.id and msgs[-1].content == "abcde" and msgs[-1].finish_reason == "length"
+    assert (msgs[-1].version, msgs[-1].version_count) == (1, 2)
+    assert msgs[-1].versions[0]["content"] == stopped.content and msgs[-1].versions[0]["finish_reason"] == "abort"
     assert [m.role for m in chat.message_widgets()] == ["user", "assistant"]
+    reply = chat.message_widgets()[-1]
+    assert reply.versions.isVisible() and reply.version_label.text() == "2/2"
+    assert reply.prev_version.isEnabled() and not reply.next_version.isEnabled()
 
     _reply(qtbot, w, "second")
     assert len(w.ctx.store.messages(conv)) == 4
@@ -139,23 +146,132 @@ def test_conversations_survive_a_restart(make_window, qtbot):
     assert "4 tokens" in w2.chat.message_widgets()[-1].stats_label.text()
 
 
-def test_engine_death_fails_the_reply_in_place_and_offers_reload(make_window, qtbot, monkeypatch):
-    monkeypatch.setenv("KESTREL_FAKE", "crash_step")
+def _streaming(qtbot, chat, at_least: int) -> None:
+    qtbot.waitUntil(lambda: chat.pending is not None and len(chat.pending.text) >= at_least, timeout=REPLY_TIMEOUT_MS)
+
+
+def test_a_reply_is_saved_as_it_streams_and_kept_when_the_window_closes(make_window, qtbot, monkeypatch):
+    """Issue 45 row 5: the partial reply of a window closed mid-reply is there on reopen, marked interrupted
+    with the reason; the next message makes no second user turn in a row."""
+    monkeypatch.setenv("KESTREL_FAKE", "slow")  # 50 ms per token
     w = make_window()
-    chat = w.chat
+    chat, store = w.chat, w.ctx.store
+    set_sampling(w, max_tokens=400)
+    assert chat.send("tell me everything")
+    conv = chat.conversation.id
+    _streaming(qtbot, chat, 3)
+    # saved while it streams (what a killed app leaves): the row is there, interrupted until it finishes
+    qtbot.waitUntil(lambda: len(store.messages(conv)[-1].content) >= 3 and chat.pending is not None,
+                    timeout=REPLY_TIMEOUT_MS)
+    saved = store.messages(conv)
+    assert [m.role for m in saved] == ["user", "assistant"]
+    assert saved[-1].finish_reason == "interrupted" and saved[-1].error == chat_panel.STREAMING_REASON
+    w.close()
+    w2 = make_window()
+    msgs = w2.ctx.store.messages(conv)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    partial = msgs[-1]
+    assert partial.finish_reason == "interrupted" and partial.error == chat_panel.CLOSED_REASON
+    assert len(partial.content) >= 3 and "abcdefghijklmnopqrstuvwxyz".startswith(partial.content[:26])
+    chat2 = w2.chat
+    assert chat2.conversation.id == conv
+    reply = chat2.message_widgets()[-1]
+    assert reply.text == partial.content and reply.error_label.isVisible()
+    assert reply.error_label.text().startswith("Interrupted: The app was closed")
+    assert "interrupted" in reply.stats_label.text()
+    # the conversation goes on: the request alternates user / assistant
+    sent: list = []
+    original = w2.ctx.engine.generate
+    w2.ctx.engine.generate = lambda rid, messages, params: (sent.append(messages), original(rid, messages, params))
+    set_sampling(w2, max_tokens=3)
+    monkeypatch.setenv("KESTREL_FAKE", "")
+    assert chat2.send("go on")
+    qtbot.waitUntil(lambda: chat2.pending is None, timeout=REPLY_TIMEOUT_MS)
+    assert [m["role"] for m in sent[0]] == ["user", "assistant", "user"]
+    roles = [m.role for m in w2.ctx.store.messages(conv)]
+    assert roles == ["user", "assistant", "user", "assistant"]
+
+
+def test_engine_crash_mid_reply_keeps_the_partial_reply_and_shows_one_restart_state(make_window, qtbot,
+                                                                                     monkeypatch):
+    """Issue 45 rows 5 and 13: the engine killed mid-reply. The partial reply stays (interrupted, with the
+    reason, no "retry shortly"); the notice says "Restarting engine… (attempt 1 of 3)", never "No model is
+    loaded"; once the engine is back, Regenerate adds a version and the interrupted one is kept."""
+    import os
+    import signal
+
+    monkeypatch.setenv("KESTREL_FAKE", "slow")
+    w = make_window()
+    chat, store, engine = w.chat, w.ctx.store, w.ctx.engine
+    set_sampling(w, max_tokens=400)
+    assert chat.send("a long answer please")
+    conv = chat.conversation.id
+    _streaming(qtbot, chat, 4)
+    os.kill(engine.info.engine_pid, signal.SIGKILL)
+    qtbot.waitUntil(lambda: chat.pending is None, timeout=REPLY_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: "Restarting engine" in chat.notice.text(), timeout=30_000)
+    assert "attempt 1 of 3" in chat.notice.text()
+    assert "No model" not in chat.notice.text()
+    reply = chat.message_widgets()[-1]
+    saved = store.messages(conv)[-1]
+    assert saved.role == "assistant" and len(saved.content) >= 4 and reply.text == saved.content
+    assert saved.finish_reason == "interrupted" and "SIGKILL" in saved.error
+    assert "retry shortly" not in reply.error_label.text() and reply.error_label.text().startswith("Interrupted:")
+    qtbot.waitUntil(lambda: engine.state == "ready", timeout=60_000)
+    qtbot.waitUntil(lambda: "runs again" in chat.notice.text(), timeout=10_000)
+    assert "Regenerate" in chat.notice.text()
+    set_sampling(w, max_tokens=3)
+    qtbot.mouseClick(chat.regenerate_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None and chat.message_widgets()[-1].text == "abc", timeout=REPLY_TIMEOUT_MS)
+    m = store.messages(conv)[-1]
+    assert m.version_count == 2 and m.versions[0]["content"] == saved.content and m.error is None
+    assert not chat.message_widgets()[-1].error_label.isVisible()
+    qtbot.mouseClick(chat.message_widgets()[-1].prev_version, Qt.LeftButton)  # back to the interrupted one
+    assert chat.message_widgets()[-1].text == saved.content and chat.message_widgets()[-1].error_label.isVisible()
+    assert store.messages(conv)[-1].version == 0
+
+
+def test_engine_that_gives_up_says_why_and_reload_works(make_window, qtbot, monkeypatch):
+    """No restarts allowed: the reply fails in place, the notice gives the reason (not "No model is loaded"),
+    Reload brings the model back and Regenerate answers."""
+    from engine.engine_supervisor import RestartPolicy
+
+    w = make_window()
+    chat, engine = w.chat, w.ctx.engine
+    monkeypatch.setenv("KESTREL_FAKE", "crash_step")
+    engine.restart_policy = RestartPolicy(max_restarts=0)
+    w._reload()  # the same model again, under this policy
+    qtbot.waitUntil(lambda: engine.state == "loading", timeout=30_000)
+    qtbot.waitUntil(lambda: engine.state == "ready", timeout=60_000)
     assert chat.send("boom")
     qtbot.waitUntil(lambda: chat.pending is None, timeout=REPLY_TIMEOUT_MS)
     reply = chat.message_widgets()[-1]
-    assert reply.error_label.isVisible() and "failed" in reply.error_label.text()
-    qtbot.waitUntil(lambda: w.ctx.engine.state == "dead", timeout=30_000)
+    assert reply.error_label.isVisible() and "simulated kernel failure" in reply.error_label.text()
+    qtbot.waitUntil(lambda: engine.state == "dead", timeout=30_000)
+    qtbot.waitUntil(lambda: "was not restarted" in chat.notice.text(), timeout=30_000)
+    assert "simulated kernel failure" in chat.notice.text() and "Reload" in chat.notice.text()
     assert w.reload_button.isVisible()
     assert not chat.send_button.isEnabled()
     monkeypatch.setenv("KESTREL_FAKE", "")
     qtbot.mouseClick(w.reload_button, Qt.LeftButton)
-    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=60_000)
+    qtbot.waitUntil(lambda: engine.state == "ready", timeout=60_000)
     set_sampling(w, max_tokens=3)
     qtbot.mouseClick(chat.regenerate_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: chat.pending is None and chat.message_widgets()[-1].text == "abc", timeout=REPLY_TIMEOUT_MS)
+    # the failed reply had no text: replaced, not kept as a version
+    assert w.ctx.store.messages(chat.conversation.id)[-1].version_count == 1
+
+
+def test_request_messages_never_put_two_user_turns_in_a_row():
+    from app.store import Message
+
+    def m(role, content):
+        return Message(0, 1, role, content, 0.0)
+
+    msgs = [m("user", "a"), m("assistant", ""), m("user", "b"), m("assistant", "B"), m("user", "c")]
+    assert chat_panel.request_messages(msgs, [{"role": "user", "content": "d"}]) == [
+        {"role": "user", "content": "a\n\nb"}, {"role": "assistant", "content": "B"},
+        {"role": "user", "content": "c\n\nd"}]
 
 
 def _fake_prompt_len(messages: list[dict]) -> int:  # tests/server/fake_engine.py: one token per character
@@ -214,12 +330,19 @@ def test_long_chat_keeps_working_at_the_context_limit(make_window, qtbot):
     chat.open_conversation(conv)
     assert chat.overflow_policy() == "stop"
     set_sampling(w, max_tokens=40)
-    n = len(store.messages(conv))
-    assert chat.send("one more")
-    qtbot.waitUntil(lambda: chat.pending is None, timeout=REPLY_TIMEOUT_MS)
-    reply = chat.message_widgets()[-1]
-    assert reply.error_label.isVisible() and "no room is left" in reply.error_label.text()
-    assert len(store.messages(conv)) == n + 1  # the question is kept; no reply
+    n, cards = len(store.messages(conv)), len(chat.message_widgets())
+    chat.composer.setPlainText("one more")
+    qtbot.mouseClick(chat.send_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None and "Not sent" in chat.notice.text(), timeout=REPLY_TIMEOUT_MS)
+    # issue 45 row 15: nothing added (no message, no empty error bubble); told in place; the draft kept
+    assert "no room is left" in chat.notice.text() and chat.notice.isVisible()
+    assert len(store.messages(conv)) == n and len(chat.message_widgets()) == cards
+    assert not any(m.error_label.isVisible() for m in chat.message_widgets())
+    assert chat.composer.toPlainText() == "one more"
+    chat.overflow.setCurrentIndex(chat.overflow.findData("drop_oldest"))  # another policy: it goes through
+    qtbot.mouseClick(chat.send_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None and len(store.messages(conv)) == n + 2, timeout=REPLY_TIMEOUT_MS)
+    assert "Not sent" not in chat.notice.text() and chat.composer.toPlainText() == ""
 
 
 @pytest.mark.slow

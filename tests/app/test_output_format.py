@@ -91,11 +91,11 @@ def test_chat_keeps_a_format_per_conversation_and_shows_tool_calls(make_window, 
     chat.open_conversation(first)
     chat.output_format.schema.setPlainText('{"type": "objct"}')
     n = len(w.ctx.store.messages(first))
-    assert chat.send("again")
+    assert not chat.send("again")
     assert chat.pending is None
-    error = chat.message_widgets()[-1].error_label.text()
-    assert error.startswith("Output format:") and '"objct"' in error
-    assert len(w.ctx.store.messages(first)) == n + 1  # the user's message only
+    error = chat.notice.text()
+    assert error.startswith("Not sent: Output format:") and '"objct"' in error
+    assert len(w.ctx.store.messages(first)) == n  # nothing added (issue 45: no two user turns in a row)
 
     # an assistant message holding a tool call is shown readably (and kept as written)
     raw = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
