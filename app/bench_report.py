@@ -11,12 +11,38 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.bench.serve import NOT_REPORTED, SETUP_FIELDS  # torch-free, httpx-free
+
 # (report key of a point's metrics, column title); None-safe: a metric not computed is left empty
 COLUMNS = [("output_throughput", "out tok/s"), ("request_throughput", "req/s"),
            ("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
            ("median_tpot_ms", "TPOT p50 ms"), ("p99_tpot_ms", "TPOT p99 ms"),
            ("median_e2el_ms", "E2E p50 ms"), ("p99_e2el_ms", "E2E p99 ms"),
            ("completed", "ok"), ("failed", "failed")]
+
+
+# one line per metric, where the metric is shown (tooltips, the captions under the charts, the Markdown export)
+GLOSSARY = {
+    "TTFT": "time to first token: from sending a request to its first generated token (waiting in the queue and "
+            "reading the prompt).",
+    "TPOT": "time per output token: the average time between tokens after the first, (end - first token) / "
+            "(tokens - 1).",
+    "ITL": "inter-token latency: each single gap between two streamed tokens.",
+    "E2EL": "end-to-end latency: from sending a request to its last token.",
+    "CDF": "cumulative distribution: the share of requests finished within each latency (the curve reaches 1 at "
+           "the slowest).",
+    "throughput": "output throughput: tokens generated per second by all requests together.",
+}
+METRIC_TIPS = {"output_throughput": GLOSSARY["throughput"],
+               "request_throughput": "requests finished per second.",
+               "median_ttft_ms": "TTFT, " + GLOSSARY["TTFT"] + " p50: half the requests were faster.",
+               "p99_ttft_ms": "TTFT, " + GLOSSARY["TTFT"] + " p99: 99 requests in 100 were faster.",
+               "median_tpot_ms": "TPOT, " + GLOSSARY["TPOT"] + " p50: half the requests were faster.",
+               "p99_tpot_ms": "TPOT, " + GLOSSARY["TPOT"] + " p99: 99 requests in 100 were faster.",
+               "median_e2el_ms": "E2E, " + GLOSSARY["E2EL"] + " p50.",
+               "p99_e2el_ms": "E2E, " + GLOSSARY["E2EL"] + " p99.",
+               "completed": "requests that finished.", "failed": "requests that failed."}
+HIGHER_IS_BETTER = {"output_throughput", "request_throughput", "completed"}  # the rest: lower is better
 
 
 def concurrency(report: dict, point: dict) -> int:
@@ -30,6 +56,25 @@ def label(report: dict) -> str:
     if report.get("label"):
         return str(report["label"])
     return f"{report.get('server', {}).get('model', '?')} {report.get('date', '')[:16].replace('T', ' ')}"
+
+
+def setup(report: dict) -> dict[str, str]:
+    """What was measured (engine.bench.serve.describe_setup): recomputed from the report, so that a report
+    saved before it had a "setup" says it too, and the load options the app added are counted."""
+    from engine.bench.serve import describe_setup
+
+    return describe_setup(report)
+
+
+def setup_line(report: dict) -> str:
+    """setup() in one line (the PNG's subtitle, the library's list)."""
+    s = setup(report)
+    parts = [s["model"], s["file_type"], f"quantization {s['quantization']}", s["dtype"],
+             f"TP {s['tensor_parallel_size']}"]
+    if s["comm_strategy"] != NOT_REPORTED and not s["comm_strategy"].startswith("none"):
+        parts.append(f"comm {s['comm_strategy']}")
+    parts.append(s["device"])
+    return " · ".join(p for p in parts if p and NOT_REPORTED not in p) or "setup not reported by the server"
 
 
 def rows(report: dict) -> list[dict]:
@@ -134,6 +179,17 @@ def delta_pct(a: float | None, b: float | None) -> float | None:
     return (b - a) / a * 100.0
 
 
+def verdict(key: str, delta: float | None, tolerance_pct: float = 1.0) -> str:
+    """Whether a change of ``delta`` % in metric ``key`` is "better", "worse" or "same" (within the
+    tolerance; "" when there is no delta): throughput up is better, latency down is better."""
+    if delta is None:
+        return ""
+    if abs(delta) < tolerance_pct:
+        return "same"
+    up = delta > 0
+    return "better" if up == (key in HIGHER_IS_BETTER) else "worse"
+
+
 def compare(a: dict, b: dict) -> list[dict]:
     """Side by side at every concurrency both runs measured: ``concurrency``, and per metric key of COLUMNS
     a tuple (value in a, value in b, delta in % from a to b). For a sweep over engine configurations, pass the
@@ -156,14 +212,18 @@ def _cell(v) -> str:
 
 
 def write_csv(report: dict, path: str | Path) -> None:
-    """One row per sweep point: concurrency and the metrics of COLUMNS (keys as in the JSON report)."""
+    """One row per sweep point: concurrency and the metrics of COLUMNS (keys as in the JSON report), then the
+    run's label, date and what was measured (setup(): the same on every row, so that each row stands alone)."""
     configs = bool(engine_configs(report))
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow([*(["engine_config"] if configs else []), "max_concurrency", *(k for k, _ in COLUMNS)])
+        su = setup(report)
+        w.writerow([*(["engine_config"] if configs else []), "max_concurrency", *(k for k, _ in COLUMNS),
+                    "label", "date", *(k for k, _ in SETUP_FIELDS)])
         for r in rows(report):
             w.writerow([*([r["engine_config"]] if configs else []), r["concurrency"],
-                        *(_cell(r[k]) for k, _ in COLUMNS)])
+                        *(_cell(r[k]) for k, _ in COLUMNS), label(report), report.get("date", ""),
+                        *(su[k] for k, _ in SETUP_FIELDS)])
 
 
 def markdown(report: dict) -> str:
@@ -180,7 +240,10 @@ def markdown(report: dict) -> str:
              f"- Seed: {report.get('seed', '')}",
              f"- Client: {client.get('cpu', '')}, {client.get('logical_cpus', '')} logical CPUs"
              + "".join(f", {g['name']}" for g in client.get("gpus") or []),
-             "", "Re-run with:", "", "```", report.get("command", ""), "```", ""]
+             "", "## What was measured", ""]
+    su = setup(report)
+    lines += [f"- {title}: {su[key]}" for key, title in SETUP_FIELDS]
+    lines += ["", "Re-run with:", "", "```", report.get("command", ""), "```", ""]
     configs = bool(engine_configs(report))
     lines += ["| " + ("engine config | " if configs else "") + "concurrency | "
               + " | ".join(t for _, t in COLUMNS) + " |",
@@ -193,4 +256,6 @@ def markdown(report: dict) -> str:
         info = report.get("server", {}).get("kestrel") or {}
         lines += ["", (f"All-reduce strategies measured at start-up (TP {info.get('tensor_parallel_size', '?')}, "
                        f"comm strategy {info.get('comm_strategy', '?')}):"), "", *comm_table_markdown(table)]
+    lines += ["", "Metrics: " + "; ".join(f"**{n}**: {GLOSSARY[n]}" for n in ("TTFT", "TPOT", "E2EL"))
+              + " p50 / p99: half / 99 in 100 of the requests were faster."]
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import paths
-from app.bench_report import label
+from app.bench_report import label, setup, setup_line
 
 
 def runs_dir() -> Path:
@@ -52,6 +52,11 @@ class RunEntry:
     date: str
     command: str
     points: int
+    base_url: str = ""
+    model: str = ""
+    device: str = ""  # as the server said ("cpu", "cuda:0"), "" when it did not
+    setup: str = ""  # what was measured in one line (app.bench_report.setup_line)
+    details: dict | None = None  # app.bench_report.setup(): model, file type, load options, device, versions
 
 
 class RunLibrary:
@@ -94,8 +99,12 @@ class RunLibrary:
                 r = read_report(p)
             except ValueError:
                 continue  # not a report: left alone, not listed
+            server = r.get("server") or {}
             out.append(RunEntry(p, label(r), str(r.get("date", "")), str(r.get("command", "")),
-                                len(r.get("points", []))))
+                                len(r.get("points", [])), str(server.get("base_url", "")),
+                                str(server.get("model") or ""),
+                                str((server.get("kestrel") or {}).get("device") or (r.get("load") or {}).get("device")
+                                    or ""), setup_line(r), setup(r)))
         return sorted(out, key=lambda e: (e.date, e.path.name), reverse=True)
 
     def load(self, path: str | Path) -> dict:

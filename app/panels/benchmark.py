@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QColor, QGuiApplication
 from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -42,14 +43,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import bench_report
+from app import bench_estimate, bench_report
 from app import theme as themes
 from app.bench_runs import RunLibrary, write_report
 from app.context import AppContext
-from app.widgets.bench_charts import LiveCharts, ResultCharts
+from app.widgets.bench_charts import LiveCharts, ResultCharts, points_text
 from app.workers.bench_worker import DATASETS, BenchSpec, BenchWorker, parse_concurrencies
 
 LOCAL, CUSTOM = "local", "custom"
+PREFS = "benchmark"  # the form as last set (Store.pref), restored at start
+CAPTION = ("TTFT: time to first token · TPOT: time per output token after the first · E2E: request sent to "
+           "last token · CDF: share of requests done within a latency · p50 / p99: half / 99 in 100 were faster. "
+           "Hover a chart for more.")
+LIVE_CAPTION = ("Each dot is a request as it ends: its TTFT (time to first token) against its TPOT (time per "
+                "output token after the first). Throughput: output tokens per second of all requests together.")
 
 
 class BenchmarkPanel(QWidget):
@@ -70,7 +77,9 @@ class BenchmarkPanel(QWidget):
         self.worker.failed.connect(self._on_failed)
         ctx.server.started.connect(self._on_server_started)
         ctx.server.stopped.connect(self._on_server_stopped)
+        ctx.engine.loaded.connect(self._on_engine_loaded)
         self._show_target()
+        self._restore_prefs()
         self.refresh_library()
 
     # ------------------------------------------------------------------------------------------------
@@ -87,27 +96,48 @@ class BenchmarkPanel(QWidget):
         root.addLayout(head)
         split = QSplitter(Qt.Horizontal)
         root.addWidget(split, 1)
+        # the form scrolls; Run, Stop, the estimate and the progress stay in view under it at any height
+        left = QWidget()
+        left.setMinimumWidth(300)
+        left.setMaximumWidth(380)
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)  # the form wraps to the width; no sideways
-        scroll.setMinimumWidth(300)
-        scroll.setMaximumWidth(380)
         scroll.setWidget(self._settings())
-        split.addWidget(scroll)
+        self.form_scroll = scroll
+        ll.addWidget(scroll, 1)
+        ll.addWidget(self._run_box())
+        split.addWidget(left)
         self.tabs = QTabWidget()
         self.live = LiveCharts()
-        self.tabs.addTab(self.live, "Live")
+        self.live_tab = QWidget()
+        lt = QVBoxLayout(self.live_tab)
+        lt.setContentsMargins(0, 6, 0, 0)
+        lt.addWidget(self.live, 1)
+        self.live_caption = self._caption(LIVE_CAPTION)
+        lt.addWidget(self.live_caption)
+        self.tabs.addTab(self.live_tab, "Live")
         self.tabs.addTab(self._results(), "Results")
         self.tabs.addTab(self._library_tab(), "Library")
         split.addWidget(self.tabs)
         split.setStretchFactor(1, 1)
+
+    @staticmethod
+    def _caption(text: str) -> QLabel:
+        c = QLabel(text)
+        c.setObjectName("hint")
+        c.setWordWrap(True)
+        c.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        return c
 
     def _settings(self) -> QWidget:
         box = QWidget()
         lay = QVBoxLayout(box)
         lay.setContentsMargins(0, 0, 8, 0)
         target = QGroupBox("Target")
-        tf = QFormLayout(target)
+        tf = _form(target)
         self.local_radio = QRadioButton("Local server (Server panel)")
         self.custom_radio = QRadioButton("Other endpoint")
         self.target_group = QButtonGroup(self)
@@ -134,14 +164,25 @@ class BenchmarkPanel(QWidget):
         lay.addWidget(target)
 
         data = QGroupBox("Dataset")
-        df = QFormLayout(data)
+        df = _form(data)
+        self.preset = QComboBox()
+        for p in bench_estimate.PRESETS.values():
+            self.preset.addItem(p.title, p.key)
+            self.preset.setItemData(self.preset.count() - 1, p.tip, Qt.ToolTipRole)
+        self.preset.addItem("Custom", bench_estimate.CUSTOM)
+        self.preset.setToolTip("Sizes that suit the server's device; changing a size below makes it Custom")
+        self.preset.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.preset.setMinimumContentsLength(12)
+        self.preset.currentIndexChanged.connect(self._on_preset)
+        df.addRow("Preset", self.preset)
         self.dataset = QComboBox()
         for key, text in DATASETS.items():
             self.dataset.addItem(text, key)
         self.dataset.currentIndexChanged.connect(self._show_dataset)
         df.addRow("Kind", self.dataset)
-        self.input_len = self._spin(1, 1_000_000, 1024)
-        self.output_len = self._spin(1, 1_000_000, 128)
+        p = bench_estimate.PRESETS["gpu"]
+        self.input_len = self._spin(1, 1_000_000, p.input_len)
+        self.output_len = self._spin(1, 1_000_000, p.output_len)
         self.range_ratio = QDoubleSpinBox()
         self.range_ratio.setRange(0.0, 0.99)
         self.range_ratio.setSingleStep(0.1)
@@ -168,22 +209,46 @@ class BenchmarkPanel(QWidget):
                                ("dataset_path", "File", path_row)):
             df.addRow(label, w)
             self._rows[name] = w
-        self.num_prompts = self._spin(1, 1_000_000, 100)
+        self.num_prompts = self._spin(1, 1_000_000, p.num_prompts)
+        self.num_prompts.setToolTip("Requests sent at each concurrency of the sweep")
         df.addRow("Prompts per point", self.num_prompts)
         self.seed = self._spin(0, 2**31 - 1, 0)
         df.addRow("Seed", self.seed)
         lay.addWidget(data)
 
         sweep = QGroupBox("Sweep")
-        sf = QFormLayout(sweep)
-        self.concurrencies = QLineEdit("1,2,4,8,16")
-        self.concurrencies.setToolTip("Max concurrency of each point, separated by commas")
+        sf = _form(sweep)
+        self.concurrencies = QLineEdit(",".join(str(c) for c in p.concurrencies))
+        self.concurrencies.setToolTip("Max concurrency of each point (requests in flight at once), separated by "
+                                      "commas")
         sf.addRow("Max concurrency", self.concurrencies)
         self.label = QLineEdit()
         self.label.setPlaceholderText("optional name of the run")
         sf.addRow("Label", self.label)
         lay.addWidget(sweep)
+        lay.addStretch(1)
+        self._show_dataset()
+        # a size changed by hand makes the preset Custom; any change is remembered and re-estimated
+        self._applying = False
+        for w in (self.input_len, self.output_len, self.num_prompts):
+            w.valueChanged.connect(self._on_size_edited)
+        self.concurrencies.textChanged.connect(self._on_size_edited)
+        self.dataset.currentIndexChanged.connect(self._on_size_edited)
+        for w in (self.range_ratio, self.prefix_len, self.suffix_len, self.num_prefixes, self.seed):
+            w.valueChanged.connect(self._on_form_changed)
+        for w in (self.url, self.model, self.label, self.dataset_path):
+            w.textChanged.connect(self._on_form_changed)
+        self.local_radio.toggled.connect(self._on_form_changed)
+        return box
 
+    def _run_box(self) -> QWidget:
+        box = QWidget()
+        lay = QVBoxLayout(box)
+        lay.setContentsMargins(0, 6, 8, 0)
+        self.estimate_label = QLabel()
+        self.estimate_label.setObjectName("hint")
+        self.estimate_label.setWordWrap(True)
+        lay.addWidget(self.estimate_label)
         buttons = QHBoxLayout()
         self.run_button = QPushButton("Run")
         self.run_button.setObjectName("primary")
@@ -203,8 +268,6 @@ class BenchmarkPanel(QWidget):
         self.message.setObjectName("hint")
         self.message.setTextInteractionFlags(Qt.TextSelectableByMouse)
         lay.addWidget(self.message)
-        lay.addStretch(1)
-        self._show_dataset()
         return box
 
     @staticmethod
@@ -222,6 +285,9 @@ class BenchmarkPanel(QWidget):
         lay.addWidget(self.results_title)
         self.charts = ResultCharts()
         lay.addWidget(self.charts, 1)
+        self.results_caption = self._caption(CAPTION)
+        self.results_caption.setToolTip("\n".join(f"{k}: {v}" for k, v in bench_report.GLOSSARY.items()))
+        lay.addWidget(self.results_caption)
         self.comm_box = QGroupBox("All-reduce strategies measured at start-up (TP > 1, auto)")
         cb = QVBoxLayout(self.comm_box)
         self.comm_table = QTableWidget(0, 0)
@@ -291,6 +357,146 @@ class BenchmarkPanel(QWidget):
         return w
 
     # ------------------------------------------------------------------------------------------------
+    # presets, the estimate, the form remembered
+
+    def target_device(self) -> str:
+        """The device of the server benchmarked, as well as the app knows it: the loaded model's for the local
+        server; else a saved run's against the same URL; else this machine's (a GPU if it has one)."""
+        info = getattr(self.ctx.engine, "info", None)
+        if self.local_radio.isChecked() and info is not None and getattr(info, "device", ""):
+            return info.device
+        past = self._history()
+        dev = ((past or {}).get("server", {}).get("kestrel") or {}).get("device")
+        if dev:
+            return dev
+        if not self.local_radio.isChecked() or info is None:
+            return "cuda" if self.ctx.num_gpus else "cpu"
+        return info.device or "cpu"
+
+    def _history(self) -> dict | None:
+        """The newest saved run against the server and model the form names (None when there is none)."""
+        local = self.local_radio.isChecked()
+        url = (self.local_url if local else self.url.text().strip()) or ""
+        model = (self.local_model if local else self.model.text().strip()) or None
+        for e in getattr(self, "_entries", None) or []:
+            if e.base_url.rstrip("/") != url.rstrip("/") or (model and e.model != model):
+                continue
+            try:
+                r = self.library.load(e.path)
+            except ValueError:
+                continue
+            if bench_estimate.report_points(r):
+                return r
+        return None
+
+    def apply_preset(self, key: str) -> None:
+        """Fill the sizes from a preset (bench_estimate.PRESETS); the combo shows it."""
+        preset = bench_estimate.PRESETS.get(key)
+        self._applying = True
+        try:
+            i = self.preset.findData(key if preset else bench_estimate.CUSTOM)
+            self.preset.setCurrentIndex(i)
+            if preset is not None:
+                self.dataset.setCurrentIndex(self.dataset.findData(preset.dataset))
+                self.input_len.setValue(preset.input_len)
+                self.output_len.setValue(preset.output_len)
+                self.num_prompts.setValue(preset.num_prompts)
+                self.concurrencies.setText(",".join(str(c) for c in preset.concurrencies))
+        finally:
+            self._applying = False
+        self._on_form_changed()
+
+    def _on_preset(self, _index: int) -> None:
+        if not self._applying:
+            self.apply_preset(self.preset.currentData())
+
+    def _on_size_edited(self, *_a) -> None:
+        if self._applying:
+            return
+        key = self.preset.currentData()
+        p = bench_estimate.PRESETS.get(key)
+        if p is not None and not self._matches(p):
+            self._applying = True
+            self.preset.setCurrentIndex(self.preset.findData(bench_estimate.CUSTOM))
+            self._applying = False
+        self._on_form_changed()
+
+    def _matches(self, p: bench_estimate.Preset) -> bool:
+        try:
+            concs = tuple(parse_concurrencies(self.concurrencies.text()))
+        except ValueError:
+            return False
+        return (self.dataset.currentData(), self.input_len.value(), self.output_len.value(),
+                self.num_prompts.value(), concs) == (p.dataset, p.input_len, p.output_len, p.num_prompts,
+                                                     p.concurrencies)
+
+    def _on_form_changed(self, *_a) -> None:
+        if self._applying or getattr(self, "_restoring", False):
+            return
+        self.update_estimate()
+        self._save_prefs()
+
+    def update_estimate(self) -> None:
+        """The time the sweep in the form will take, said under the form (before Run)."""
+        try:
+            spec = self.spec(check_target=False)
+        except ValueError as e:
+            self.estimate_label.setText(f"Estimate: — ({e})")
+            return
+        est = bench_estimate.estimate(spec, self.target_device(), self._history())
+        self.estimate_label.setText("Estimate: " + est.text()[0].lower() + est.text()[1:])
+        self.estimate_label.setToolTip("Each point sends its prompts in waves of its concurrency; the time per "
+                                       "token grows a little with the batch. A run of the same model scales "
+                                       "the guess to what it measured.")
+        self.estimate = est
+
+    def _prefs(self) -> dict:
+        return {"preset": self.preset.currentData(), "target": LOCAL if self.local_radio.isChecked() else CUSTOM,
+                "url": self.url.text(), "model": self.model.text(), "dataset": self.dataset.currentData(),
+                "input_len": self.input_len.value(), "output_len": self.output_len.value(),
+                "range_ratio": round(self.range_ratio.value(), 2), "prefix_len": self.prefix_len.value(),
+                "suffix_len": self.suffix_len.value(), "num_prefixes": self.num_prefixes.value(),
+                "dataset_path": self.dataset_path.text(), "num_prompts": self.num_prompts.value(),
+                "seed": self.seed.value(), "concurrencies": self.concurrencies.text(), "label": self.label.text()}
+
+    def _save_prefs(self) -> None:
+        """The form as it is now, remembered across restarts (the API key is not: it is a secret)."""
+        self.ctx.store.set_pref(PREFS, self._prefs())
+
+    def _restore_prefs(self) -> None:
+        p = self.ctx.store.pref(PREFS) or {}
+        self._restoring = True
+        try:
+            if not p:  # first use: the preset of the device the server runs on
+                self.apply_preset("gpu" if bench_estimate.device_kind(self.target_device()) == "cuda" else "cpu")
+                return
+            self._applying = True
+            try:
+                i = self.preset.findData(p.get("preset", bench_estimate.CUSTOM))
+                self.preset.setCurrentIndex(i if i >= 0 else self.preset.findData(bench_estimate.CUSTOM))
+                j = self.dataset.findData(p.get("dataset", "random"))
+                self.dataset.setCurrentIndex(max(j, 0))
+                for name in ("input_len", "output_len", "prefix_len", "suffix_len", "num_prefixes",
+                             "num_prompts", "seed"):
+                    if isinstance(p.get(name), int):
+                        getattr(self, name).setValue(p[name])
+                if isinstance(p.get("range_ratio"), (int, float)):
+                    self.range_ratio.setValue(float(p["range_ratio"]))
+                for name in ("url", "model", "dataset_path", "concurrencies", "label"):
+                    if isinstance(p.get(name), str):
+                        getattr(self, name).setText(p[name])
+                if p.get("target") == LOCAL and self.local_url is not None:
+                    self.local_radio.setChecked(True)
+            finally:
+                self._applying = False
+        finally:
+            self._restoring = False
+            self.update_estimate()
+
+    def _on_engine_loaded(self, _info) -> None:
+        self.update_estimate()
+
+    # ------------------------------------------------------------------------------------------------
     # target and dataset
 
     def _show_target(self) -> None:
@@ -311,6 +517,7 @@ class BenchmarkPanel(QWidget):
         if not self.worker.running:
             self.local_radio.setChecked(True)
         self._show_target()
+        self.update_estimate()
 
     def _on_server_stopped(self, _why: str) -> None:
         self.local_url = self.local_model = None
@@ -330,19 +537,20 @@ class BenchmarkPanel(QWidget):
         if path:
             self.dataset_path.setText(path)
 
-    def spec(self) -> BenchSpec:
-        """The sweep the form describes; ValueError in words when it cannot run."""
+    def spec(self, check_target: bool = True) -> BenchSpec:
+        """The sweep the form describes; ValueError in words when it cannot run (``check_target`` False: the
+        sizes only, for the estimate)."""
         if self.local_radio.isChecked():
-            if self.local_url is None:
+            if self.local_url is None and check_target:
                 raise ValueError("The local server is not running: start it in the Server panel.")
-            url, key, model = self.local_url, self.api_key.text().strip() or None, self.local_model
+            url, key, model = self.local_url or "", self.api_key.text().strip() or None, self.local_model
         else:
             url, key, model = self.url.text().strip(), self.api_key.text().strip() or None, \
                 self.model.text().strip() or None
-            if not url.startswith(("http://", "https://")):
+            if check_target and not url.startswith(("http://", "https://")):
                 raise ValueError("The URL starts with http:// or https://, e.g. http://127.0.0.1:8000")
         kind = self.dataset.currentData()
-        if kind == "sharegpt" and not Path(self.dataset_path.text()).is_file():
+        if check_target and kind == "sharegpt" and not Path(self.dataset_path.text()).is_file():
             raise ValueError("Choose a ShareGPT-format JSON file for the dataset.")
         return BenchSpec(base_url=url, api_key=key, model=model, dataset=kind,
                          input_len=self.input_len.value(),
@@ -365,11 +573,13 @@ class BenchmarkPanel(QWidget):
         except ValueError as e:
             self._say(str(e), error=True)
             return
-        self.live.clear()
+        self.live.reset()
+        self._run_local = self.local_url is not None and spec.base_url == self.local_url
+        self._save_prefs()
         self.progress.setRange(0, 0)  # busy until the worker knows the total
         self.run_button.setEnabled(False)
         self.stop_button.setEnabled(True)
-        self.tabs.setCurrentWidget(self.live)
+        self.tabs.setCurrentWidget(self.live_tab)
         self._say(f"Contacting {spec.base_url}…")
         self.worker.run(spec)
 
@@ -396,15 +606,33 @@ class BenchmarkPanel(QWidget):
         self._say(f"Concurrency {point['params']['max_concurrency']}: {m['completed']} ok, "
                   f"{m['output_throughput']:.1f} output tok/s")
 
+    def load_options(self) -> dict | None:
+        """How the app loaded the model its own server serves (the report's "load"): the load options the
+        server's /v1/server_info may not tell, the file name and its type. None without a loaded model."""
+        cfg, info = getattr(self.ctx.engine, "config", None), getattr(self.ctx.engine, "info", None)
+        if cfg is None or info is None:
+            return None
+        return {"model": info.name, "file": Path(info.path).name if info.path else None, "format": info.format,
+                "file_quantization": info.quantization, "quantization": cfg.quantization,
+                "dtype": info.dtype or cfg.dtype, "requested_dtype": cfg.dtype, "device": info.device,
+                "tensor_parallel_size": info.tensor_parallel_size,
+                "comm_strategy": cfg.comm_strategy if info.tensor_parallel_size > 1 else None,
+                "source": "the app's loaded model (Load panel)"}
+
     def _on_finished(self, report: dict) -> None:
         self._idle()
+        if getattr(self, "_run_local", False):
+            load = self.load_options()
+            if load is not None:
+                report["load"] = load
+        report["setup"] = bench_report.setup(report)
         path = self.library.save(report)
         self.refresh_library()
         self.show_report(report)
         failed = sum(p["metrics"]["failed"] for p in report["points"])
         note = " (stopped: the points finished are kept)" if report.get("metadata", {}).get("stopped") else ""
         errors = f"; {failed} requests failed: {report['points'][0]['errors'][:1]}" if failed else ""
-        self._say(f"Done{note}: {len(report['points'])} points, saved as {path.name}{errors}")
+        self._say(f"Done{note}: {points_text(len(report['points']))}, saved as {path.name}{errors}")
         self.tabs.setCurrentIndex(1)
 
     def _on_failed(self, message: str) -> None:
@@ -429,8 +657,10 @@ class BenchmarkPanel(QWidget):
 
     def show_report(self, report: dict) -> None:
         self.report = report
+        self._overlaid = None
         where = report.get("server", {}).get("base_url", "")
         self.results_title.setText(f"{bench_report.label(report)} · {where}")
+        self.results_title.setToolTip(bench_report.setup_line(report))
         self.command.setText(report.get("command", ""))
         self.command.setCursorPosition(0)  # show where it starts: "kestrel bench sweep ..."
         self.charts.show_runs([report])
@@ -476,13 +706,27 @@ class BenchmarkPanel(QWidget):
         QGuiApplication.clipboard().setText(self.command.text())
 
     def export_png(self, path: str | Path) -> None:
-        self.charts.grab().save(str(path))
+        """The charts shown, under a title: the run's name (or the runs overlaid) and what was measured."""
+        self.png_title().save(str(path))
+
+    def png_title(self):
+        shown = getattr(self, "_overlaid", None) or ([self.report] if self.report else [])
+        if len(shown) > 1:
+            title = "Benchmark: " + " vs ".join(bench_report.label(r) for r in shown)
+            sub = "\n".join(f"{bench_report.label(r)}: {bench_report.setup_line(r)}" for r in shown)
+        elif shown:
+            r = shown[0]
+            title = f"Benchmark: {bench_report.label(r)} · {r.get('server', {}).get('base_url', '')}"
+            sub = bench_report.setup_line(r) + f" · {r.get('date', '')[:16].replace('T', ' ')}"
+        else:
+            title, sub = "Benchmark", ""
+        return self.charts.titled_image(title, sub)
 
     def export_csv(self, path: str | Path) -> None:
         bench_report.write_csv(self.report, path)
 
     def export_json(self, path: str | Path) -> None:
-        write_report(self.report, path)
+        write_report({**self.report, "setup": bench_report.setup(self.report)}, path)
 
     def export_markdown(self, path: str | Path) -> None:
         Path(path).write_text(bench_report.markdown(self.report))
@@ -502,15 +746,21 @@ class BenchmarkPanel(QWidget):
         ticked = set(self.ticked_paths())
         self.runs.blockSignals(True)
         self.runs.clear()
-        for e in self.library.entries():
-            item = QListWidgetItem(f"{e.label}  ·  {e.points} points  ·  {e.date[:16].replace('T', ' ')}")
+        self._entries = self.library.entries()
+        for e in self._entries:
+            item = QListWidgetItem(f"{e.label}  ·  {points_text(e.points)}  ·  {e.date[:16].replace('T', ' ')}\n"
+                                   f"{e.setup}")
             item.setData(Qt.UserRole, str(e.path))
-            item.setToolTip(e.command)
+            details = "\n".join(f"{title}: {(e.details or {}).get(key, '')}"
+                                for key, title in bench_report.SETUP_FIELDS)
+            item.setToolTip(f"{details}\n\nRe-run: {e.command}")
             item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
             item.setCheckState(Qt.Checked if str(e.path) in ticked else Qt.Unchecked)
             self.runs.addItem(item)
         self.runs.blockSignals(False)
         self._update_comparison()
+        if hasattr(self, "estimate_label"):
+            self.update_estimate()  # a new run of the same model makes the estimate exact
 
     def ticked_paths(self) -> list[str]:
         return [self.runs.item(i).data(Qt.UserRole) for i in range(self.runs.count())
@@ -579,6 +829,7 @@ class BenchmarkPanel(QWidget):
             self._say("Tick the runs to overlay in the Library.", error=True)
             return
         self.charts.show_runs(reports)
+        self._overlaid = reports
         self.show_comm_table(reports[0] if len(reports) == 1 else None)
         self.results_title.setText("Overlay: " + ", ".join(bench_report.label(r) for r in reports))
         if len(reports) == 1:
@@ -591,6 +842,9 @@ class BenchmarkPanel(QWidget):
         self.tabs.setCurrentIndex(1)
 
     def _update_comparison(self) -> None:
+        """The two ticked runs side by side, the older as A and the newer as B: a row per concurrency and
+        metric, Δ = new vs old in %, green where B is better, red where it is worse (higher throughput, lower
+        latency); five columns that fit the width, no sideways scrolling."""
         paths = self.ticked_paths()
         table = self.compare_table
         table.setRowCount(0)
@@ -601,32 +855,58 @@ class BenchmarkPanel(QWidget):
         a, b = self._load(paths[0]), self._load(paths[1])
         if a is None or b is None:
             return
-        self.compare_title.setText(f"A = {bench_report.label(a)}   ·   B = {bench_report.label(b)}   "
-                                   f"(Δ = B vs A)")
+        if (str(a.get("date", "")), paths[0]) > (str(b.get("date", "")), paths[1]):
+            a, b = b, a  # A the older run, B the newer
+        when = lambda r: str(r.get("date", ""))[:16].replace("T", " ")  # noqa: E731
+        self.compare_title.setText(f"A (older) = {bench_report.label(a)}, {when(a)}   ·   B (newer) = "
+                                   f"{bench_report.label(b)}, {when(b)}   ·   Δ = new vs old, (B − A) / A: "
+                                   f"green better, red worse")
+        self.compare_title.setWordWrap(True)
+        theme = themes.current()
         rows = bench_report.compare(a, b)
-        cols = ["concurrency"] + [f"{t} {s}" for _, t in bench_report.COLUMNS[:6] for s in ("A", "B", "Δ")]
+        cols = ["concurrency", "metric", "A (older)", "B (newer)", "Δ new vs old"]
         table.setColumnCount(len(cols))
         table.setHorizontalHeaderLabels(cols)
-        table.setRowCount(len(rows))
-        for i, r in enumerate(rows):
-            cells = [str(r["concurrency"])]
-            for key, _ in bench_report.COLUMNS[:6]:
+        metrics = bench_report.COLUMNS[:6]
+        table.setRowCount(len(rows) * len(metrics))
+        i = 0
+        for r in rows:
+            for key, title in metrics:
                 va, vb, d = r[key]
-                cells += [_fmt(va), _fmt(vb), "" if d is None else f"{d:+.1f}%"]
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
-                table.setItem(i, j, item)
-        table.resizeColumnsToContents()
+                verdict = bench_report.verdict(key, d)
+                cells = [str(r["concurrency"]), title, _fmt(va), _fmt(vb),
+                         "" if d is None else f"{d:+.1f}%" + {"better": " better", "worse": " worse"}.get(verdict, "")]
+                for j, text in enumerate(cells):
+                    item = QTableWidgetItem(text)
+                    item.setTextAlignment((Qt.AlignLeft if j == 1 else Qt.AlignRight) | Qt.AlignVCenter)
+                    if j == 1:
+                        item.setToolTip(bench_report.METRIC_TIPS.get(key, ""))
+                    if j == 4 and verdict in ("better", "worse"):
+                        item.setForeground(QColor(theme["ok_text" if verdict == "better" else "error_text"]))
+                        item.setData(Qt.UserRole, verdict)
+                    table.setItem(i, j, item)
+                i += 1
+        header = table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.Stretch)
+        header.setSectionResizeMode(1, QHeaderView.ResizeToContents)
+        table.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
 
     # ------------------------------------------------------------------------------------------------
 
     def apply_theme(self, theme: themes.Theme) -> None:
         self.live.apply_theme(theme)
         self.charts.apply_theme(theme)
+        self._update_comparison()  # the better / worse colours of the theme
 
     def shutdown(self) -> None:
         self.worker.shutdown()
+
+
+def _form(box: QWidget) -> QFormLayout:
+    """A form that puts a field under its label when the column is too narrow for both (1024 px windows)."""
+    f = QFormLayout(box)
+    f.setRowWrapPolicy(QFormLayout.WrapLongRows)
+    return f
 
 
 def _fmt(v) -> str:

@@ -259,7 +259,7 @@ async def measure_point(target: Target, args, *, max_concurrency, request_rate: 
 def report_header(target: Target, args, benchmark: str) -> dict:
     """The head of a report: what reproduces it (the command, arguments, hosts, server, sampling, seed)."""
     argv = ["kestrel", *(_argv_tail(args) or ["bench", benchmark])]
-    return {"benchmark": benchmark, "label": args.label,
+    head = {"benchmark": benchmark, "label": args.label,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": shlex.join(argv), "args": {k: v for k, v in vars(args).items()
                                                   if k not in ("func", "api_key", "_argv") and not callable(v)},
@@ -269,6 +269,62 @@ def report_header(target: Target, args, benchmark: str) -> dict:
             "sampling": {"temperature": args.temperature, "ignore_eos": args.ignore_eos, "stream": True,
                          "extra_body": getattr(args, "extra_body", None)},
             "goodput_slos_ms": load.parse_goodput(args.goodput), "seed": args.seed}
+    head["setup"] = describe_setup(head)
+    return head
+
+
+NOT_REPORTED = "not reported"
+
+# the keys of describe_setup(), in the order reports and exports write them, with their titles
+SETUP_FIELDS = [("model", "Model"), ("file_type", "File type"), ("quantization", "Quantization (load option)"),
+                ("dtype", "Dtype"), ("tensor_parallel_size", "TP size"), ("comm_strategy", "Comm strategy"),
+                ("device", "Device"), ("server_version", "Server version"), ("client_versions", "Client versions")]
+
+
+def describe_setup(report: dict) -> dict[str, str]:
+    """What was measured, as text (NOT_REPORTED where neither the server nor the app said): the model, its file
+    type (format and the file's own quantization, e.g. "gguf Q4_1"), the load options (quantization, dtype, TP
+    size, comm strategy), the device and the versions. From the server's /v1/server_info (Kestrel's) and, for
+    a run of the app against its own server, the load options the app gave (the report's "load"). Written
+    into every report as "setup"; the app's exports and library show it."""
+    server = report.get("server") or {}
+    k = server.get("kestrel") or {}
+    load = report.get("load") or {}
+    ec = k.get("engine_config") or {}
+    host = k.get("host") or {}
+    client = report.get("client") or {}
+
+    def first(*values) -> str:
+        for v in values:
+            if v not in (None, ""):
+                return str(v)
+        return NOT_REPORTED
+
+    file_type = " ".join(str(v) for v in (k.get("format") or load.get("format"),
+                                          k.get("quantization") or load.get("file_quantization")) if v)
+    tp = k.get("tensor_parallel_size") or load.get("tensor_parallel_size")
+    comm = k.get("comm_strategy") or load.get("comm_strategy")
+    if comm is None and tp is not None and int(tp) == 1:
+        comm = "none (TP 1)"
+    device = first(k.get("device"), load.get("device"))
+    gpus = [g.get("name") for g in host.get("gpus") or [] if isinstance(g, dict) and g.get("name")]
+    if device.startswith("cuda") and gpus:
+        device += f" ({', '.join(dict.fromkeys(gpus))})"
+    elif device == "cpu" and host.get("cpu"):
+        device += f" ({host['cpu']}, {host.get('logical_cpus', '?')} logical CPUs)"
+    versions = client.get("versions") or {}
+    client_v = ", ".join(f"{n} {versions[n]}" for n in ("kestrel", "torch", "httpx") if versions.get(n))
+    if client.get("python"):
+        client_v = f"Python {client['python']}" + (f", {client_v}" if client_v else "")
+    other = server.get("version") if isinstance(server.get("version"), dict) else {}
+    return {"model": first(server.get("model"), k.get("model"), load.get("model")),
+            "file_type": first(file_type),
+            "quantization": first(ec.get("quantization"), load.get("quantization")),
+            "dtype": first(k.get("dtype"), load.get("dtype")),
+            "tensor_parallel_size": first(tp), "comm_strategy": first(comm), "device": device,
+            "server_version": first(("Kestrel " + str(k["version"])) if k.get("version") else None,
+                                    other.get("version")),
+            "client_versions": first(client_v)}
 
 
 def _argv_tail(args) -> list[str]:

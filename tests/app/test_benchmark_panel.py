@@ -15,6 +15,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 
+from app import bench_report
 from app.bench_runs import read_report
 from tests.app.helpers import click_when_enabled
 from tests.server.conftest import MODEL, make_server
@@ -54,6 +55,37 @@ def curve_data(plot):
     return [tuple(item.getOriginalDataset()) for item in plot.listDataItems()]
 
 
+def coloured_pixels(widget) -> int:
+    """Pixels of ``widget`` as drawn that are strongly coloured (the data: dots, lines, fills); axes, grid, text
+    and the ground are grey, so an empty chart has next to none."""
+    img = widget.grab().toImage()
+    n = 0
+    for y in range(0, img.height(), 2):
+        for x in range(0, img.width(), 2):
+            c = img.pixelColor(x, y)
+            if c.hsvSaturation() > 120 and c.value() > 80:
+                n += 1
+    return n
+
+
+def assert_live_plots_drawn(panel, report: dict) -> None:
+    """Issue 45 row 2: the Live tab draws every request (TTFT on y against TPOT on x) and the throughput line,
+    read back from the plots themselves and from the pixels drawn."""
+    live = panel.live
+    n = sum(len(p["requests"]) for p in report["points"])
+    assert live.view.ci.getItem(0, 0) is live.p_scatter and live.view.ci.getItem(0, 1) is live.p_tps
+    assert live.plotted_points() == n == live.scatter_count()
+    ys = sorted(float(v) for item in live.p_scatter.listDataItems() for v in item.getData()[1])
+    want = sorted(r["ttft"] * 1000 for p in report["points"] for r in p["requests"])
+    assert ys == pytest.approx(want, rel=1e-3, abs=1.0)  # TTFT on the y axis, as the title says
+    assert "TTFT" in live.p_scatter.getAxis("left").labelText and "TPOT" in live.p_scatter.getAxis("bottom").labelText
+    x, y = live.tps_curve.getData()
+    assert len(x) == n and max(y) > 0
+    panel.tabs.setCurrentWidget(panel.live_tab)
+    assert coloured_pixels(live.view) > 30
+    assert len(live.legend.entries) == len(report["points"])  # a colour per concurrency, under the plot
+
+
 def test_a_sweep_runs_draws_saves_and_the_cli_reruns_it(make_window, qtbot, bench_server, tmp_path):
     w = make_window(autoload=False)
     panel = w.panels["benchmark"]
@@ -71,6 +103,7 @@ def test_a_sweep_runs_draws_saves_and_the_cli_reruns_it(make_window, qtbot, benc
             assert 0 < r["ttft"] <= r["e2el"]
     # live: every request in the scatter (8 output tokens each: all have a TPOT) and the throughput line
     assert panel.live.scatter_count() == 8 and len(panel.live.tps_x) == 8 and max(panel.live.tps_y) > 0
+    assert_live_plots_drawn(panel, report)
     # results: a point per concurrency on each chart, a CDF per point over its 4 requests
     (x, y), = curve_data(panel.charts.p_tput)
     assert list(x) == [1, 2] and all(v > 0 for v in y)
@@ -120,6 +153,7 @@ def test_overlay_comparison_and_exports(make_window, qtbot, bench_server, tmp_pa
     configure(panel, bench_server.url, label="long", out=8, prompts=2)
     second = run_sweep(panel, qtbot)
     assert panel.runs.count() == 2
+    assert_live_plots_drawn(panel, second)  # a second run draws too (reset, not the layout's clear)
 
     panel.set_ticked([panel.runs.item(i).data(Qt.UserRole) for i in range(2)])
     panel.show_overlay()
@@ -128,17 +162,40 @@ def test_overlay_comparison_and_exports(make_window, qtbot, bench_server, tmp_pa
     assert len(curve_data(panel.charts.p_ttft)) == 4  # p50 and p99 of each run
     assert len(curve_data(panel.charts.p_cdf)) == 2  # each run at its highest concurrency
     assert "short" in panel.results_title.text() and "long" in panel.results_title.text()
-    # side by side: a row per concurrency, deltas in %
+    # side by side: a row per concurrency and metric; A the older run, B the newer, Δ new vs old, coloured
     t = panel.compare_table
-    assert t.rowCount() == 2 and t.item(0, 0).text() == "1"
+    w.resize(1024, 700)
+    w.show_panel("benchmark")
+    panel.tabs.setCurrentIndex(2)
+    qtbot.wait(50)
+    assert t.rowCount() == 2 * 6 and t.item(0, 0).text() == "1"
     headers = [t.horizontalHeaderItem(j).text() for j in range(t.columnCount())]
-    j = headers.index("TPOT p50 ms Δ")
-    assert all(t.item(i, j).text().endswith("%") for i in range(2))
+    assert headers == ["concurrency", "metric", "A (older)", "B (newer)", "Δ new vs old"]
+    assert "A (older) = short" in panel.compare_title.text() and "B (newer) = long" in panel.compare_title.text()
+    assert t.horizontalScrollBar().maximum() == 0  # no sideways scrolling at 1024 px
+    from app import theme as themes
+
+    rows = {(t.item(i, 0).text(), t.item(i, 1).text()): i for i in range(t.rowCount())}
+    for (conc, metric), i in rows.items():
+        key = next(k for k, title in bench_report.COLUMNS if title == metric)
+        a_val = first["points"][int(conc) - 1]["metrics"][key]
+        b_val = second["points"][int(conc) - 1]["metrics"][key]
+        d = (b_val - a_val) / a_val * 100
+        assert t.item(i, 4).text().startswith(f"{d:+.1f}%")
+        verdict = bench_report.verdict(key, d)
+        if verdict in ("better", "worse"):
+            color = themes.current()["ok_text" if verdict == "better" else "error_text"]
+            assert t.item(i, 4).foreground().color().name() == color and verdict in t.item(i, 4).text()
+    # 4 tokens vs 8 per request: the newer run's E2E is longer, its throughput per request lower
+    assert t.item(rows[("1", "req/s")], 4).data(Qt.UserRole) == "worse"
+    panel.set_ticked([panel.runs.item(i).data(Qt.UserRole) for i in (1, 0)])  # ticked in the other order
+    assert "A (older) = short" in panel.compare_title.text()
 
     png = tmp_path / "overlay.png"
     panel.export_png(png)
     img = QImage(str(png))
     assert not img.isNull() and img.width() > 200
+    assert img.height() > panel.charts.grab().height() + 20  # a title above the charts
 
     panel._open_item(panel.runs.item(0))  # newest first: "long"
     assert panel.report["label"] == second["label"] == "long"
@@ -156,6 +213,20 @@ def test_overlay_comparison_and_exports(make_window, qtbot, bench_server, tmp_pa
     md = (tmp_path / "run.md").read_text()
     assert second["command"] in md and md.count("\n| ") == 3  # header and two points
     assert first["command"] != second["command"]
+    # what was measured, in every export and in the library (issue 45 row 9)
+    setup = bench_report.setup(second)
+    assert setup["model"] == MODEL and setup["file_type"].startswith("gguf") and setup["dtype"] == "float32"
+    assert setup["tensor_parallel_size"] == "1" and setup["device"].startswith("cpu")
+    assert setup["quantization"] != bench_report.NOT_REPORTED and setup["server_version"].startswith("Kestrel ")
+    assert "torch" in setup["client_versions"] and bench_report.NOT_REPORTED not in setup.values()
+    for key, title in bench_report.SETUP_FIELDS:
+        assert f"- {title}: {setup[key]}" in md
+    assert all(r[k] == setup[k] for r in rows for k, _ in bench_report.SETUP_FIELDS)
+    assert back["setup"] == setup and second["setup"] == setup
+    assert "TTFT" in md and "time to first token" in md  # the metrics explained
+    lib_item = panel.runs.item(0)
+    assert setup["model"] in lib_item.text() and setup["file_type"] in lib_item.text() and "2 points" in lib_item.text()
+    assert f"Dtype: float32" in lib_item.toolTip()
 
     panel.runs.setCurrentRow(1)
     panel._delete_selected()
@@ -212,6 +283,10 @@ def test_the_local_server_is_a_target_and_stop_ends_a_run(make_window, qtbot):
     qtbot.waitUntil(lambda: not panel.worker.running and panel.run_button.isEnabled(), timeout=30_000)
     assert panel.report is not None and panel.report["metadata"]["stopped"] is True
     assert 1 <= len(panel.report["points"]) < 10 and panel.runs.count() == 1
+    # a run against the app's own server records how the app loaded the model (the load options)
+    load, cfg = panel.report["load"], w.ctx.engine.config
+    assert load["quantization"] == cfg.quantization and load["tensor_parallel_size"] == 1
+    assert load["model"] == w.ctx.engine.info.name and panel.report["setup"]["quantization"] == cfg.quantization
 
 
 def test_a_wrong_api_key_is_said_so_and_the_right_one_runs(make_window, qtbot):
