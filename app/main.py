@@ -9,11 +9,17 @@ import signal
 import sys
 
 
+# the main window's panels, in the sidebar's order (app.window.PANELS is built from these; Qt-free here, for
+# `kestrel --help`): every one of them can be opened first with --panel
+PANEL_LABELS = {"chat": "Chat", "models": "Models", "load": "Load", "server": "Server",
+                "performance": "Performance", "benchmark": "Benchmark", "hardware": "Hardware"}
+PANEL_NAMES = list(PANEL_LABELS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kestrel", description="Kestrel desktop app")
     p.add_argument("--no-autoload", action="store_true", help="Start without loading a model")
-    p.add_argument("--panel", default="chat", choices=["chat", "models", "load", "server", "performance",
-                                                        "hardware"], help="Panel to show first")
+    p.add_argument("--panel", default="chat", choices=PANEL_NAMES, help="Panel to show first")
     return p
 
 

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QPushButton,
     QStackedWidget,
+    QStyledItemDelegate,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -22,6 +23,7 @@ from PySide6.QtWidgets import (
 from app import resources, shortcuts
 from app import theme as themes
 from app.context import AppContext
+from app.main import PANEL_LABELS, PANEL_NAMES
 from app.panels.benchmark import BenchmarkPanel
 from app.panels.chat import ChatPanel
 from app.panels.hardware import HardwarePanel
@@ -31,8 +33,10 @@ from app.panels.performance import PerformancePanel
 from app.panels.server import ServerPanel
 from app.workers.engine_worker import DEAD, EMPTY, FAILED, LOADING, READY
 
-PANELS = [("chat", "Chat"), ("models", "Models"), ("load", "Load"), ("server", "Server"),
-          ("performance", "Performance"), ("benchmark", "Benchmark"), ("hardware", "Hardware")]
+PANELS = [(name, PANEL_LABELS[name]) for name in PANEL_NAMES]
+SIDEBAR_WIDTH, SIDEBAR_NARROW = 190, 56
+# below this window width the sidebar shows only its icons (their names in tooltips), leaving the panels room
+COMPACT_BELOW = 1200
 
 
 def weights_text(info, config) -> str:
@@ -57,20 +61,24 @@ class MainWindow(QMainWindow):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(0)
         side = QWidget()
-        side.setObjectName("sidebar")
+        side.setObjectName("appSidebar")  # not "sidebar": QFileDialog's own sidebar has that name
         side.setAttribute(Qt.WA_StyledBackground, True)
-        side.setFixedWidth(190)
+        side.setFixedWidth(SIDEBAR_WIDTH)
+        self.sidebar = side
+        self.compact = False
         sl = QVBoxLayout(side)
         sl.setContentsMargins(0, 0, 0, 0)
         sl.setSpacing(0)
         brand = QLabel("Kestrel")
         brand.setObjectName("brand")
+        self.brand = brand
         sl.addWidget(brand)
         self.nav = QListWidget()
         self.nav.setObjectName("nav")
         self.nav.setIconSize(QSize(18, 18))
         sl.addWidget(self.nav, 1)
-        sl.addWidget(self._sidebar_footer())
+        self.sidebar_footer = self._sidebar_footer()
+        sl.addWidget(self.sidebar_footer)
         lay.addWidget(side)
         self.stack = QStackedWidget()
         lay.addWidget(self.stack, 1)
@@ -84,6 +92,7 @@ class MainWindow(QMainWindow):
         for name, label in PANELS:
             item = QListWidgetItem(resources.icon(name), label)
             item.setData(Qt.UserRole, name)
+            item.setToolTip(label)
             self.nav.addItem(item)
             self.stack.addWidget(self.panels[name])
         self.nav.currentRowChanged.connect(self.stack.setCurrentIndex)
@@ -127,18 +136,23 @@ class MainWindow(QMainWindow):
         self.help_button.setCursor(Qt.PointingHandCursor)
         self.help_button.clicked.connect(self.shortcut_help)
         fl.addWidget(self.help_button, 0, Qt.AlignLeft)
-        row = QHBoxLayout()
+        self.theme_row = QWidget()
+        row = QHBoxLayout(self.theme_row)
+        row.setContentsMargins(0, 0, 0, 0)
         label = QLabel("Theme")
         label.setObjectName("sidebarLabel")
         self.theme_choice = QComboBox()
         self.theme_choice.setObjectName("themeChoice")
         self.theme_choice.setToolTip("System follows the desktop's light or dark setting")
+        # the list takes the style sheet's item colours, not the combo's light-on-dark text (the default delegate
+        # draws the items with the combo's palette: light grey on the white list)
+        self.theme_choice.setItemDelegate(QStyledItemDelegate(self.theme_choice))
         for key, text in themes.CHOICES.items():
             self.theme_choice.addItem(text, key)
         self.theme_choice.currentIndexChanged.connect(self._theme_chosen)
         row.addWidget(label)
         row.addWidget(self.theme_choice, 1)
-        fl.addLayout(row)
+        fl.addWidget(self.theme_row)
         return foot
 
     def _show_theme_choice(self) -> None:
@@ -221,7 +235,7 @@ class MainWindow(QMainWindow):
 
     # slots for worker signals are bound methods: a lambda would run on the worker's thread
     def _on_load_progress(self, text: str) -> None:
-        self.engine_label.setText(f"Loading: {text}")
+        self.engine_label.setText(text)  # "Loading weights…", "Starting the engine process…": words of their own
 
     def _on_server_started(self, url: str, _model: str) -> None:
         self.server_label.setText(f"Endpoint: {url}/v1")
@@ -256,6 +270,24 @@ class MainWindow(QMainWindow):
                 if hasattr(panel, "shutdown"):
                     panel.shutdown()
             self.ctx.shutdown()
+
+    def set_compact(self, compact: bool) -> None:
+        """The sidebar as icons only (compact) or with the panels' names, the help link and the theme choice."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        self.sidebar.setFixedWidth(SIDEBAR_NARROW if compact else SIDEBAR_WIDTH)
+        self.brand.setText("K" if compact else "Kestrel")
+        self.brand.setAlignment(Qt.AlignHCenter if compact else Qt.AlignLeft | Qt.AlignVCenter)
+        for i, (_name, label) in enumerate(PANELS):
+            self.nav.item(i).setText("" if compact else label)
+        self.help_button.setText("?" if compact else "Keyboard shortcuts (F1)")
+        self.help_button.setToolTip("Keyboard shortcuts (F1)")
+        self.theme_row.setVisible(not compact)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self.set_compact(event.size().width() < COMPACT_BELOW)
 
     def closeEvent(self, event) -> None:
         self.hide()

@@ -207,6 +207,8 @@ class HardwarePanel(QWidget):
         self.cpu_load.setFormat(f"{snap.cpu_percent:.0f}%")
         self.ram.setValue(int(1000 * snap.ram_used / max(snap.ram_total, 1)))
         self.ram.setFormat(f"{gib(snap.ram_used)} used of {gib(snap.ram_total)}")
+        fit_text(self.cpu_load)
+        fit_text(self.ram)
         self.driver.setText(snap.driver or "—")
         has = bool(snap.gpus)
         layout = self.layout()
@@ -251,3 +253,12 @@ def _fit_rows(t: QTableWidget) -> None:
     scroll = t.horizontalScrollBar().sizeHint().height()
     rows = sum(t.rowHeight(r) for r in range(t.rowCount()))
     t.setMaximumHeight(header + rows + 2 * t.frameWidth() + scroll)
+
+
+def fit_text(bar: QProgressBar) -> None:
+    """A progress bar never narrower than its text ("13.5 GiB used of 23.5 GiB" was cut to "5 GiB used of 23.5 G"):
+    its minimum width follows the text, with room for the frame and padding either side."""
+    text = bar.text()
+    need = bar.fontMetrics().horizontalAdvance(text + "00") + 24
+    if bar.minimumWidth() < need:
+        bar.setMinimumWidth(need)
