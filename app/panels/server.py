@@ -39,7 +39,8 @@ from app.workers.engine_worker import READY
 from app.workers.server_worker import ServerOptions
 
 LOG_LIMIT = 500
-ERROR_RED = "#d64545"  # readable on the light and the dark theme
+ERROR_RED = "#d64545"
+LOAD_FIRST = "Load a model first: the endpoint serves the loaded model."  # readable on the light and the dark theme
 PREFS = "server.options"
 
 
@@ -318,12 +319,15 @@ class ServerPanel(QWidget):
         for w in (self.port, self.api_key, self.generate_key, self.lan, self.cors):  # (autostart: any time)
             w.setEnabled(not running and not self._starting)
         self.copy_url.setEnabled(running)
-        if not running and not ready and not self._starting and not self._stop_note:
-            self.status.setObjectName("hint")
-            self._repolish(self.status)
-            self.status.setText("Load a model first: the endpoint serves the loaded model.")
-        elif not running and ready and self.status.text().startswith("Load a model"):
-            self.status.setText("")
+        if not running and not ready and not self._starting:
+            text = f"{self._stop_note}\n{LOAD_FIRST}" if self._stop_note else LOAD_FIRST
+            if self.status.text() != text:
+                if not self._stop_note:
+                    self.status.setObjectName("hint")
+                    self._repolish(self.status)
+                self.status.setText(text)
+        elif not running and ready and self.status.text().endswith(LOAD_FIRST):
+            self.status.setText(self._stop_note)
 
     def _update_lan_warning(self, on: bool) -> None:
         if on and not self.api_key.text().strip():

@@ -125,7 +125,7 @@ class EngineWorker(QObject):
         """For a load over a loaded model (another model, or the same one with other settings): ``await
         replacing(config)`` runs on the loop before the current model is unloaded (instead of the unload
         hooks), and ``await done(client, "")`` once the new one is loaded, or ``await done(None, why)`` when
-        that load failed or was cancelled (no model is loaded then)."""
+        that load failed or was cancelled (no model is loaded then; ``why``: "the load was cancelled", ...)."""
         self._model_listeners.append((replacing, done))
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -189,18 +189,18 @@ class EngineWorker(QObject):
         except asyncio.CancelledError:
             self._set_state(EMPTY)
             self.loadCancelled.emit()
-            await self._tell_loaded(None, "The load was cancelled.")
+            await self._tell_loaded(None, "the load was cancelled")
             return
         except KestrelError as e:
             self._set_state(FAILED)
             self.loadFailed.emit(_plain(e))
-            await self._tell_loaded(None, "The model could not be loaded.")
+            await self._tell_loaded(None, "the model could not be loaded")
             return
         except Exception as e:
             log.exception("load failed")
             self._set_state(FAILED)
             self.loadFailed.emit(f"{type(e).__name__}: {e}")
-            await self._tell_loaded(None, "The model could not be loaded.")
+            await self._tell_loaded(None, "the model could not be loaded")
             return
         finally:
             self._load_task = None

@@ -155,7 +155,7 @@ class ServerWorker(QObject):
         if switch is None or not switch.paused:
             return
         if client is None:
-            await self._stop(f"Stopped: {why} No model is loaded, so the endpoint has nothing to serve.")
+            await self._stop(f"Stopped: {why}, so there is no model to serve.")
             return
         try:
             app, tracking = _api(client, self._opts)

@@ -99,7 +99,8 @@ def test_endpoint_stops_and_says_why_when_the_new_model_fails_to_load(gated_wind
     monkeypatch.setenv("KESTREL_FAKE", "load_error")  # read by the next engine process as it loads
     _load_other(w, "/models/broken.gguf")
     qtbot.waitUntil(lambda: panel.url is None, timeout=LOAD_TIMEOUT_MS)
-    assert "could not be loaded" in panel.status.text() and "nothing to serve" in panel.status.text()
+    qtbot.waitUntil(lambda: "Load a model first" in panel.status.text(), timeout=30_000)
+    assert panel.status.text().startswith("Stopped: the model could not be loaded, so there is no model to serve.")
     assert panel.start_button.text() == "Start server" and not panel.start_button.isEnabled()
     with pytest.raises(httpx.ConnectError):
         httpx.get(base + "/models", timeout=10)
