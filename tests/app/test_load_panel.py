@@ -503,3 +503,36 @@ def test_estimate_for_a_gptq_checkpoint(make_window, qtbot, monkeypatch, tmp_pat
     assert "The checkpoint's FP8 weights are dequantized to bfloat16 on this GPU (no FP8 tensor cores)" in text, text
     gpus.set(qtbot, w, (24, (9, 0)))
     assert "The checkpoint's FP8 weights stay quantized on the GPU" in estimate_text(load)
+
+
+def test_cpu_estimate_follows_the_tensor_parallel_size(make_window, qtbot):
+    """Issue 45 row 15: each CPU rank is a process with its own KV-cache pool and overhead, and holds a share of the
+    KV heads (more tokens per pool): the estimate counts them for the TP size chosen."""
+    w = make_window(autoload=False)
+    load = w.panels["load"]
+    qtbot.waitUntil(lambda: w.ctx.hardware_snapshot is not None and load.model_combo.findData(EMBEDDED_KEY) >= 0,
+                    timeout=30_000)
+    if w.ctx.num_gpus:
+        pytest.skip("the CPU estimate: this machine has a GPU")
+    load.select_key(EMBEDDED_KEY)
+    load.form.set_value("kv_cache_memory_gib", 1.0)
+    load.form.set_value("max_model_len", 2048)
+    one = load.estimate.text().replace("\u00a0", " ")
+    assert "(float32, CPU)" in one or "(bfloat16, CPU)" in one, one
+    facts = load.entry(EMBEDDED_KEY).facts
+    dtype = "float32" if "float32" in one else "bfloat16"
+    tokens1 = fit.GIB // facts.shape.kv_bytes_per_token(fit.DTYPE_BYTES[dtype], 1)
+    assert f"KV cache 1.0 GiB (room for about {tokens1:,} tokens" in one, one
+    load.form.set_value("tensor_parallel_size", 3)
+    three = load.estimate.text().replace("\u00a0", " ")
+    tokens3 = fit.GIB // facts.shape.kv_bytes_per_token(fit.DTYPE_BYTES[dtype], 3)
+    assert abs(tokens3 - 3 * tokens1) <= 3  # SmolLM2's 3 KV heads: one per rank
+    assert f"CPU, 3 ranks" in three, three
+    assert (f"KV cache 3 x 1.0 GiB (one pool per rank; each holds 1 of the 3 KV heads, so room for about "
+            f"{tokens3:,} tokens") in three, three
+    assert "overhead 3 x 0.5 GiB" in three, three
+
+    def total(text: str) -> float:
+        return float(text.split("About ")[1].split(" GiB")[0])
+
+    assert total(three) - total(one) == pytest.approx(2 * 1.5, abs=0.11)  # two more pools and overheads
