@@ -35,7 +35,7 @@ from app.context import AppContext
 from app.server_log import LogEntry
 from app.snippets import SNIPPET_KINDS, curl_snippet, python_snippet
 from app.widgets.layouts import widget_of
-from app.workers.engine_worker import READY
+from app.workers.engine_worker import READY, restart_text
 from app.workers.server_worker import ServerOptions
 
 LOG_LIMIT = 500
@@ -64,8 +64,9 @@ class ServerPanel(QWidget):
         self.server.modelChanged.connect(self._on_model_changed)
         ctx.engine.stateChanged.connect(self._on_engine_state)
         ctx.engine.loaded.connect(self._on_model_loaded)
-        ctx.engine.engineRestarting.connect(self._on_engine_restarting)
+        ctx.engine.restartAttempt.connect(self._on_restart_attempt)
         ctx.engine.engineRestarted.connect(self._on_engine_restarted)
+        ctx.engine.engineGaveUp.connect(self._on_engine_gave_up)
         self.api_key.textChanged.connect(lambda _t: self._update_snippets())
         self.port.valueChanged.connect(lambda _v: self._update_snippets())
         self._update_controls()
@@ -299,9 +300,17 @@ class ServerPanel(QWidget):
         same = " (the same model, loaded again with other settings)" if old == new else ""
         self.add_log_event(f"Model changed to {new}{same}: the endpoint serves it at the same address.")
 
-    def _on_engine_restarting(self, why: str) -> None:
+    def _on_restart_attempt(self, attempt: int, most: int, why: str) -> None:
         if self.url is not None:
-            self.status.setText(f"{why}\nThe endpoint stays at {self.url}/v1 and answers 503 (retry) meanwhile.")
+            self.status.setText(f"{restart_text(attempt, most)}: {why}\nThe endpoint stays at {self.url}/v1 and "
+                                "answers 503 (retry) meanwhile.")
+            self.status.setObjectName("errorBox")
+            self._repolish(self.status)
+
+    def _on_engine_gave_up(self, reason: str) -> None:
+        if self.url is not None:
+            self.status.setText(f"The engine stopped and is not restarted: {reason}\nThe endpoint at {self.url}/v1 "
+                                "answers 503 until a model is loaded again (Load panel).")
             self.status.setObjectName("errorBox")
             self._repolish(self.status)
 

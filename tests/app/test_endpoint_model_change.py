@@ -134,3 +134,22 @@ def test_endpoint_does_not_start_with_the_app_by_default(make_window, qtbot):
     assert not panel.autostart.isChecked()
     qtbot.waitUntil(lambda: panel.start_button.isEnabled(), timeout=30_000)
     assert panel.url is None and panel.start_button.text() == "Start server"
+
+
+def test_server_panel_says_which_restart_attempt_the_engine_is_at(gated_window, qtbot):
+    import os
+    import signal
+
+    make, gate = gated_window
+    w = make()
+    panel = w.panels["server"]
+    base = _start_endpoint(qtbot, panel)
+    gate.unlink()  # the restarted engine waits at its load: the attempt stays on screen until the test goes on
+    os.kill(w.ctx.engine.info.engine_pid, signal.SIGKILL)
+    qtbot.waitUntil(lambda: panel.status.text().startswith("Restarting engine… (attempt 1 of 3): "), timeout=30_000)
+    assert "SIGKILL" in panel.status.text() and f"stays at {base}" in panel.status.text()
+    assert w.ctx.engine.restart_attempt == (1, 3)
+    gate.touch()
+    qtbot.waitUntil(lambda: "runs again" in panel.status.text(), timeout=LOAD_TIMEOUT_MS)
+    assert panel.status.text().startswith(f"Serving {w.ctx.engine.info.name} at {base}")
+    assert w.ctx.engine.restart_attempt is None
