@@ -23,10 +23,12 @@ import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
+    QFileDialog,
     QHBoxLayout,
     QInputDialog,
     QLabel,
@@ -39,10 +41,12 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QSplitter,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from app import chat_export
 from app.chat_context import DEFAULT_POLICY, Fit, fit_messages
 from app.context import AppContext
 from app.sampling import OutputFormat, SamplingSettings
@@ -66,6 +70,7 @@ SAVE_INTERVAL_S = 1.0  # a streaming reply is saved at least this often
 # why a reply is "interrupted", as saved while it streams (what is left if the app is killed) and at the end
 STREAMING_REASON = "The app stopped before this reply finished."
 CLOSED_REASON = "The app was closed during this reply."
+SETTINGS_SHOWN_FROM = 1000  # the chat's right column shows by itself from this panel width (px)
 METER_DELAY_MS = 250  # the context meter recounts this long after the last change
 
 
@@ -88,9 +93,7 @@ class _Pending:
     cancelled: bool = False  # the user left the conversation before the request started
 
 
-def _output_format_key(conversation_id: int) -> str:
-    """The prefs key of a conversation's output format (conversation ids are never reused: AUTOINCREMENT)."""
-    return f"chat.output_format.{conversation_id}"
+_output_format_key = chat_export.output_format_key
 
 
 class _Bridge(QObject):
@@ -176,6 +179,8 @@ class ChatPanel(QWidget):
         root = QHBoxLayout(self)
         root.setContentsMargins(12, 12, 12, 12)
         split = QSplitter(Qt.Horizontal)
+        split.setChildrenCollapsible(False)
+        self.split = split
         root.addWidget(split)
 
         left = QWidget()
@@ -209,6 +214,19 @@ class ChatPanel(QWidget):
         conv_buttons.addWidget(self.rename_button)
         conv_buttons.addWidget(self.delete_button)
         ll.addLayout(conv_buttons)
+        io_buttons = QHBoxLayout()
+        self.export_button = QPushButton("Export")
+        self.export_button.setToolTip("Save this conversation as Markdown (to read) or JSON (to import again)")
+        export_menu = QMenu(self.export_button)
+        export_menu.addAction("As Markdown (.md)…", lambda: self._export_dialog("md"))
+        export_menu.addAction("As JSON (.json)…", lambda: self._export_dialog("json"))
+        self.export_button.setMenu(export_menu)
+        self.import_button = QPushButton("Import…")
+        self.import_button.setToolTip("Open a conversation exported as JSON (from Kestrel)")
+        self.import_button.clicked.connect(self._import_dialog)
+        io_buttons.addWidget(self.export_button)
+        io_buttons.addWidget(self.import_button)
+        ll.addLayout(io_buttons)
         split.addWidget(left)
 
         center = QWidget()
@@ -218,7 +236,7 @@ class ChatPanel(QWidget):
         self.title = _TitleLabel(NEW_TITLE)
         self.title.setObjectName("pageTitle")
         self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # a long title gives way to the picker
-        self.title.setMinimumWidth(120)
+        self.title.setMinimumWidth(90)
         head.addWidget(self.title, 1)
         model_label = QLabel("Model:")
         model_label.setObjectName("hint")
@@ -226,7 +244,16 @@ class ChatPanel(QWidget):
         self.model_picker = ModelPicker(self.ctx, busy=lambda: self.pending is not None)
         self.model_picker.problem.connect(self.notice_text)
         model_label.setBuddy(self.model_picker)
+        self.model_picker.setMinimumWidth(170)  # a long model name gives way on a narrow window (elided)
         head.addWidget(self.model_picker)
+        # the right column (system prompt, output format, sampling) folds away on a narrow window
+        self.settings_button = QToolButton()
+        self.settings_button.setText("Settings")
+        self.settings_button.setCheckable(True)
+        self.settings_button.setChecked(True)
+        self.settings_button.setToolTip("Show or hide the system prompt, output format and sampling settings")
+        self.settings_button.clicked.connect(self._settings_clicked)
+        head.addWidget(self.settings_button)
         cl.addLayout(head)
         self.messages = MessageList()
         cl.addWidget(self.messages, 1)
@@ -273,6 +300,8 @@ class ChatPanel(QWidget):
         split.addWidget(center)
 
         right = QWidget()
+        self.settings_panel = right
+        self._settings_auto = True  # shown or hidden by the width until the user chooses
         rl = QVBoxLayout(right)
         rl.setContentsMargins(6, 0, 0, 0)
         sys_label = QLabel("System prompt")
@@ -297,7 +326,8 @@ class ChatPanel(QWidget):
         self.sampling.changed.connect(self._save_timer.start)
         self.sampling.changed.connect(self._meter_timer.start)
         rl.addWidget(self.sampling)
-        self.defaults_button = QPushButton("Reset to the model's defaults")
+        self.defaults_button = QPushButton("Reset to defaults")
+        self.defaults_button.setToolTip("Set the sampling settings back to the loaded model's defaults")
         self.defaults_button.clicked.connect(self.reset_sampling)
         rl.addWidget(self.defaults_button)
         self.defaults_note = QLabel()
@@ -308,6 +338,23 @@ class ChatPanel(QWidget):
         split.addWidget(right)
         split.setSizes([230, 720, 270])
         split.setStretchFactor(1, 1)
+
+    def _settings_clicked(self, checked: bool) -> None:
+        self._settings_auto = False  # the user's choice holds until the window crosses the width again
+        self.show_settings(checked)
+
+    def show_settings(self, shown: bool) -> None:
+        """Show or hide the right column (system prompt, output format, sampling)."""
+        self.settings_panel.setVisible(shown)
+        self.settings_button.setChecked(shown)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        wide = event.size().width() >= SETTINGS_SHOWN_FROM
+        if event.oldSize().width() > 0 and (event.oldSize().width() >= SETTINGS_SHOWN_FROM) != wide:
+            self._settings_auto = True  # crossing the width: the column follows it again
+        if self._settings_auto and self.settings_panel.isVisible() != wide:
+            self.show_settings(wide)
 
     # ------------------------------------------------------------------------------------------------
     # conversations
@@ -413,8 +460,52 @@ class ChatPanel(QWidget):
         cid = item.data(Qt.UserRole)
         menu = QMenu(self)
         menu.addAction("Rename…", lambda: self.rename_conversation(cid))
+        menu.addAction("Export as Markdown…", lambda: self._export_dialog("md", cid))
+        menu.addAction("Export as JSON…", lambda: self._export_dialog("json", cid))
         menu.addAction("Delete", lambda: self.delete_conversation(cid))
         menu.exec(self.conv_list.mapToGlobal(pos))
+
+    def export_conversation(self, conversation_id: int, path: str) -> Path:
+        """Write a conversation to ``path`` (Markdown for .md, JSON otherwise)."""
+        return chat_export.export_to_file(self.store, conversation_id, path)
+
+    def import_conversation(self, path: str) -> Conversation | None:
+        """Add the conversation exported as JSON at ``path`` and open it; a file that is not one is refused
+        (the notice says why) and nothing is added."""
+        try:
+            conv = chat_export.import_from_file(self.store, path)
+        except ValueError as e:
+            self.notice.setText(f"Not imported: {e}")
+            return None
+        self.search.clear()
+        self.open_conversation_force(conv.id)
+        self.notice.setText(f"Imported “{conv.title}” ({len(self.store.messages(conv.id))} messages).")
+        return conv
+
+    def _export_dialog(self, kind: str, conversation_id: int | None = None) -> None:
+        cid = conversation_id if conversation_id is not None else (self.conversation.id if self.conversation else None)
+        conv = self.store.conversation(cid) if cid is not None else None
+        if conv is None:
+            return
+        name = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "conversation"
+        filters = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / f"{name}.{kind}"), filters)
+        if not path:
+            return
+        if not Path(path).suffix:
+            path += f".{kind}"
+        try:
+            self.export_conversation(conv.id, path)
+        except (OSError, ValueError) as e:
+            self.notice.setText(f"Not exported: {e}")
+        else:
+            self.notice.setText(f"Exported “{conv.title}” to {path}.")
+
+    def _import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", str(Path.home()),
+                                              "Kestrel conversation (*.json);;All files (*)")
+        if path:
+            self.import_conversation(path)
 
     def _system_prompt_changed(self) -> None:
         if self.conversation is not None:
@@ -805,6 +896,7 @@ class ChatPanel(QWidget):
         has_msgs = bool(self.conversation and self.store.messages(self.conversation.id))
         self.regenerate_button.setEnabled(ready and not busy and has_msgs)
         self.rename_button.setEnabled(self.conversation is not None)
+        self.export_button.setEnabled(self.conversation is not None)
         self.delete_button.setEnabled(self.conversation is not None)
         self.model_picker.setEnabled(not busy and self.engine.state != LOADING)
         widgets = self.messages.widgets()

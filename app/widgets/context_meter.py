@@ -5,7 +5,7 @@ the next turn will not fit as it stands. The chat panel counts (app.chat_context
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
 
 from app.chat_context import DEFAULT_POLICY, POLICIES, Fit
 
@@ -27,6 +27,7 @@ class ContextMeter(QWidget):
         self.bar.setObjectName("contextMeter")
         self.bar.setTextVisible(False)
         self.bar.setFixedHeight(8)
+        self.bar.setMinimumWidth(40)
         self.bar.setStyleSheet(STYLE)
         self.bar.setRange(0, 1)
         self.bar.setValue(0)
@@ -35,11 +36,13 @@ class ContextMeter(QWidget):
         self.label = QLabel("")
         self.label.setObjectName("hint")
         self.label.setToolTip(self.bar.toolTip())
-        self.overflow = QComboBox()
+        self.overflow = _WholeCombo()
         self.overflow.setToolTip("What a turn does when the conversation outgrows the model's context "
                                  "(the system prompt is always kept)")
         for key, label in POLICIES.items():
             self.overflow.addItem(label, key)
+        self.overflow.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        self.overflow.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
         self.overflow.currentIndexChanged.connect(lambda _i: self.policyChanged.emit(self.policy()))
         row.addWidget(self.bar, 1)
         row.addWidget(self.label)
@@ -90,3 +93,11 @@ class ContextMeter(QWidget):
     def show_note(self, text: str) -> None:
         self.note.setText(text)
         self.note.setVisible(bool(text))
+
+
+class _WholeCombo(QComboBox):
+    """A combo box never narrower than its longest choice (in the style it is drawn with): squeezed, the
+    overflow policy read "Drop t" (issue 45, row 11)."""
+
+    def minimumSizeHint(self):
+        return self.sizeHint()

@@ -36,6 +36,8 @@ class SamplingForm(QWidget):
                          ("Min-p", self.min_p), ("Max tokens", self.max_tokens), ("Seed", self.seed),
                          ("Stop", self.stop)):
             form.addRow(label, w)
+            if not isinstance(w, QLineEdit):  # not the width of 2147483647: the column folds down on a narrow window
+                w.setMinimumWidth(96)
             signal = w.textChanged if isinstance(w, QLineEdit) else w.valueChanged
             signal.connect(self._emit)
         self._extra = SamplingSettings()
