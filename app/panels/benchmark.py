@@ -381,11 +381,14 @@ class BenchmarkPanel(QWidget):
         for e in getattr(self, "_entries", None) or []:
             if e.base_url.rstrip("/") != url.rstrip("/") or (model and e.model != model):
                 continue
-            try:
-                r = self.library.load(e.path)
-            except ValueError:
-                continue
-            if bench_estimate.report_points(r):
+            cache = self.__dict__.setdefault("_history_cache", {})
+            if e.path not in cache:
+                try:
+                    cache[e.path] = self.library.load(e.path)
+                except ValueError:
+                    cache[e.path] = None
+            r = cache[e.path]
+            if r is not None and bench_estimate.report_points(r):
                 return r
         return None
 
@@ -747,6 +750,7 @@ class BenchmarkPanel(QWidget):
         self.runs.blockSignals(True)
         self.runs.clear()
         self._entries = self.library.entries()
+        self._history_cache = {}  # reports read for the estimate, read again after a change
         for e in self._entries:
             item = QListWidgetItem(f"{e.label}  ·  {points_text(e.points)}  ·  {e.date[:16].replace('T', ' ')}\n"
                                    f"{e.setup}")

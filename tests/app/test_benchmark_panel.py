@@ -141,6 +141,7 @@ def test_a_sweep_runs_draws_saves_and_the_cli_reruns_it(make_window, qtbot, benc
     assert set(cli["points"][0]["metrics"]) == set(saved["points"][0]["metrics"])
     assert set(cli["points"][0]["requests"][0]) == set(saved["points"][0]["requests"][0])
     assert cli["args"] == {**saved["args"], "result_filename": str(out)}
+    assert cli["setup"] == saved["setup"] and cli["setup"]["quantization"] != bench_report.NOT_REPORTED
     digests = [[r["digest"] for r in rep["points"][0]["requests"]] for rep in (cli, saved)]
     assert digests[0] == digests[1]  # the same requests
 
