@@ -3,9 +3,9 @@ of a running sweep (TTFT against TPOT of each request as it finishes, coloured b
 throughput over time) and the results of one run or several overlaid (output throughput, TTFT p50/p99 and TPOT
 p50/p99 against concurrency on a log scale of concurrency, and the E2E latency CDF).
 
-Legends are a line of text under the plots (wrapping to the width), never over the points; axes start at zero (latency CDF: padded around the data)
-and end at a rounded value, so that one point or a flat line is not drawn on a 202.6-203.4 ms axis. Each plot's
-tooltip says what its metric means (app.bench_report.GLOSSARY).
+Legends are a line of text under the plots (wrapping to the width), never over the points; axes start at zero
+(the latency CDF's: padded around the data) and end at a rounded value, so that one point or a flat line is not
+drawn on a 202.6-203.4 ms axis. Each plot's tooltip says what its metric means (app.bench_report.GLOSSARY).
 
 Note: pyqtgraph's ``GraphicsLayoutWidget.__init__`` sets ``self.clear = self.ci.clear`` on the instance, which
 hid the ``clear`` method the live charts had as its subclass (and clearing the layout removed every plot: the
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from html import escape
 
 import numpy as np
 import pyqtgraph as pg
-from html import escape
 
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter
