@@ -8,6 +8,12 @@ over engine configurations (`--engine-configs`) is drawn as a line per configura
 Kestrel's at TP > 1, the all-reduce strategies auto measured at start-up are shown as a table (and exported in
 the Markdown and JSON). Each run shows the one command line that re-runs it from a terminal.
 
+Before a run: presets by device (a CPU preset that finishes in about a minute with a small model, a GPU one as
+the usual serving benchmark; app.bench_estimate), the time the sweep will take (a guess, scaled by a saved run of
+the same model), and the form as it was last left (Store.pref "benchmark"; not the API key). Every report,
+export and library entry says what was measured: model, file type, load options, device, versions
+(app.bench_report.setup); Run and Stop stay in view under the scrolling form.
+
 The run itself is app.workers.bench_worker.BenchWorker on a thread of its own: the panel only draws."""
 
 from __future__ import annotations
