@@ -76,6 +76,7 @@ class MainWindow(QMainWindow):
         self.nav = QListWidget()
         self.nav.setObjectName("nav")
         self.nav.setIconSize(QSize(18, 18))
+        self.nav.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)  # folded to icons, nothing to scroll to
         sl.addWidget(self.nav, 1)
         self.sidebar_footer = self._sidebar_footer()
         sl.addWidget(self.sidebar_footer)
@@ -288,6 +289,16 @@ class MainWindow(QMainWindow):
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self.set_compact(event.size().width() < COMPACT_BELOW)
+
+    def resize(self, *size) -> None:
+        """As QWidget.resize; a width the full sidebar does not leave room for folds it first (a window dragged
+        smaller folds it on the way, at COMPACT_BELOW)."""
+        width = size[0].width() if len(size) == 1 else size[0]
+        if width < COMPACT_BELOW and not self.compact:
+            self.set_compact(True)
+            self.centralWidget().layout().activate()  # the smaller minimum width now, before the resize
+            self.layout().activate()
+        super().resize(*size)
 
     def closeEvent(self, event) -> None:
         self.hide()

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
@@ -176,7 +177,7 @@ class LoadPanel(QWidget):
         page = QWidget()
         page.setObjectName("page")
         scroll.setWidget(page)
-        outer.addWidget(scroll)
+        outer.addWidget(scroll, 1)
         root = QVBoxLayout(page)
         root.setContentsMargins(20, 16, 20, 16)
         title = QLabel("Load a model")
@@ -232,6 +233,14 @@ class LoadPanel(QWidget):
         el.addWidget(self.estimate)
         root.addWidget(est)
 
+        root.addStretch(1)
+        # Load, its progress and its message stay in view under the scrolling form (a 700 px high window)
+        bottom = QWidget()
+        bottom.setObjectName("page")
+        bottom.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Fixed)  # its whole height; the form scrolls
+        root = QVBoxLayout(bottom)
+        root.setContentsMargins(20, 8, 20, 12)
+        outer.addWidget(bottom)
         actions = QHBoxLayout()
         self.load_button = QPushButton("Load")
         self.load_button.setObjectName("primary")
@@ -261,7 +270,6 @@ class LoadPanel(QWidget):
         self.message.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.message.hide()
         root.addWidget(self.message)
-        root.addStretch(1)
 
     def _toggle_advanced(self, on: bool) -> None:
         self.form.advanced.setVisible(on)
@@ -340,6 +348,8 @@ class LoadPanel(QWidget):
         lines.append(" · ".join(f"{k}: {v}" for k, v in details if v))
         lines.append(f'<span style="color:#6b7280">{facts.path}</span>')
         self.summary.setText("<br>".join(lines))
+        if self.message.text().startswith("Not loaded."):  # a refusal was about the model chosen before
+            self.message.hide()
         self.model_warning.setText("" if facts.supported else f"Kestrel cannot load this: {facts.reason}")
         self.model_warning.setVisible(not facts.supported)
         self._update_load_button()
@@ -806,6 +816,12 @@ class LoadPanel(QWidget):
         self.message.setText(text)
         self.message.style().unpolish(self.message)
         self.message.style().polish(self.message)
+        # the box's padding came with the new style; a word-wrapped label's height for its width leaves it out,
+        # which cut the box under the form: at least the text's lines at this width plus the padding
+        width = max(200, self.width() - 40)  # the box spans the panel (its own width is stale while hidden)
+        pad = self.message.contentsMargins().top() + self.message.contentsMargins().bottom()
+        self.message.setMinimumHeight(self.message.heightForWidth(width) + pad + 20)  # the style sheet padding
+        self.message.updateGeometry()
         self.message.show()
 
     def error_text(self) -> str:

@@ -56,12 +56,9 @@ class LibraryTab(QWidget):
         lay.addLayout(bar)
         # the names sized to their text; the engine support column takes what is left (a long "no: ..." is
         # elided, whole in its tooltip) instead of squeezing the names to "SmolL..." (issue 14 item 5)
-        # (issue 45 row 14: the reason wraps in its row, which grows to hold it; the selected one is also shown
-        # whole below the table)
+        # (issue 45 row 14: the selected model's reason is shown whole below the table, reason_note)
         self.table = table(COLUMNS, stretch=COLUMNS.index("Engine support"))
-        self.table.setWordWrap(True)
         self.table.setTextElideMode(Qt.ElideRight)
-        self.table.horizontalHeader().sectionResized.connect(self._fit_rows)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.itemDoubleClicked.connect(self._on_double_click)
         self.table.setContextMenuPolicy(Qt.CustomContextMenu)
@@ -109,12 +106,8 @@ class LibraryTab(QWidget):
             for c, it in enumerate(cells):
                 it.setData(Qt.UserRole, e.key)
                 self.table.setItem(r, c, it)
-        self._fit_rows()
         self._update_buttons()
         self._update_missing()
-
-    def _fit_rows(self, *_args) -> None:
-        self.table.resizeRowsToContents()
 
     def _update_missing(self) -> None:
         gone = missing_added(self.library.added_files())

@@ -121,7 +121,9 @@ def test_a_small_window_folds_the_sidebar_to_icons(make_window, qtbot):
     w = make_window(autoload=False)
     w.resize(1024, 700)
     qtbot.waitUntil(lambda: w.compact, timeout=5_000)
+    assert w.width() == 1024  # the full sidebar would keep the window wider than that
     assert w.sidebar.width() == SIDEBAR_NARROW
+    assert not w.nav.horizontalScrollBar().isVisible()
     assert [w.nav.item(i).text() for i in range(w.nav.count())] == [""] * len(PANELS)
     assert [w.nav.item(i).toolTip() for i in range(w.nav.count())] == [label for _, label in PANELS]
     assert w.theme_row.isHidden()
