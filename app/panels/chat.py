@@ -542,19 +542,17 @@ class ChatPanel(QWidget):
         if problem:  # refused in place: nothing reaches the store or the engine
             self._refuse(problem)
             return False
-        if self.conversation is None:
-            self.conversation = self.store.create_conversation()
-            self.store.set_overflow_policy(self.conversation.id, self.overflow_policy())
-            self.store.set_system_prompt(self.conversation.id, self.system_prompt.toPlainText())  # typed before
-            self._output_format_changed()  # chosen before too
-            self.conversation = self.store.conversation(self.conversation.id)
-        conv = self.conversation
-        earlier = self.store.messages(conv.id)
+        # None: a new chat, created once the turn goes ahead (_begin_reply)
+        conv = self.store.conversation(self.conversation.id) if self.conversation is not None else None
+        earlier = self.store.messages(conv.id) if conv is not None else []
         if self.editing_id is not None:
             earlier = [m for m in earlier if m.id < self.editing_id]
-        history = self._request_history(conv, earlier) + [{"role": "user", "content": text}]
-        self._start_reply(_Pending(f"chat-{uuid.uuid4().hex[:12]}", conv.id, None, history=history,
-                                   settings=settings, output=output, user_text=text, edit_from=self.editing_id))
+        system = conv.system_prompt if conv is not None else self.system_prompt.toPlainText()
+        history = ([{"role": "system", "content": system}] if system.strip() else []) + request_messages(
+            earlier, [{"role": "user", "content": text}])
+        self._start_reply(_Pending(f"chat-{uuid.uuid4().hex[:12]}", conv.id if conv is not None else None, None,
+                                   history=history, settings=settings, output=output, user_text=text,
+                                   edit_from=self.editing_id))
         return True
 
     def regenerate(self) -> None:
@@ -613,8 +611,9 @@ class ChatPanel(QWidget):
     def _start_reply(self, p: _Pending) -> None:
         """The overflow policy first (counted on the engine's loop), then the request: _on_fit_done."""
         self.pending = p
+        conv = self.store.conversation(p.conversation_id) if p.conversation_id is not None else None
         self._submit_fit(p.request_id, p.history, p.settings.max_tokens,
-                         self.store.conversation(p.conversation_id).overflow_policy)
+                         conv.overflow_policy if conv is not None else self.overflow_policy())
         self._update_controls()
 
     def _submit_fit(self, tag: str, messages: list[dict], max_tokens: int, policy: str) -> None:
@@ -640,7 +639,7 @@ class ChatPanel(QWidget):
         p = self.pending
         if p is None or p.request_id != tag:
             return
-        if p.cancelled or self.store.conversation(p.conversation_id) is None:
+        if p.cancelled or (p.conversation_id is not None and self.store.conversation(p.conversation_id) is None):
             self.pending = None
             self._update_controls()
             return
@@ -666,6 +665,14 @@ class ChatPanel(QWidget):
     def _begin_reply(self, p: _Pending) -> None:
         """The turn goes ahead: the user's message (for a send) and the reply's row, saved as "interrupted"
         until it finishes, in the store and the view."""
+        if p.conversation_id is None:  # a new chat's first turn
+            conv = self.store.create_conversation()
+            self.store.set_overflow_policy(conv.id, self.overflow_policy())
+            self.store.set_system_prompt(conv.id, self.system_prompt.toPlainText())  # typed before
+            self.conversation = self.store.conversation(conv.id)
+            self._output_format_changed()  # chosen before too
+            p.conversation_id = conv.id
+            self.refresh_conversations()
         conv_id = p.conversation_id
         name = self._assistant_name()
         if p.user_text is not None:

@@ -419,3 +419,23 @@ def test_each_reply_keeps_the_label_of_the_model_that_wrote_it(make_window, qtbo
     chat.open_conversation_force(conv)
     titles = [m.title for m in chat.message_widgets() if m.role == "assistant"]
     assert titles == [f"{name} (int8)", "Qwen2.5-0.5B-Instruct", "Assistant"]
+
+
+def test_a_refused_first_message_adds_no_conversation(make_window, qtbot):
+    """Issue 45 row 15: "Stop and say so" on a new chat whose first message does not fit: no conversation, no
+    message, no empty error bubble; the notice says why and the draft stays."""
+    w = make_window()
+    chat, store = w.chat, w.ctx.store
+    chat.overflow.setCurrentIndex(chat.overflow.findData("stop"))
+    set_sampling(w, max_tokens=40)
+    chat.composer.setPlainText("x " * 60)  # the fake engine: one token a character, 128 of context
+    qtbot.mouseClick(chat.send_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None and "Not sent" in chat.notice.text(), timeout=REPLY_TIMEOUT_MS)
+    assert store.conversations() == [] and chat.message_widgets() == [] and chat.conversation is None
+    assert chat.composer.toPlainText() == "x " * 60
+    chat.composer.setPlainText("short")
+    qtbot.mouseClick(chat.send_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: chat.pending is None and len(chat.message_widgets()) == 2, timeout=REPLY_TIMEOUT_MS)
+    assert [c.title for c in store.conversations()] == ["short"] and chat.conv_list.count() == 1
+    assert store.conversation(chat.conversation.id).overflow_policy == "stop"
+

@@ -72,16 +72,18 @@ def test_streamed_reply_lands_in_view_and_database(live, qtbot):
     assert reply.model == "SmolLM2-135M-Instruct.Q4_1"
 
 
-def test_regenerate_replaces_the_reply(live, qtbot):
+def test_regenerate_adds_a_version_of_the_reply(live, qtbot):
     chat = live.chat
     conv = chat.conversation.id
     before = live.ctx.store.messages(conv)[-1]
     set_sampling(live, max_tokens=16, temperature=1.0, seed=7)
     qtbot.mouseClick(chat.regenerate_button, Qt.LeftButton)
-    qtbot.waitUntil(lambda: chat.pending is None and live.ctx.store.messages(conv)[-1].id != before.id,
+    qtbot.waitUntil(lambda: chat.pending is None
+                    and live.ctx.store.messages(conv)[-1].version_count == before.version_count + 1,
                     timeout=REPLY_TIMEOUT_MS)
     msgs = live.ctx.store.messages(conv)
     assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[-1].versions[before.version]["content"] == before.content  # the earlier reply is kept
     assert msgs[-1].content and chat.message_widgets()[-1].text == msgs[-1].content
     assert len(chat.message_widgets()) == 2
 
