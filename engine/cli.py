@@ -38,6 +38,17 @@ def _sampling_params(args, generation_config: dict):
                           ignore_eos=args.ignore_eos)
 
 
+def weights_words(llm) -> str:
+    """How the loaded weights are held, for a status line: ", Q4_1 blocks kept" (a GGUF file under --quantization
+    auto / gguf on the CPU), ", Q4_1 dequantized", ", int8 weights"; "" for float weights loaded as they are."""
+    mode, quant = llm.core.runner.quantization, llm.core.checkpoint.quantization
+    if mode == "gguf":
+        return f", {quant} blocks kept" if quant else ", GGUF blocks kept"
+    if mode in ("int8", "int4", "fp8"):
+        return f", {mode} weights"
+    return f", {quant} dequantized" if quant and llm.core.checkpoint.format == "gguf" else ""
+
+
 def cmd_generate(args) -> int:
     from engine.llm import LLM
 
@@ -57,7 +68,9 @@ def cmd_chat(args) -> int:
     llm = LLM.from_cli_args(args)
     params = _sampling_params(args, llm.core.checkpoint.generation_config)
     name = llm.core.checkpoint.path.name
-    print(f"Kestrel chat on {name} ({llm.core.runner.dtype}, {llm.core.runner.device}). "
+    runner = llm.core.runner
+    dtype = str(runner.dtype).removeprefix("torch.")
+    print(f"Kestrel chat on {name} ({dtype}, {runner.device}{weights_words(llm)}). "
           "Empty line or Ctrl-D to quit, /reset to start over.")
     history: list[dict] = []
     if args.system:

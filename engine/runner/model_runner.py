@@ -533,7 +533,7 @@ def check_gguf_blocks(device: torch.device, weights) -> None:
 
     if device.type != "cpu":
         raise KestrelError("--quantization gguf keeps GGUF blocks for the CPU kernels; on a GPU load with "
-                           "--quantization none (the blocks are dequantized)")
+                           "--quantization auto or none (the blocks are dequantized)")
     if not hasattr(weights, "keep_quantized"):
         raise KestrelError("--quantization gguf needs a .gguf checkpoint; this one has float weights")
     if not ops.native_available():

@@ -113,7 +113,7 @@ def test_the_embedded_model_keeps_its_table_as_blocks(smollm2_gguf):
             gf.close()
     finally:
         llm.close()
-    d = LLM(dtype="float32", kv_cache_memory_gib=0.02)  # the default load keeps the float table
+    d = LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="none")  # dequantized: a float table
     try:
         assert d.core.runner.model.embed_tokens.gguf is None
     finally:

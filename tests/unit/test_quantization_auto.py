@@ -88,8 +88,11 @@ def test_default_load_keeps_the_embedded_models_blocks(default_engine, smollm2_g
     --quantization gguf); --quantization none expands them to float weights, as the default did before."""
     from engine.loader.gguf_file import GGUFFile
 
+    from engine.cli import weights_words
+
     runner = default_engine.core.runner
     assert default_engine.config.quantization == "auto" and runner.quantization == "gguf"
+    assert weights_words(default_engine) == ", Q4_1 blocks kept"  # `kestrel chat` says so
     layers = _linears(default_engine)
     assert layers and all(m.gguf is not None and m.weight.numel() == 0 for m in layers)
     gf = GGUFFile(smollm2_gguf)
@@ -103,7 +106,7 @@ def test_default_load_keeps_the_embedded_models_blocks(default_engine, smollm2_g
     with LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="gguf") as asked:
         assert torch.equal(asked.core.score(ids), got)
     with LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="none") as expanded:
-        assert expanded.core.runner.quantization == "none"
+        assert expanded.core.runner.quantization == "none" and weights_words(expanded) == ", Q4_1 dequantized"
         assert all(m.gguf is None and m.weight.numel() > 0 for m in _linears(expanded))
         floats = expanded.core.score(ids)
     assert not torch.equal(floats, got)  # the blocks' kernels (activations quantized per block) really ran
@@ -113,8 +116,11 @@ def test_default_load_keeps_the_embedded_models_blocks(default_engine, smollm2_g
 def test_auto_on_other_checkpoints(tiny_model_dir, tiny_gguf):
     """auto keeps a quantized .gguf file's blocks and loads float checkpoints (safetensors, or an F32 .gguf) as they
     are."""
+    from engine.cli import weights_words
+
     for path, want in ((tiny_model_dir("llama"), "none"), (tiny_gguf("llama", "F32"), "none"),
                        (tiny_gguf("llama", "Q8_0"), "gguf")):
         with LLM(str(path), dtype="float32", kv_cache_memory_gib=0.02) as llm:
             assert llm.core.runner.quantization == want, path
+            assert weights_words(llm) == {"none": "", "gguf": ", Q8_0 blocks kept"}[want], path
             assert all((m.gguf is not None) == (want == "gguf") for m in _linears(llm)), path
