@@ -1,5 +1,5 @@
-// Integer-weight linear layers on the tensor cores (W4A16 / W8A16): y[M, N] = x[M, K] @ W^T (+ bias) for 1..64
-// rows of x (each dequantized weight fragment feeds the MMAs of every 8-row group of x), W's 4- or 8-bit codes dequantized in registers straight into the operand of mma.m16n8k16, and
+// Integer-weight linear layers on the tensor cores (W4A16 / W8A16): y[M, N] = x[M, K] @ W^T (+ bias) for 1..16
+// rows of x, W's 4- or 8-bit codes dequantized in registers straight into the operand of mma.m16n8k16, and
 // the dequantization of a whole weight (the GEMM of a prefill). The weight's layout ("mma", packed by
 // engine/weight_quant.py IntCodes.pack) is the MMA's A fragment order, so that one 16-byte load per lane gives it
 // four fragments and no shared memory stands between the load and the product (Marlin's idea):
@@ -26,9 +26,6 @@ namespace kestrel::cuda {
 namespace {
 
 constexpr int kMaxWarps = 16;
-// Warps per block: 16 for up to 16 rows of x; 8 for 32 / 64 rows (their accumulators need up to 255 registers).
-template <int MT>
-constexpr int max_warps() { return MT <= 2 ? kMaxWarps : 8; }
 
 template <class T>
 struct Half2;
@@ -154,16 +151,13 @@ struct IntArgs {
 };
 
 // One block per tile of 16 output rows; its warps split the quads of K; fp32 partial sums meet in shared memory.
-// MT: 8-row groups of x (1: M <= 8, 2: M <= 16, 4: M <= 32, 8: M <= 64). U: quads per loop step (the weight loads
-// of the next step are in flight while this one computes). LANE_GROUPS: groups of 16 / 32 positions (the weight
-// scaled in registers). Up to 16 rows, a lane loads its 16 x values of a quad per 8-row group at once; from 32,
-// the 4 of each k-tile just before its MMAs (fewer live registers).
+// MT: 8-row groups of x (1: M <= 8, 2: M <= 16). U: quads per loop step (the weight loads of the next step are in
+// flight while this one computes). LANE_GROUPS: groups of 16 / 32 positions (the weight scaled in registers).
 template <class T, int BITS, int MT, int U, bool LANE_GROUPS>
-__global__ void __launch_bounds__(max_warps<MT>() * 32) int_mma_kernel(IntArgs p) {
+__global__ void __launch_bounds__(kMaxWarps * 32) int_mma_kernel(IntArgs p) {
   using V = typename Half2<T>::V;
   constexpr int WV = BITS / 4;  // 16-byte words per lane per quad
-  constexpr bool kXPerTile = MT > 2;
-  __shared__ float red[max_warps<MT>()][MT * 4][32];
+  __shared__ float red[kMaxWarps][MT * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int nt = blockIdx.x;
@@ -242,18 +236,16 @@ __global__ void __launch_bounds__(max_warps<MT>() * 32) int_mma_kernel(IntArgs p
           if (gi < last_group) load_group(gi + 1, nsc, nzf);
         }
       }
-      uint4 xv[kXPerTile ? 1 : MT][2];
-      if constexpr (!kXPerTile) {
+      uint4 xv[MT][2];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const int m = g + 8 * mt;
-          if (m < p.M && xk < p.K) {
-            const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(m) * p.x_stride + xk);
-            xv[mt][0] = __ldg(xp);
-            xv[mt][1] = __ldg(xp + 1);
-          } else {
-            xv[mt][0] = xv[mt][1] = make_uint4(0, 0, 0, 0);
-          }
+      for (int mt = 0; mt < MT; ++mt) {
+        const int m = g + 8 * mt;
+        if (m < p.M && xk < p.K) {
+          const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(m) * p.x_stride + xk);
+          xv[mt][0] = __ldg(xp);
+          xv[mt][1] = __ldg(xp + 1);
+        } else {
+          xv[mt][0] = xv[mt][1] = make_uint4(0, 0, 0, 0);
         }
       }
       const uint32_t* wq = reinterpret_cast<const uint32_t*>(wbuf[u]);
@@ -264,15 +256,8 @@ __global__ void __launch_bounds__(max_warps<MT>() * 32) int_mma_kernel(IntArgs p
         dequant_tile<T, BITS, LANE_GROUPS>(wj, zb, wsc, a);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          if constexpr (kXPerTile) {  // x[m, xk + 4 j .. + 3]: the two B registers of k-tile j
-            const int m = g + 8 * mt;
-            uint2 xw = make_uint2(0, 0);
-            if (m < p.M && xk < p.K) xw = __ldg(reinterpret_cast<const uint2*>(x + int64_t(m) * p.x_stride + xk) + j);
-            mma<T>(LANE_GROUPS ? acc[mt] : part[mt], a, xw.x, xw.y);
-          } else {
-            const uint32_t* xw = reinterpret_cast<const uint32_t*>(xv[mt]);
-            mma<T>(LANE_GROUPS ? acc[mt] : part[mt], a, xw[2 * j], xw[2 * j + 1]);
-          }
+          const uint32_t* xw = reinterpret_cast<const uint32_t*>(xv[mt]);
+          mma<T>(LANE_GROUPS ? acc[mt] : part[mt], a, xw[2 * j], xw[2 * j + 1]);
         }
       }
     }
@@ -343,28 +328,24 @@ __global__ void int_mma_dequantize_kernel(IntArgs p) {
 }
 
 // Warps per block: enough blocks x warps to put ~16 warps on every SM (KESTREL_INT_MMA_WARPS overrides), at
-// most max_warps and one per U quads of K.
-int warps_for(int ntiles, int kq_total, int u, int max_w, int device) {
+// most one per U quads of K.
+int warps_for(int ntiles, int kq_total, int u, int device) {
   if (const char* e = std::getenv("KESTREL_INT_MMA_WARPS")) {
     const int w = std::atoi(e);
-    if (w >= 1 && w <= kMaxWarps) return std::min({w, max_w, std::max(1, kq_total)});
+    if (w >= 1 && w <= kMaxWarps) return std::min(w, std::max(1, kq_total));
   }
   const int want = (sm_count(device) * 16 + ntiles - 1) / ntiles;
   int w = 1;
-  while (w < want && w < max_w) w *= 2;
+  while (w < want && w < kMaxWarps) w *= 2;
   return std::max(1, std::min(w, (kq_total + u - 1) / u));
 }
 
-// From 32 rows of x, every group size takes the LANE_GROUPS path (the weight scaled in registers, as a
-// dequantize-then-GEMM would round it): a second set of per-group partial sums would not fit the registers.
 template <class T, int BITS, int MT, int U>
 void launch_gemm(IntArgs a, bool lane_groups, int device, cudaStream_t st) {
   const int ntiles = (a.N + 15) / 16;
-  const int w = warps_for(ntiles, a.kq_total, U, max_warps<MT>(), device);
+  const int w = warps_for(ntiles, a.kq_total, U, device);
   a.kq_per_warp = (a.kq_total + w - 1) / w;
-  if constexpr (MT > 2)
-    launch("int_mma_linear", int_mma_kernel<T, BITS, MT, U, true>, dim3(ntiles), dim3(w * 32), st, device, a);
-  else if (lane_groups)
+  if (lane_groups)
     launch("int_mma_linear", int_mma_kernel<T, BITS, MT, U, true>, dim3(ntiles), dim3(w * 32), st, device, a);
   else
     launch("int_mma_linear", int_mma_kernel<T, BITS, MT, U, false>, dim3(ntiles), dim3(w * 32), st, device, a);
@@ -376,7 +357,7 @@ void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, i
                     uintptr_t scales, int scale_dtype, int64_t s_stride, uintptr_t zeros, int64_t z_stride,
                     uintptr_t bias, int64_t M, int64_t N, int64_t K, int64_t bits, int64_t group, int device,
                     uintptr_t stream) {
-  if (M < 1 || M > 64) throw std::invalid_argument("int_mma_linear: M must be 1..64");
+  if (M < 1 || M > 16) throw std::invalid_argument("int_mma_linear: M must be 1..16");
   if (bits != 4 && bits != 8) throw std::invalid_argument("int_mma_linear: bits must be 4 or 8");
   if (K % 16 || group % 16 || group <= 0) throw std::invalid_argument("int_mma_linear: K and group: multiples of 16");
   if (x % 16 || x_stride % 8) throw std::invalid_argument("int_mma_linear: x must be 16-byte aligned rows");
@@ -393,14 +374,10 @@ void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, i
     using T = decltype(tag);
     if (bits == 4) {
       if (M <= 8) launch_gemm<T, 4, 1, 4>(a, lane_groups, device, st);
-      else if (M <= 16) launch_gemm<T, 4, 2, 2>(a, lane_groups, device, st);
-      else if (M <= 32) launch_gemm<T, 4, 4, 2>(a, lane_groups, device, st);
-      else launch_gemm<T, 4, 8, 1>(a, lane_groups, device, st);
+      else launch_gemm<T, 4, 2, 2>(a, lane_groups, device, st);
     } else {
       if (M <= 8) launch_gemm<T, 8, 1, 2>(a, lane_groups, device, st);
-      else if (M <= 16) launch_gemm<T, 8, 2, 2>(a, lane_groups, device, st);
-      else if (M <= 32) launch_gemm<T, 8, 4, 1>(a, lane_groups, device, st);
-      else launch_gemm<T, 8, 8, 1>(a, lane_groups, device, st);
+      else launch_gemm<T, 8, 2, 2>(a, lane_groups, device, st);
     }
   };
   if (dtype == 1) run(__nv_bfloat16{});

@@ -172,6 +172,7 @@ class Attention(torch.nn.Module):
         self.layer_index = layer_index
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, n_kv, head_dim], bound by the runner
         self.v_cache: torch.Tensor | None = None
+        self.tma_memo: dict = {}  # the caches' TMA descriptors for the prefill kernel (ops.tma_descriptors)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                 rotary: RotaryEmbedding | None = None) -> torch.Tensor:
@@ -200,7 +201,8 @@ class Attention(torch.nn.Module):
                 ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
                                            meta.decode_context_lens, self.scale, out=out[:nd])
             out = ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
-                                             meta.query_start_loc, plan, self.scale, out=out, config=cfg)
+                                             meta.query_start_loc, plan, self.scale, out=out, config=cfg,
+                                             tma_memo=self.tma_memo)
             return out.view(T, self.num_heads * hd)
         if meta.fresh_len:  # fresh prompts of one length: SDPA over them as one batch
             return self._fresh_sdpa(q3, k, v, meta.fresh_len)
@@ -234,7 +236,8 @@ class Attention(torch.nn.Module):
         out, lse = got
         try:
             ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
-                                       meta.query_start_loc, plan, self.scale, out=out, config=cfg, lse=lse)
+                                       meta.query_start_loc, plan, self.scale, out=out, config=cfg, lse=lse,
+                                       tma_memo=self.tma_memo)
         except Exception as e:  # the first launch compiles this specialisation: Triton 3.6's ptxas dies on some
             if compiled:
                 raise
@@ -270,7 +273,8 @@ class Attention(torch.nn.Module):
         configs = {ops.varlen_config(dev, hd, short=True): "short tiles", ops.varlen_config(dev, hd): "long tiles"}
         for cfg, what in configs.items():
             plan = ops.VarlenPlan.build([1], [1], cfg.block_m, dev)
-            ops.varlen_paged_attention(q3, kc, vc, tables, starts[1:], starts, plan, self.scale, config=cfg)
+            ops.varlen_paged_attention(q3, kc, vc, tables, starts[1:], starts, plan, self.scale, config=cfg,
+                                       tma_memo=self.tma_memo)
             ran.append(what)
         cfg = ops.varlen_config(dev, hd)
         key = (dev, kc.dtype, hd, cfg)
@@ -280,7 +284,7 @@ class Attention(torch.nn.Module):
             lse = torch.zeros(nh, 1, dtype=torch.float32, device=dev).t()  # head-major, as cuDNN lays it out
             try:
                 ops.varlen_paged_attention(q3, kc, vc, tables, starts[1:] + 1, starts, plan, self.scale, out=out,
-                                           config=cfg, lse=lse)
+                                           config=cfg, lse=lse, tma_memo=self.tma_memo)
                 _RESUME_COMPILES[key] = True
                 ran.append("merge over a cached prefix")
             except Exception as e:  # as in _chunk_over_prefix: those chunks take the one-launch kernel

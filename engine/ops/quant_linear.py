@@ -8,13 +8,21 @@ import torch
 from engine.weight_quant import Fp8Weight, IntWeight, QuantWeight
 
 
+# fp8 weights (per channel / per tensor) past this many rows go to torch._scaled_mm instead of the fused Triton
+# kernel: H100, 2026-12-07 (kestrel bench quant, Llama-3-8B shapes), at 16 rows the fused kernel was faster on
+# four of five shapes (qkv 13.0 vs 20.7 us), at 64 rows _scaled_mm on all five (qkv 18.4 vs 34.1, down 46.7 vs
+# 113.7, LM head 194.5 vs 298.5 us).
+FP8_FUSED_MAX_M = 16
+
+
 def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T + bias with W the weight dequantized; x [..., K] of the compute dtype. CUDA, integer weights in
     the "mma" layout (engine._C built with CUDA): the tensor-core kernels of csrc/cuda/int_gemm.cu up to
     SLICED_MAX_M rows, the weight dequantized by one of them for more (engine/ops/int_mma.py). Other CUDA weights:
-    up to FUSED_MAX_M rows (decode batches) the Triton kernel that reads the packed weight once and dequantizes it
-    in registers (engine/ops/quant_linear_kernel.py); more rows (a prefill): per-channel / per-tensor fp8 on a GPU
+    up to FUSED_MAX_M rows (decode batches; fp8: up to FP8_FUSED_MAX_M, then ``torch._scaled_mm``) the Triton
+    kernel that reads the packed weight once and dequantizes it in registers (engine/ops/quant_linear_kernel.py);
+    more rows (a prefill): per-channel / per-tensor fp8 on a GPU
     with fp8 tensor cores through ``torch._scaled_mm`` with x quantized per token, else the weight dequantized into
     x's dtype by a kernel, then torch's GEMM. Elsewhere (CPU): dequantized by torch ops for the call."""
     n, k = weight.shape
@@ -34,6 +42,9 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
     else:
         from engine.ops import quant_linear_triton as kern
 
+        if (isinstance(weight, Fp8Weight) and x.shape[0] > FP8_FUSED_MAX_M
+                and kern.scaled_mm_fits(x, weight)):
+            return _put(kern.fp8_scaled_mm(x, weight, bias), out)
         if x.shape[0] <= kern.FUSED_MAX_M and kern.supported(weight):
             return kern.fused(x, weight, bias, out)
         if isinstance(weight, Fp8Weight) and kern.scaled_mm_fits(x, weight):

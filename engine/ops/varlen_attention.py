@@ -130,19 +130,21 @@ def _tensor_descriptor():
     return TensorDescriptor
 
 
-_DESCRIPTORS: dict[tuple, tuple | None] = {}  # per cache layout: its descriptors, or None (no TMA there)
-
-
-def tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, cfg: KernelConfig, head_dim: int):
+def tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, cfg: KernelConfig, head_dim: int,
+                    memo: dict | None = None):
     """TMA descriptors of the caches viewed as [blocks * block_size, nkv * hd] with [BLOCK_N, hd] boxes, or
     None where TMA cannot load a key tile: a tile must lie in one cache block (block_size % BLOCK_N == 0), the
-    caches must be contiguous, head_dim a power of two (the box is the whole head) and the GPU sm_90+."""
+    caches must be contiguous, head_dim a power of two (the box is the whole head) and the GPU sm_90+.
+    ``memo``: the caller's dict (an attention layer's) keeping the last caches' descriptors, so that every step
+    after the first skips the checks; it goes with its owner. (A registry of this module's own kept every
+    unloaded model's caches alive, since a descriptor holds its tensor: on an H100, 2026-12-07, half of each
+    shut-down engine's KV cache stayed allocated.)"""
     if not cfg.tma:
         return None
     key = (k_cache.data_ptr(), v_cache.data_ptr(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
            k_cache.dtype, cfg.block_n, head_dim)
-    if key in _DESCRIPTORS:  # every layer of every step after the first: no checks again
-        return _DESCRIPTORS[key]
+    if memo is not None and key in memo:
+        return memo[key]
     found = None
     TensorDescriptor = _tensor_descriptor()
     if (TensorDescriptor is not None and k_cache.shape[1] % cfg.block_n == 0
@@ -151,9 +153,10 @@ def tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, cfg: KernelCon
         rows = k_cache.shape[0] * k_cache.shape[1]
         found = tuple(TensorDescriptor.from_tensor(c.view(rows, -1), [cfg.block_n, head_dim])
                       for c in (k_cache, v_cache))
-    if len(_DESCRIPTORS) >= 256:  # caches of an unloaded model: drop them
-        _DESCRIPTORS.clear()
-    _DESCRIPTORS[key] = found
+    if memo is not None:
+        if not any(k[0] == key[0] and k[1] == key[1] for k in memo):  # other caches (reallocated): drop theirs
+            memo.clear()
+        memo[key] = found
     return found
 
 
@@ -168,7 +171,8 @@ def _fail(msg: str):
 def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                            plan: VarlenPlan, scale: float, out: torch.Tensor | None = None,
-                           config: KernelConfig | None = None, lse: torch.Tensor | None = None) -> torch.Tensor:
+                           config: KernelConfig | None = None, lse: torch.Tensor | None = None,
+                           tma_memo: dict | None = None) -> torch.Tensor:
     """Attention of every query token of a step over the paged cache (module docstring).
 
     q [T, nh, hd] (last dim contiguous; strided heads/rows fine); k_cache, v_cache [num_blocks, block_size,
@@ -177,7 +181,8 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     With ``lse`` [T, nh] float32 (any strides), ``out`` already holds each query's attention over its own chunk
     (normalised, causal) and lse its natural log-sum-exp of the scaled scores: the kernel adds the cached prefix
-    and merges (``chunk_self_attention`` computes that state; engine/layers/attention.py ``_chunk_over_prefix``)."""
+    and merges (``chunk_self_attention`` computes that state; engine/layers/attention.py ``_chunk_over_prefix``).
+    ``tma_memo``: where the caches' TMA descriptors are remembered (tma_descriptors), the attention layer's."""
     if not available():
         _fail("Triton is not installed")
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
@@ -210,7 +215,7 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if q.device.type != "cuda" and not _interpreted():
         _fail("CPU tensors run only under Triton's interpreter (TRITON_INTERPRET=1 before Triton is imported)")
-    descriptors = tma_descriptors(k_cache, v_cache, cfg, hd)
+    descriptors = tma_descriptors(k_cache, v_cache, cfg, hd, tma_memo)
     k_desc, v_desc = descriptors or (k_cache, v_cache)  # unused without TMA
     _kernel()[(plan.num_tiles, nh)](
         q, k_cache, v_cache, k_desc, v_desc, out, out if lse is None else lse, block_tables, seq_lens,

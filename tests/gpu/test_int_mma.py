@@ -1,7 +1,7 @@
 """The tensor-core kernels for integer weights in the "mma" layout (csrc/cuda/int_gemm.cu through
 engine/ops/int_mma.py and quant_linear) against dequantize-then-matmul on random shapes: 4 and 8 bits, groups of
 16 / 32 (scaled in the weight) and 64 / 128 / per channel (scaled after the products), act-order, padded rows and
-K, 1..256 rows of x (one kernel per 64: the 8, 16, 32 and 64-row variants), bias, strided x and out, bf16 and fp16; the whole-weight dequantization bit for
+K, 1..256 rows of x (sliced by 16 up to 64, the dequantized weight and the GEMM beyond), bias, strided x and out, bf16 and fp16; the whole-weight dequantization bit for
 bit; the prefill path; a CUDA graph replay equal to the eager call."""
 
 from __future__ import annotations

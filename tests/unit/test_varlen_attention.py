@@ -144,3 +144,28 @@ def test_start_up_runs_each_kernel_variant_once(monkeypatch):
     assert layer._run_kernel_variants() == ["long tiles", "merge over a cached prefix"]
     assert list(attention._RESUME_COMPILES.values()) == [True]
     assert layer._run_kernel_variants() == ["long tiles"]  # the merge is known to build: not run again
+
+
+def test_tma_descriptors_leave_with_their_caches():
+    """The descriptors (each holds its cache tensor) are remembered only in the caller's memo: once the caches
+    and the memo's owner are gone, so is their memory (a module-level registry once kept half of every unloaded
+    engine's KV cache allocated). The memo keeps one set of caches: new caches replace the old ones' entries."""
+    import gc
+    import weakref
+
+    cfg = va.KernelConfig(16, 16, 1, 1, tma=True)
+    kc, vc = torch.zeros(4, 16, 2, 32), torch.zeros(4, 16, 2, 32)
+    alive = [weakref.ref(kc), weakref.ref(vc)]
+    assert va.tma_descriptors(kc, vc, cfg, 32) is not None
+    memo: dict = {}
+    first = va.tma_descriptors(kc, vc, cfg, 32, memo)
+    assert first is not None and va.tma_descriptors(kc, vc, cfg, 32, memo) is first
+    k2, v2 = torch.zeros(4, 16, 2, 32), torch.zeros(4, 16, 2, 32)
+    assert va.tma_descriptors(k2, v2, cfg, 32, memo) is not None and len(memo) == 1  # the first caches' dropped
+    del kc, vc, first
+    gc.collect()
+    assert [r() is None for r in alive] == [True, True]
+    alive2 = [weakref.ref(k2), weakref.ref(v2)]
+    del k2, v2, memo
+    gc.collect()
+    assert [r() is None for r in alive2] == [True, True]
