@@ -113,6 +113,14 @@ class GGUFTensorInfo:
             return f"type#{self.qtype}"
 
 
+def _first_bytes(head) -> str:
+    """A file's first bytes as a person reads them: "FRP3" when printable, else hex ("89 50 4e 47")."""
+    head = bytes(head)
+    if head and all(32 <= c < 127 for c in head):
+        return '"' + head.decode("ascii") + '"'
+    return " ".join(f"{c:02x}" for c in head)
+
+
 class _Corrupt(Exception):
     pass
 
@@ -199,7 +207,8 @@ class GGUFFile:
 
     def _parse(self) -> None:
         if bytes(self._buf[:4]) != GGUF_MAGIC:
-            raise _Corrupt(f"bad magic {bytes(self._buf[:4])!r}, expected b'GGUF'")
+            raise CheckpointError(self.path, f"is not a GGUF file (it starts with {_first_bytes(self._buf[:4])}, "
+                                             'where a GGUF file starts with "GGUF")')
         version = self._unpack("<I", 4, 4)
         if version not in _SUPPORTED_VERSIONS:
             hint = " (big-endian files are not supported)" if version > 0xFFFF else ""

@@ -471,7 +471,10 @@ def test_corrupt_gguf(tmp_path, tiny_gguf, damage):
     with pytest.raises(CheckpointError, match="broken.gguf") as e:
         load_checkpoint(f)
     msg = str(e.value)
-    assert ("truncated" in msg) or ("corrupt" in msg) or ("not a valid GGUF" in msg)
+    if damage == "magic":  # in plain words, as the app says it
+        assert msg.endswith('is not a GGUF file (it starts with "GGML", where a GGUF file starts with "GGUF")'), msg
+    else:
+        assert ("truncated" in msg) or ("corrupt" in msg) or ("not a valid GGUF" in msg)
 
 
 def test_unsupported_gguf_quant_type(tmp_path, smollm2_gguf):
