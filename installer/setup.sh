@@ -77,10 +77,22 @@ extras_union() {
   for e in $2; do [[ ",$out," == *",$e,"* ]] || out="${out:+$out,}$e"; done
   printf '%s\n' "$out"
 }
+has_nvidia_driver() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+# cuda_build_env: CUDA kernels only where they can run. A machine with a CUDA compiler but no NVIDIA driver (a CI
+# box, a laptop with the toolkit installed) skips them unless KESTREL_CUDA_ARCHS asks for them: four
+# architectures cost ~8 minutes of compilation there for nothing (tests/unit/test_cuda_compiles.py still
+# compiles every kernel where nvcc is found).
+cuda_build_env() {
+  if [[ -z "${KESTREL_DISABLE_CUDA:-}" && -z "${KESTREL_CUDA_ARCHS:-}" ]] && ! has_nvidia_driver; then
+    export KESTREL_DISABLE_CUDA=1
+  fi
+  return 0
+}
 # source_key: what the package step depends on. The source hash covers pyproject.toml and every file under
 # csrc/ (CMakeLists.txt included); Python files are not in it (editable install). The checkout's path, the
 # build options read from the environment and SETUP_VERSION complete it.
 source_key() {
+  cuda_build_env
   local sum
   if command -v sha256sum >/dev/null; then sum=(sha256sum); else sum=(shasum -a 256); fi
   {
@@ -122,7 +134,7 @@ if [[ "$(stamp_get torch)" == "$TORCH_VERSION" ]] && site_has "torch/__init__.py
 elif "$py" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('$TORCH_VERSION') else 1)" 2>/dev/null; then
   say "PyTorch $TORCH_VERSION already installed"
   stamp_set torch "$TORCH_VERSION"
-elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+elif has_nvidia_driver; then
   say "NVIDIA driver found: installing PyTorch $TORCH_VERSION (CUDA build)"
   "$py" -m pip install -q "torch==$TORCH_VERSION"
   stamp_set torch "$TORCH_VERSION"
@@ -135,6 +147,7 @@ else
 fi
 
 # ---- the package and its native kernels ---------------------------------------------------------------
+cuda_build_env
 key="$(source_key)"
 have_extras="$(stamp_get extras)"
 if [[ "$(stamp_get package)" == "$key" ]] && extras_cover "$have_extras" "$extras" \
@@ -146,6 +159,8 @@ else
   command -v cmake >/dev/null || say "cmake not on PATH: pip will install it into the virtualenv for the build."
   # Keep the extras installed before (a plain run after --test must not drop the test dependencies' record).
   all_extras="$(extras_union "$have_extras" "$extras")"
+  [[ "${KESTREL_DISABLE_CUDA:-}" == 1 ]] \
+    && say "no NVIDIA driver: building the CPU kernels only (set KESTREL_CUDA_ARCHS=89 to compile the CUDA ones)"
   if [[ -d "$build_dir" ]]; then
     say "rebuilding and installing kestrel[$all_extras] (incremental native build in $build_dir)"
   else

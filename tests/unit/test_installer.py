@@ -179,7 +179,26 @@ def test_source_key_follows_native_sources_not_python(setup_env):
     (tree / "pyproject.toml").write_text((tree / "pyproject.toml").read_text() + "\n# changed\n")
     key_toml = bash_fn(tree, env, "source_key")
     assert key_toml not in (key, key_cpp, key_new)
-    assert bash_fn(tree, {**env, "KESTREL_DISABLE_CUDA": "1"}, "source_key") != key_toml
+    no_cuda = bash_fn(tree, {**env, "KESTREL_DISABLE_CUDA": "1"}, "source_key")
+    assert bash_fn(tree, {**env, "KESTREL_CUDA_ARCHS": "89"}, "source_key") not in (key_toml, no_cuda)
+
+
+def test_cuda_kernels_are_built_only_with_a_driver_or_when_asked(setup_env, tmp_path):
+    """No NVIDIA driver (no nvidia-smi, or one that lists no GPU): the CUDA kernels are skipped
+    (KESTREL_DISABLE_CUDA=1, said in words), unless KESTREL_CUDA_ARCHS asks for them; with a driver they build."""
+    tree, _, env = setup_env
+    show = 'cuda_build_env; echo "${KESTREL_DISABLE_CUDA:-unset}"'
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    no_driver = {**env, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    assert bash_fn(tree, no_driver, show) == "1"
+    assert bash_fn(tree, {**no_driver, "KESTREL_CUDA_ARCHS": "89"}, show) == "unset"
+    smi.write_text("#!/bin/sh\nexit 9\n")  # installed, but no driver answers
+    smi.chmod(0o755)
+    assert bash_fn(tree, no_driver, show) == "1"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA RTX 4090'\n")
+    assert bash_fn(tree, no_driver, show) == "unset"
 
 
 def test_second_run_skips_every_step(setup_env):
