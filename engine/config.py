@@ -23,6 +23,8 @@ COMM_STRATEGIES = ("auto", "nccl", "int8", "host", "overlap")
 
 # --quantization's choices (auto first: the default). The app's Load form offers them (this module is torch-free).
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "fp8", "gguf")
+# --kv-cache-dtype's choices (auto first: the default; vLLM's name fp8 for e4m3). The app's Load form offers them.
+KV_CACHE_DTYPES = ("auto", "fp8")
 # The GGUF types the native CPU kernels compute on (engine/ops/gguf_quant.py TYPES; a test holds the two equal), for
 # what --quantization auto does with a .gguf file, torch-free for the app.
 GGUF_KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -148,6 +150,11 @@ class EngineConfig:
                              "kernels: about the file's size in memory, faster decode; the kernels quantize "
                              "activations per block, so a greedy output may change with what it is batched with "
                              "unless --deterministic)", default="auto", choices=list(QUANTIZATIONS))
+    kv_cache_dtype: str = _opt("KV-cache element type: auto (the model's dtype) or fp8 (GPU with fp8 support, "
+                               "sm_89+: e4m3 keys and values, each layer's with a float32 scale for each, 1.0: "
+                               "stored as they are, saturated at +-448); twice the tokens in the same memory, at "
+                               "some accuracy; the CPU keeps the KV cache in the model's dtype", default="auto",
+                               choices=list(KV_CACHE_DTYPES))
     max_model_len: int | None = _opt("Context length (default: the model's, capped at 8192)")
     block_size: int | None = _opt("KV-cache block size in tokens (default: 64 on a GPU, where the prefill "
                                   "attention kernel copies a key tile out of one block with TMA; 16 on the CPU)")

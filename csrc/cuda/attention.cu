@@ -17,10 +17,16 @@
 // lane group of head_dim / 8 lanes per token (two tokens per warp load at head size 128), the keys and values
 // of U tokens per lane group loaded together before any use; the scalar kernel (2-byte loads, keys before
 // values) takes the other shapes. H200, Llama-3-8B shape, 512-token contexts: measured in kestrel bench gpu.
+//
+// fp8 caches (--kv-cache-dtype fp8; fp8_cache.cuh): both kernels are instantiated for a cache element C = fp8_t
+// beside C = T (the model dtype's instances are unchanged): the vector kernel keeps its lanes and tokens and loads
+// 8 bytes (4 for fp32 queries) of e4m3 where it loaded 16 of bf16; the key scale is folded into the query, the
+// value scale applied to each warp's accumulator before the merge (softmax weights do not depend on it).
 #include <cstdlib>
 #include <type_traits>
 
 #include "common.cuh"
+#include "fp8_cache.cuh"
 #include "ops.h"
 
 namespace kestrel::cuda {
@@ -79,16 +85,30 @@ __device__ __forceinline__ void finish_block(T* __restrict__ out, int64_t os0, i
   }
 }
 
+// A cached key or value element as float: C = T as it is, C = fp8_t converted (the scale applied by the caller).
+template <class C>
+__device__ __forceinline__ float ld_cache(const C* p) {
+  if constexpr (std::is_same_v<C, fp8_t>) return fp8_to_f(*p);
+  else return ld(p);
+}
+
+// The scale of an fp8 cache (1 for the model dtype's: not read).
+template <class T, class C>
+__device__ __forceinline__ float read_scale(const float* __restrict__ scale) {
+  if constexpr (std::is_same_v<C, T>) return 1.f;
+  else return *scale;
+}
+
 // G query heads per block: the query heads that share one KV head (GQA) read each key and value once for all of
 // them (G = num_heads / num_kv_heads when it is 2, 4 or 8 and the registers allow; grid.x = KV heads). G = 1: one
 // query head per block (grid.x = query heads), any ratio.
-template <class T, int VPL, int G>  // VPL: head_dim values per lane (head_dim <= 32 * VPL)
+template <class T, class C, int VPL, int G>  // VPL: head_dim values per lane (head_dim <= 32 * VPL)
 __global__ void __launch_bounds__(kWarps * 32)
     paged_decode_kernel(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
-                        const T* __restrict__ q, int64_t qs0, int64_t qs1, const T* __restrict__ kc,
-                        const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
+                        const T* __restrict__ q, int64_t qs0, int64_t qs1, const C* __restrict__ kc,
+                        const C* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                         const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
-                        int part_tokens) {
+                        int part_tokens, const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
   dependent_entry();
   constexpr int U = kTokensPerWarpStep;
   const int b = blockIdx.y, part = blockIdx.z, splits = gridDim.z;
@@ -104,12 +124,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t tok_stride = int64_t(nkv) * hd;
 
   float qr[G][VPL], acc[G][VPL], m[G], l[G];
+  const float qscale = scale * read_scale<T, C>(k_scale);
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int v = 0; v < VPL; ++v) {
       const int d = lane + 32 * v;
-      qr[g][v] = d < hd ? ld(q + b * qs0 + (h0 + g) * qs1 + d) * scale : 0.f;
+      qr[g][v] = d < hd ? ld(q + b * qs0 + (h0 + g) * qs1 + d) * qscale : 0.f;
       acc[g][v] = 0.f;
     }
     m[g] = -INFINITY;
@@ -129,7 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int v = 0; v < VPL; ++v) {
         const int d = lane + 32 * v;
-        kf[u][v] = d < hd ? ld(kc + base[u] + d) : 0.f;
+        kf[u][v] = d < hd ? ld_cache(kc + base[u] + d) : 0.f;
       }
     float s[G][U];
 #pragma unroll
@@ -153,7 +174,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int v = 0; v < VPL; ++v) {
         const int d = lane + 32 * v;
-        vf[u][v] = d < hd ? ld(vc + base[u] + d) : 0.f;
+        vf[u][v] = d < hd ? ld_cache(vc + base[u] + d) : 0.f;
       }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -183,6 +204,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 
+  if constexpr (!std::is_same_v<C, T>) {
+    const float vsc = *v_scale;
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int v = 0; v < VPL; ++v) acc[g][v] *= vsc;
+  }
   __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
   __shared__ float sm_acc[kWarps][G][kMaxHeadDim / (G > 4 ? 2 : 1)];
   if (lane == 0) {
@@ -253,17 +281,35 @@ __device__ __forceinline__ void group_sum_all(float (&v)[N], int li) {
 // sequence); the maxima go to shared memory in natural units, as finish_block and the merge kernel expect.
 // Blocks per SM the registers must allow: G = 4 needs 168 registers at U = 4, fits 128 (four blocks) at U = 2
 // and 102 (five) at U = 1 without spills; the other instances need no bound.
-constexpr int vec_min_blocks(int G, int U) { return G * U <= 4 ? 5 : G * U <= 8 ? 4 : 1; }
+// The fp8 instances' conversions take a few registers more: G x U = 4 spilled at 96 (5 blocks), so they keep 4.
+constexpr int vec_min_blocks(int G, int U, bool fp8 = false) {
+  return G * U <= 4 && !fp8 ? 5 : G * U <= 8 ? 4 : 1;
+}
 
-template <class T, int HD, int G, int U>
-__global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
+// E cached elements as a load unit: a 16-byte Pack<T>, or the same count of e4m3 bytes.
+template <class T, class C>
+using CachePack = std::conditional_t<std::is_same_v<C, T>, Pack<T>, Fp8Pack<Pack<T>::N>>;
+
+template <class T, class C>
+__device__ __forceinline__ void cache_pack_to_f(const CachePack<T, C>& p, float (&out)[Pack<T>::N]) {
+  if constexpr (std::is_same_v<C, T>) {
+#pragma unroll
+    for (int e = 0; e < Pack<T>::N; ++e) out[e] = ld(&p.v[e]);
+  } else {
+    fp8_pack_to_f(p, out);
+  }
+}
+
+template <class T, class C, int HD, int G, int U>
+__global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U, !std::is_same_v<C, T>))
     paged_decode_vec_kernel(T* __restrict__ out, int64_t os0, int64_t os1, float* __restrict__ ws,
-                            const T* __restrict__ q, int64_t qs0, int64_t qs1, const T* __restrict__ kc,
-                            const T* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
+                            const T* __restrict__ q, int64_t qs0, int64_t qs1, const C* __restrict__ kc,
+                            const C* __restrict__ vc, const int32_t* __restrict__ block_tables, int64_t bts,
                             const int32_t* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
-                            int part_tokens) {
+                            int part_tokens, const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
   dependent_entry();
   constexpr int E = Pack<T>::N, LPT = HD / E, TPW = 32 / LPT;
+  using KV = CachePack<T, C>;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   static_assert(LPT >= 1 && LPT <= 32 && (32 % LPT) == 0, "head size / vector width must divide a warp");
   const int b = blockIdx.y, part = blockIdx.z, splits = gridDim.z;
@@ -279,16 +325,17 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
   const int32_t* bt = block_tables + b * bts;
   const PageIndex page{bs, (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1};
   const int64_t tok_stride = int64_t(nkv) * HD;
-  const T* kh = kc + int64_t(kvh) * HD + li * E;
-  const T* vh = vc + int64_t(kvh) * HD + li * E;
+  const C* kh = kc + int64_t(kvh) * HD + li * E;
+  const C* vh = vc + int64_t(kvh) * HD + li * E;
 
   float qr[G][E], acc[G][E], m[G], l[G];
+  const float qscale = scale * kLog2e * read_scale<T, C>(k_scale);
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     const Pack<T> qp = *reinterpret_cast<const Pack<T>*>(q + b * qs0 + (h0 + g) * qs1 + li * E);
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      qr[g][e] = ld(&qp.v[e]) * (scale * kLog2e);
+      qr[g][e] = ld(&qp.v[e]) * qscale;
       acc[g][e] = 0.f;
     }
     m[g] = -INFINITY;
@@ -297,22 +344,21 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
 
   constexpr int kStep = kWarps * U * TPW;
   for (int t0 = t_begin + warp * U * TPW; t0 < t_end; t0 += kStep) {
-    Pack<T> kp[U], vp[U];
+    KV kp[U], vp[U];
     bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int tok = t0 + u * TPW + sub;
       valid[u] = tok < t_end;
       const int64_t base = page.row(bt, min(tok, t_end - 1)) * tok_stride;  // clamped: masked below
-      kp[u] = *reinterpret_cast<const Pack<T>*>(kh + base);
-      vp[u] = *reinterpret_cast<const Pack<T>*>(vh + base);
+      kp[u] = *reinterpret_cast<const KV*>(kh + base);
+      vp[u] = *reinterpret_cast<const KV*>(vh + base);
     }
     float s[G * U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float k[E];
-#pragma unroll
-      for (int e = 0; e < E; ++e) k[e] = ld(&kp[u].v[e]);
+      cache_pack_to_f<T, C>(kp[u], k);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float p = 0.f;
@@ -324,9 +370,7 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
     group_sum_all<G * U, LPT>(s, li);
     float v[U][E];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int e = 0; e < E; ++e) v[u][e] = ld(&vp[u].v[e]);
+    for (int u = 0; u < U; ++u) cache_pack_to_f<T, C>(vp[u], v[u]);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       float mn = m[g];
@@ -372,6 +416,13 @@ __global__ void __launch_bounds__(kWarps * 32, vec_min_blocks(G, U))
       m[g] = M;
     }
 
+  if constexpr (!std::is_same_v<C, T>) {
+    const float vsc = *v_scale;
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[g][e] *= vsc;
+  }
   __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
   __shared__ float sm_acc[kWarps][G][HD];
   if (lane == 0) {
@@ -476,21 +527,23 @@ int tokens_per_step() {
   return u == 1 || u == 4 ? u : 2;
 }
 
-template <class T>
+template <class T, class C>
 void launch_decode(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, int device, const Plan& p,
                    uintptr_t out,
                    int64_t os0, int64_t os1, float* ws, uintptr_t q, int64_t qs0, int64_t qs1, uintptr_t k_cache,
                    uintptr_t v_cache, uintptr_t block_tables, int64_t bts, uintptr_t context_lens, int64_t nh,
-                   int64_t nkv, int64_t hd, int64_t bs, float scale) {
+                   int64_t nkv, int64_t hd, int64_t bs, float scale, uintptr_t k_scale, uintptr_t v_scale) {
   T* o = reinterpret_cast<T*>(out);
   const T* qp = reinterpret_cast<const T*>(q);
-  const T* kp = reinterpret_cast<const T*>(k_cache);
-  const T* vp = reinterpret_cast<const T*>(v_cache);
+  const C* kp = reinterpret_cast<const C*>(k_cache);
+  const C* vp = reinterpret_cast<const C*>(v_cache);
   const int32_t* btp = reinterpret_cast<const int32_t*>(block_tables);
   const int32_t* clp = reinterpret_cast<const int32_t*>(context_lens);
+  const float* ksp = reinterpret_cast<const float*>(k_scale);
+  const float* vsp = reinterpret_cast<const float*>(v_scale);
   auto run = [&](auto kernel) {
     launch("paged_decode_attention", kernel, grid, dim3(kWarps * 32), st, device, o, os0, os1, ws, qp, qs0, qs1, kp, vp,
-           btp, bts, clp, int(nh), int(nkv), int(hd), int(bs), scale, p.part_tokens);
+           btp, bts, clp, int(nh), int(nkv), int(hd), int(bs), scale, p.part_tokens, ksp, vsp);
   };
   const int G = group_for(nh, nkv, hd);
   constexpr int E = Pack<T>::N;
@@ -499,25 +552,25 @@ void launch_decode(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st
   auto pick_vec = [&](auto hd_c) {
     constexpr int HD = decltype(hd_c)::value;
     if constexpr (HD / E <= 32) {
-      if (G == 8) return run(paged_decode_vec_kernel<T, HD, 8, 2>);
+      if (G == 8) return run(paged_decode_vec_kernel<T, C, HD, 8, 2>);
       if (G == 4) {
         const int u = tokens_per_step();
-        if (u == 1) return run(paged_decode_vec_kernel<T, HD, 4, 1>);
-        if (u == 2) return run(paged_decode_vec_kernel<T, HD, 4, 2>);
-        return run(paged_decode_vec_kernel<T, HD, 4, 4>);
+        if (u == 1) return run(paged_decode_vec_kernel<T, C, HD, 4, 1>);
+        if (u == 2) return run(paged_decode_vec_kernel<T, C, HD, 4, 2>);
+        return run(paged_decode_vec_kernel<T, C, HD, 4, 4>);
       }
-      if (G == 2) return run(paged_decode_vec_kernel<T, HD, 2, 4>);
-      return run(paged_decode_vec_kernel<T, HD, 1, 4>);
+      if (G == 2) return run(paged_decode_vec_kernel<T, C, HD, 2, 4>);
+      return run(paged_decode_vec_kernel<T, C, HD, 1, 4>);
     }
   };
   auto pick = [&](auto vpl_c) {
     constexpr int V = decltype(vpl_c)::value;
     if constexpr (8 * V <= 32)
-      if (G == 8) return run(paged_decode_kernel<T, V, 8>);
+      if (G == 8) return run(paged_decode_kernel<T, C, V, 8>);
     if constexpr (4 * V <= 32)
-      if (G == 4) return run(paged_decode_kernel<T, V, 4>);
-    if (G == 2) return run(paged_decode_kernel<T, V, 2>);
-    run(paged_decode_kernel<T, V, 1>);
+      if (G == 4) return run(paged_decode_kernel<T, C, V, 4>);
+    if (G == 2) return run(paged_decode_kernel<T, C, V, 2>);
+    run(paged_decode_kernel<T, C, V, 1>);
   };
   if (vec && hd == 64) pick_vec(std::integral_constant<int, 64>{});
   else if (vec && hd == 128) pick_vec(std::integral_constant<int, 128>{});
@@ -542,11 +595,17 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
                             uintptr_t k_cache, uintptr_t v_cache, uintptr_t block_tables, int64_t bts,
                             int64_t max_blocks, uintptr_t context_lens, int64_t B, int64_t nh, int64_t nkv,
                             int64_t hd, int64_t bs, double scale, uintptr_t workspace, int64_t workspace_floats,
-                            int64_t part_tokens, int device, uintptr_t stream) {
+                            int64_t part_tokens, int cdt, uintptr_t k_scale, uintptr_t v_scale, int device,
+                            uintptr_t stream) {
   if (B <= 0 || nh <= 0) return;
   if (hd > kMaxHeadDim) throw std::invalid_argument("paged_decode_attention (CUDA): head_size must be <= 256");
   if (nkv <= 0 || nh % nkv) throw std::invalid_argument("paged_decode_attention: num_heads % num_kv_heads != 0");
   if (B > 65535 || nh > 0x7fffffff) throw std::invalid_argument("paged_decode_attention (CUDA): too many sequences");
+  const bool fp8 = cdt == kCacheFp8E4M3;
+  if (!fp8 && cdt != dt)
+    throw std::invalid_argument("paged_decode_attention (CUDA): the cache dtype must be q's or fp8 e4m3 (code 3)");
+  if (fp8 && (!k_scale || !v_scale))
+    throw std::invalid_argument("paged_decode_attention (CUDA): an fp8 cache needs k_scale and v_scale");
   const int64_t max_tokens = std::max<int64_t>(1, max_blocks * bs);
   if (max_tokens > 0x7fffffff) throw std::invalid_argument("paged_decode_attention (CUDA): context too long");
   const int group = group_for(nh, nkv, hd);
@@ -560,9 +619,16 @@ void paged_decode_attention(int dt, uintptr_t out, int64_t os0, int64_t os1, uin
   dim3 grid(static_cast<unsigned>(nh / group), static_cast<unsigned>(B), static_cast<unsigned>(p.splits));
   dim3 rgrid(static_cast<unsigned>(nh), static_cast<unsigned>(B));
   const int rthreads = int((hd + 31) / 32 * 32);
-  KESTREL_CUDA_DTYPE_SWITCH(dt, launch_decode<T>(vpl, grid, rgrid, rthreads, st, device, p, out, os0, os1, ws, q, qs0,
-                                                 qs1, k_cache, v_cache, block_tables, bts, context_lens, nh, nkv, hd,
-                                                 bs, float(scale)));
+  if (fp8) {
+    KESTREL_CUDA_DTYPE_SWITCH(dt, (launch_decode<T, fp8_t>(vpl, grid, rgrid, rthreads, st, device, p, out, os0, os1,
+                                                           ws, q, qs0, qs1, k_cache, v_cache, block_tables, bts,
+                                                           context_lens, nh, nkv, hd, bs, float(scale), k_scale,
+                                                           v_scale)));
+  } else {
+    KESTREL_CUDA_DTYPE_SWITCH(dt, (launch_decode<T, T>(vpl, grid, rgrid, rthreads, st, device, p, out, os0, os1, ws,
+                                                       q, qs0, qs1, k_cache, v_cache, block_tables, bts, context_lens,
+                                                       nh, nkv, hd, bs, float(scale), 0, 0)));
+  }
   check_launch("paged_decode_attention");
 }
 

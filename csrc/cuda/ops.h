@@ -23,13 +23,17 @@ void rotary_embedding(int dtype, uintptr_t positions, uintptr_t q, int64_t q_str
                       int64_t rot_dim, bool is_neox, int device, uintptr_t stream);
 void reshape_and_cache(int dtype, uintptr_t key, int64_t k_s0, int64_t k_s1, uintptr_t value, int64_t v_s0,
                        int64_t v_s1, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T,
-                       int64_t num_kv_heads, int64_t head_size, int device, uintptr_t stream);
+                       int64_t num_kv_heads, int64_t head_size, int cache_dtype, uintptr_t k_scale,
+                       uintptr_t v_scale, int device, uintptr_t stream);
 // rotary_embedding on q and k, then reshape_and_cache of k and v (rows of T tokens, nkv heads of head_size with
 // strides k_stride / v_stride per token), as one kernel where the vectorised path applies.
+// cache_dtype: the inputs' dtype code, or 3 = fp8 e4m3 (fp8_cache.cuh), storing x / *k_scale (keys) and
+// x / *v_scale (values, float32 scalars in device memory) saturated to +-448; the scales are 0 for other caches.
 void rotary_and_cache(int dtype, uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
                       uintptr_t v, int64_t v_stride, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping,
                       int64_t T, int64_t num_heads, int64_t num_kv_heads, int64_t head_size, uintptr_t cos_sin_cache,
-                      int64_t rot_dim, bool is_neox, int device, uintptr_t stream);
+                      int64_t rot_dim, bool is_neox, int cache_dtype, uintptr_t k_scale, uintptr_t v_scale,
+                      int device, uintptr_t stream);
 // As kestrel::cpu::token_positions_and_slots (cpu/ops.h), without its checks; max_query_len bounds the grid.
 void token_positions_and_slots(uintptr_t query_start, uintptr_t context_lens, uintptr_t block_tables,
                                int64_t bt_stride, int64_t S, int64_t max_query_len, int64_t block_size,
@@ -38,6 +42,8 @@ void token_positions_and_slots(uintptr_t query_start, uintptr_t context_lens, ui
 // directly). max_tokens = block table capacity (max_blocks_per_seq * block_size); part_tokens as below.
 int64_t paged_decode_attention_workspace(int64_t B, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                                          int64_t max_tokens, int64_t part_tokens, int device);
+// cache_dtype: the dtype's code, or 3 = fp8 e4m3 caches read as value x *k_scale / *v_scale (float32 in device
+// memory).
 // part_tokens: 0 = partitions sized to fill the GPU at the table's capacity (eager steps, where the capacity is
 // the step's longest context); > 0 = partitions of that many tokens over the whole capacity (the partitions past
 // a sequence's context exit at once); < 0 = -splits: each sequence's context cut on the device into that many
@@ -47,7 +53,7 @@ void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t ou
                             int64_t bt_stride, int64_t max_blocks_per_seq, uintptr_t context_lens, int64_t B,
                             int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
                             double scale, uintptr_t workspace, int64_t workspace_floats, int64_t part_tokens,
-                            int device, uintptr_t stream);
+                            int cache_dtype, uintptr_t k_scale, uintptr_t v_scale, int device, uintptr_t stream);
 
 // Integer weights in the "mma" layout (csrc/cuda/int_gemm.cu; engine/weight_quant.py IntCodes.pack): out[M, N] =
 // x[M, K] @ W^T (+ bias, null for none) for M = 1..16 on the tensor cores, x bfloat16 / float16 (dtype 1 / 2) with

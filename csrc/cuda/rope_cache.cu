@@ -1,5 +1,10 @@
 // Rotary embedding (in place), KV-cache write, both fused, and the step's token positions and cache slots on CUDA.
+// The cache-write kernels take the cache's element type C: the model's T, or fp8 e4m3 (fp8_t, with a scale per
+// cache read from device memory: fp8_cache.cuh).
+#include <type_traits>
+
 #include "common.cuh"
+#include "fp8_cache.cuh"
 #include "ops.h"
 
 namespace kestrel::cuda {
@@ -28,11 +33,29 @@ __global__ void rotary_kernel(const int64_t* __restrict__ positions, T* __restri
   }
 }
 
+// A pack of T into the cache at dst: as it is (C = T), or as e4m3 divided by `scale` (C = fp8_t).
+template <class T, class C>
+__device__ __forceinline__ void store_pack(C* dst, const Pack<T>& p, float scale) {
+  if constexpr (std::is_same_v<C, T>) {
+    *reinterpret_cast<Pack<T>*>(dst) = p;
+  } else {
+    static_assert(std::is_same_v<C, fp8_t>, "a cache holds the model's dtype or fp8 e4m3");
+    *reinterpret_cast<Fp8Pack<Pack<T>::N>*>(dst) = pack_to_fp8(p, scale);
+  }
+}
+
+// The cache scale of C: 1 for the model's dtype (unused), *scale for fp8.
+template <class C>
+__device__ __forceinline__ float cache_scale(const float* __restrict__ scale) {
+  if constexpr (std::is_same_v<C, fp8_t>) return *scale;
+  return 1.f;
+}
+
 // One 16-byte pack of a head rotated in place at element e0 (NeoX: with its partner pack rot_dim/2 further;
 // GPT-J: pairs inside the pack); with `dst`, the rotated packs are also stored there at the same offsets.
-template <class T>
-__device__ __forceinline__ void rotate_pack(T* x, T* dst, int e0, int half, const float* c, const float* s,
-                                            bool neox) {
+template <class T, class C = T>
+__device__ __forceinline__ void rotate_pack(T* x, C* dst, int e0, int half, const float* c, const float* s,
+                                            bool neox, float dst_scale = 1.f) {
   constexpr int V = Pack<T>::N;
   if (neox) {
     auto* p1 = reinterpret_cast<Pack<T>*>(x + e0);
@@ -48,8 +71,8 @@ __device__ __forceinline__ void rotate_pack(T* x, T* dst, int e0, int half, cons
     *p1 = oa;
     *p2 = ob;
     if (dst) {
-      *reinterpret_cast<Pack<T>*>(dst + e0) = oa;
-      *reinterpret_cast<Pack<T>*>(dst + e0 + half) = ob;
+      store_pack(dst + e0, oa, dst_scale);
+      store_pack(dst + e0 + half, ob, dst_scale);
     }
   } else {
     auto* p = reinterpret_cast<Pack<T>*>(x + e0);
@@ -63,7 +86,7 @@ __device__ __forceinline__ void rotate_pack(T* x, T* dst, int e0, int half, cons
       o.v[2 * u + 1] = from_f<T>(fb * cv + fa * sv);
     }
     *p = o;
-    if (dst) *reinterpret_cast<Pack<T>*>(dst + e0) = o;
+    if (dst) store_pack(dst + e0, o, dst_scale);
   }
 }
 
@@ -90,28 +113,36 @@ __global__ void rotary_vec_kernel(const int64_t* __restrict__ positions, T* __re
   }
 }
 
-template <class T>
+template <class T, class C>
 __global__ void reshape_and_cache_kernel(const T* __restrict__ key, int64_t ks0, int64_t ks1,
-                                         const T* __restrict__ value, int64_t vs0, int64_t vs1, T* __restrict__ kc,
-                                         T* __restrict__ vc, const int64_t* __restrict__ slots, int nkv, int hd) {
+                                         const T* __restrict__ value, int64_t vs0, int64_t vs1, C* __restrict__ kc,
+                                         C* __restrict__ vc, const int64_t* __restrict__ slots, int nkv, int hd,
+                                         const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
   dependent_entry();
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0) return;
   const int n = nkv * hd;
+  const float ksc = cache_scale<C>(k_scale), vsc = cache_scale<C>(v_scale);
   for (int e = threadIdx.x; e < n; e += blockDim.x) {
     const int h = e / hd, d = e % hd;
-    kc[slot * n + e] = key[t * ks0 + h * ks1 + d];
-    vc[slot * n + e] = value[t * vs0 + h * vs1 + d];
+    if constexpr (std::is_same_v<C, T>) {
+      kc[slot * n + e] = key[t * ks0 + h * ks1 + d];
+      vc[slot * n + e] = value[t * vs0 + h * vs1 + d];
+    } else {
+      kc[slot * n + e] = to_fp8(ld(key + t * ks0 + h * ks1 + d) / ksc);
+      vc[slot * n + e] = to_fp8(ld(value + t * vs0 + h * vs1 + d) / vsc);
+    }
   }
 }
 
 // 16-byte version: one pack of a key and of a value per thread (head size and strides multiples of the vector).
-template <class T>
+template <class T, class C>
 __global__ void reshape_and_cache_vec_kernel(const T* __restrict__ key, int64_t ks0, int64_t ks1,
                                              const T* __restrict__ value, int64_t vs0, int64_t vs1,
-                                             T* __restrict__ kc, T* __restrict__ vc,
-                                             const int64_t* __restrict__ slots, int nkv, int hd) {
+                                             C* __restrict__ kc, C* __restrict__ vc,
+                                             const int64_t* __restrict__ slots, int nkv, int hd,
+                                             const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
   dependent_entry();
   constexpr int V = Pack<T>::N;
   const int64_t t = blockIdx.x;
@@ -119,12 +150,13 @@ __global__ void reshape_and_cache_vec_kernel(const T* __restrict__ key, int64_t 
   if (slot < 0) return;
   const int per_head = hd / V;
   const int n = nkv * per_head;
-  auto* kd = reinterpret_cast<Pack<T>*>(kc + slot * nkv * hd);
-  auto* vd = reinterpret_cast<Pack<T>*>(vc + slot * nkv * hd);
+  const float ksc = cache_scale<C>(k_scale), vsc = cache_scale<C>(v_scale);
+  C* kd = kc + slot * nkv * hd;
+  C* vd = vc + slot * nkv * hd;
   for (int e = threadIdx.x; e < n; e += blockDim.x) {
     const int h = e / per_head, d = (e % per_head) * V;
-    kd[e] = *reinterpret_cast<const Pack<T>*>(key + t * ks0 + h * ks1 + d);
-    vd[e] = *reinterpret_cast<const Pack<T>*>(value + t * vs0 + h * vs1 + d);
+    store_pack(kd + int64_t(e) * V, *reinterpret_cast<const Pack<T>*>(key + t * ks0 + h * ks1 + d), ksc);
+    store_pack(vd + int64_t(e) * V, *reinterpret_cast<const Pack<T>*>(value + t * vs0 + h * vs1 + d), vsc);
   }
 }
 
@@ -132,12 +164,13 @@ __global__ void reshape_and_cache_vec_kernel(const T* __restrict__ key, int64_t 
 // rope and cache write as one launch instead of two). One block per token; the 16-byte packs of rotary_vec_kernel;
 // each rotated pack of k also goes to the cache, then v (and k's dims past rot_dim) are copied there. A negative
 // slot rotates and writes nothing to the cache.
-template <class T>
+template <class T, class C>
 __global__ void rotary_and_cache_vec_kernel(const int64_t* __restrict__ positions, T* __restrict__ q, int64_t qs,
                                             T* __restrict__ k, int64_t ks, const T* __restrict__ v, int64_t vs,
-                                            T* __restrict__ kc, T* __restrict__ vc,
+                                            C* __restrict__ kc, C* __restrict__ vc,
                                             const int64_t* __restrict__ slots, int nh, int nkv, int hd, int rot,
-                                            const float* __restrict__ cache, bool neox) {
+                                            const float* __restrict__ cache, bool neox,
+                                            const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
   dependent_entry();
   constexpr int V = Pack<T>::N;
   const int64_t t = blockIdx.x;
@@ -145,27 +178,28 @@ __global__ void rotary_and_cache_vec_kernel(const int64_t* __restrict__ position
   const int half = rot / 2;
   const float* c = cache + positions[t] * rot;
   const float* s = c + half;
-  T* kd = kc + slot * nkv * hd;  // used only when slot >= 0
+  const float ksc = cache_scale<C>(k_scale);
+  C* kd = kc + slot * nkv * hd;  // used only when slot >= 0
   const int per_head = neox ? half / V : rot / V;
   const int n = (nh + nkv) * per_head;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     const int h = j / per_head, e0 = (j % per_head) * V;
     const bool is_k = h >= nh;
     T* x = is_k ? k + t * ks + int64_t(h - nh) * hd : q + t * qs + int64_t(h) * hd;
-    T* dst = is_k && slot >= 0 ? kd + int64_t(h - nh) * hd : nullptr;
-    rotate_pack(x, dst, e0, half, c, s, neox);
+    C* dst = is_k && slot >= 0 ? kd + int64_t(h - nh) * hd : nullptr;
+    rotate_pack(x, dst, e0, half, c, s, neox, ksc);
   }
   if (slot < 0) return;
+  const float vsc = cache_scale<C>(v_scale);
   const int per_v = hd / V, tail = (hd - rot) / V;  // v's packs; k's packs past rot_dim
   for (int j = threadIdx.x; j < nkv * (per_v + tail); j += blockDim.x) {
     if (j < nkv * per_v) {
       const int h = j / per_v, d = (j % per_v) * V;
-      *reinterpret_cast<Pack<T>*>(vc + slot * nkv * hd + int64_t(h) * hd + d) =
-          *reinterpret_cast<const Pack<T>*>(v + t * vs + int64_t(h) * hd + d);
+      store_pack(vc + slot * nkv * hd + int64_t(h) * hd + d,
+                 *reinterpret_cast<const Pack<T>*>(v + t * vs + int64_t(h) * hd + d), vsc);
     } else {
       const int i = j - nkv * per_v, h = i / tail, d = rot + (i % tail) * V;
-      *reinterpret_cast<Pack<T>*>(kd + int64_t(h) * hd + d) =
-          *reinterpret_cast<const Pack<T>*>(k + t * ks + int64_t(h) * hd + d);
+      store_pack(kd + int64_t(h) * hd + d, *reinterpret_cast<const Pack<T>*>(k + t * ks + int64_t(h) * hd + d), ksc);
     }
   }
 }
@@ -229,53 +263,99 @@ void rotary_embedding(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uint
                                        reinterpret_cast<const float*>(cache), neox));
 }
 
-void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_t value, int64_t vs0, int64_t vs1,
-                       uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T_, int64_t nkv,
-                       int64_t hd, int device, uintptr_t stream) {
-  if (T_ <= 0) return;
-  if (T_ > 0x7fffffff) throw std::invalid_argument("reshape_and_cache: too many tokens for one launch");
-  use_device(device);
-  auto st = reinterpret_cast<cudaStream_t>(stream);
-  if (vec_ok(dt, hd, {key, value, k_cache, v_cache}, {ks0, ks1, vs0, vs1})) {
-    const int64_t packs = nkv * hd / (dt == 0 ? 4 : 8);
+namespace {
+
+// reshape_and_cache's launch for input T and cache element C.
+template <class T, class C>
+void launch_cache_write(cudaStream_t st, int device, bool vec, int64_t T_, uintptr_t key, int64_t ks0, int64_t ks1,
+                        uintptr_t value, int64_t vs0, int64_t vs1, uintptr_t k_cache, uintptr_t v_cache,
+                        uintptr_t slot_mapping, int64_t nkv, int64_t hd, uintptr_t k_scale, uintptr_t v_scale) {
+  if (vec) {
+    const int64_t packs = nkv * hd / Pack<T>::N;
     const int threads = packs >= 256 ? 256 : int((packs + 31) / 32 * 32);
-    KESTREL_CUDA_DTYPE_SWITCH(dt, launch("reshape_and_cache", reshape_and_cache_vec_kernel<T>, dim3(unsigned(T_)),
-                                         dim3(threads), st, device, reinterpret_cast<const T*>(key), ks0, ks1,
-                                         reinterpret_cast<const T*>(value), vs0, vs1, reinterpret_cast<T*>(k_cache),
-                                         reinterpret_cast<T*>(v_cache), reinterpret_cast<const int64_t*>(slot_mapping),
-                                         int(nkv), int(hd)));
+    launch("reshape_and_cache", reshape_and_cache_vec_kernel<T, C>, dim3(unsigned(T_)), dim3(threads), st, device,
+           reinterpret_cast<const T*>(key), ks0, ks1, reinterpret_cast<const T*>(value), vs0, vs1,
+           reinterpret_cast<C*>(k_cache), reinterpret_cast<C*>(v_cache),
+           reinterpret_cast<const int64_t*>(slot_mapping), int(nkv), int(hd), reinterpret_cast<const float*>(k_scale),
+           reinterpret_cast<const float*>(v_scale));
     return;
   }
   const int64_t n = nkv * hd;
   const int threads = n >= 512 ? 512 : int((n + 31) / 32 * 32);
-  KESTREL_CUDA_DTYPE_SWITCH(dt, launch("reshape_and_cache", reshape_and_cache_kernel<T>, dim3(unsigned(T_)),
-                                       dim3(threads), st, device, reinterpret_cast<const T*>(key), ks0, ks1,
-                                       reinterpret_cast<const T*>(value), vs0, vs1, reinterpret_cast<T*>(k_cache),
-                                       reinterpret_cast<T*>(v_cache), reinterpret_cast<const int64_t*>(slot_mapping),
-                                       int(nkv), int(hd)));
+  launch("reshape_and_cache", reshape_and_cache_kernel<T, C>, dim3(unsigned(T_)), dim3(threads), st, device,
+         reinterpret_cast<const T*>(key), ks0, ks1, reinterpret_cast<const T*>(value), vs0, vs1,
+         reinterpret_cast<C*>(k_cache), reinterpret_cast<C*>(v_cache), reinterpret_cast<const int64_t*>(slot_mapping),
+         int(nkv), int(hd), reinterpret_cast<const float*>(k_scale), reinterpret_cast<const float*>(v_scale));
+}
+
+// The cache element type of cache dtype code `cdt` for inputs of code `dt`: the same, or fp8 e4m3 with its scales.
+void check_cache_dtype(const char* op, int dt, int cdt, uintptr_t k_scale, uintptr_t v_scale) {
+  if (cdt == kCacheFp8E4M3) {
+    if (!k_scale || !v_scale) throw std::invalid_argument(std::string(op) + ": an fp8 cache needs k_scale and v_scale");
+  } else if (cdt != dt) {
+    throw std::invalid_argument(std::string(op) + ": the cache dtype must be the inputs' or fp8 e4m3 (code 3)");
+  }
+}
+
+template <class T, class C>
+void launch_rotary_cache(int threads, uintptr_t stream, int device, int64_t T_, uintptr_t positions, uintptr_t q,
+                         int64_t qs, uintptr_t k, int64_t ks, uintptr_t v, int64_t vs, uintptr_t k_cache,
+                         uintptr_t v_cache, uintptr_t slot_mapping, int64_t nh, int64_t nkv, int64_t hd,
+                         uintptr_t cache, int64_t rot, bool neox, uintptr_t k_scale, uintptr_t v_scale) {
+  launch("rotary_and_cache", rotary_and_cache_vec_kernel<T, C>, dim3(unsigned(T_)), dim3(threads),
+         reinterpret_cast<cudaStream_t>(stream), device, reinterpret_cast<const int64_t*>(positions),
+         reinterpret_cast<T*>(q), qs, reinterpret_cast<T*>(k), ks, reinterpret_cast<const T*>(v), vs,
+         reinterpret_cast<C*>(k_cache), reinterpret_cast<C*>(v_cache), reinterpret_cast<const int64_t*>(slot_mapping),
+         int(nh), int(nkv), int(hd), int(rot), reinterpret_cast<const float*>(cache), neox,
+         reinterpret_cast<const float*>(k_scale), reinterpret_cast<const float*>(v_scale));
+}
+
+}  // namespace
+
+void reshape_and_cache(int dt, uintptr_t key, int64_t ks0, int64_t ks1, uintptr_t value, int64_t vs0, int64_t vs1,
+                       uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T_, int64_t nkv,
+                       int64_t hd, int cdt, uintptr_t k_scale, uintptr_t v_scale, int device, uintptr_t stream) {
+  if (T_ <= 0) return;
+  if (T_ > 0x7fffffff) throw std::invalid_argument("reshape_and_cache: too many tokens for one launch");
+  check_cache_dtype("reshape_and_cache", dt, cdt, k_scale, v_scale);
+  use_device(device);
+  auto st = reinterpret_cast<cudaStream_t>(stream);
+  const bool vec = vec_ok(dt, hd, {key, value, k_cache, v_cache}, {ks0, ks1, vs0, vs1});
+  if (cdt == kCacheFp8E4M3) {
+    KESTREL_CUDA_DTYPE_SWITCH(dt, (launch_cache_write<T, fp8_t>(st, device, vec, T_, key, ks0, ks1, value, vs0, vs1,
+                                                                k_cache, v_cache, slot_mapping, nkv, hd, k_scale,
+                                                                v_scale)));
+  } else {
+    KESTREL_CUDA_DTYPE_SWITCH(dt, (launch_cache_write<T, T>(st, device, vec, T_, key, ks0, ks1, value, vs0, vs1,
+                                                            k_cache, v_cache, slot_mapping, nkv, hd, 0, 0)));
+  }
 }
 
 void rotary_and_cache(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uintptr_t k, int64_t ks, uintptr_t v,
                       int64_t vs, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping, int64_t T_,
-                      int64_t nh, int64_t nkv, int64_t hd, uintptr_t cache, int64_t rot, bool neox, int device,
-                      uintptr_t stream) {
+                      int64_t nh, int64_t nkv, int64_t hd, uintptr_t cache, int64_t rot, bool neox, int cdt,
+                      uintptr_t k_scale, uintptr_t v_scale, int device, uintptr_t stream) {
   if (T_ <= 0) return;
+  check_cache_dtype("rotary_and_cache", dt, cdt, k_scale, v_scale);
   const int64_t vec = dt == 0 ? 4 : 8;
   if (T_ > 0x7fffffff || rot % (2 * vec) || !vec_ok(dt, hd, {q, k, v, k_cache, v_cache}, {qs, ks, vs})) {
     rotary_embedding(dt, positions, q, qs, k, ks, T_, nh, nkv, hd, cache, rot, neox, device, stream);
-    reshape_and_cache(dt, k, ks, hd, v, vs, hd, k_cache, v_cache, slot_mapping, T_, nkv, hd, device, stream);
+    reshape_and_cache(dt, k, ks, hd, v, vs, hd, k_cache, v_cache, slot_mapping, T_, nkv, hd, cdt, k_scale, v_scale,
+                      device, stream);
     return;
   }
   use_device(device);
   const int64_t packs = (nh + nkv) * (rot / vec) / (neox ? 2 : 1);
   const int threads = packs >= 256 ? 256 : int((packs + 31) / 32 * 32);
-  KESTREL_CUDA_DTYPE_SWITCH(dt, launch("rotary_and_cache", rotary_and_cache_vec_kernel<T>, dim3(unsigned(T_)),
-                                       dim3(threads), reinterpret_cast<cudaStream_t>(stream), device,
-                                       reinterpret_cast<const int64_t*>(positions), reinterpret_cast<T*>(q), qs,
-                                       reinterpret_cast<T*>(k), ks, reinterpret_cast<const T*>(v), vs,
-                                       reinterpret_cast<T*>(k_cache), reinterpret_cast<T*>(v_cache),
-                                       reinterpret_cast<const int64_t*>(slot_mapping), int(nh), int(nkv), int(hd),
-                                       int(rot), reinterpret_cast<const float*>(cache), neox));
+  if (cdt == kCacheFp8E4M3) {
+    KESTREL_CUDA_DTYPE_SWITCH(dt, (launch_rotary_cache<T, fp8_t>(threads, stream, device, T_, positions, q, qs, k, ks,
+                                                                 v, vs, k_cache, v_cache, slot_mapping, nh, nkv, hd,
+                                                                 cache, rot, neox, k_scale, v_scale)));
+  } else {
+    KESTREL_CUDA_DTYPE_SWITCH(dt, (launch_rotary_cache<T, T>(threads, stream, device, T_, positions, q, qs, k, ks, v,
+                                                             vs, k_cache, v_cache, slot_mapping, nh, nkv, hd, cache,
+                                                             rot, neox, 0, 0)));
+  }
 }
 
 }  // namespace kestrel::cuda

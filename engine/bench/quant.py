@@ -7,8 +7,10 @@
    "chunk" layout; ``--candidates``: a few tile shapes more), torch's built-ins where they run
    (tinygemm's ``_weight_int4pack_mm`` for int4 groups of 128, ``_scaled_mm`` for fp8 with x quantized per token),
    each as microseconds and GB/s of the bytes it must read.
-2. The engine per mode (--quantization none / int8 / int4 / fp8): its weights' bytes, TPOT at batch 1 and 16
-   (512-token prompts, CUDA graphs), TTFT of 8,192 tokens; the ratios to bf16, and each step against the copy
+2. The engine per mode (--quantization none / int8 / int4 / fp8) and KV-cache dtype (--kv-cache-dtypes auto fp8:
+   each mode with each; a mode with an fp8 KV cache is reported as "<mode>+kv_fp8"): its weights' bytes, the KV
+   blocks and tokens that fit (gpu_memory_utilization 0.9), TPOT at batch 1 and 16 (512-token prompts, CUDA
+   graphs), TTFT of 8,192 tokens; the ratios to bf16 (quantization none, KV auto), and each step against the copy
    bandwidth's limit for its bytes.
 """
 
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 MODES = ("none", "int8", "int4", "fp8")
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def _bytes(w) -> int:
@@ -179,20 +182,25 @@ def engine_modes(ckpt, args, report, save) -> dict:
     copy = report["limits"]["copy_bytes_per_s"]
     kv_per_token = model_numbers(ckpt.config)["kv_bytes_per_token"]
     res = report["engine"] = {}
-    for mode in args.modes:
+    runs = [(mode, kv) for mode in args.modes for kv in getattr(args, "kv_cache_dtypes", ["auto"])]
+    for quant, kv_dtype in runs:
+        mode = quant if kv_dtype == "auto" else f"{quant}+kv_{kv_dtype}"
         t0 = time.perf_counter()
         try:
-            core = make_core(ckpt, dtype="bfloat16", device="cuda", quantization=mode, max_model_len=16384,
+            core = make_core(ckpt, dtype="bfloat16", device="cuda", quantization=quant, max_model_len=16384,
                              max_num_batched_tokens=16384, max_num_seqs=max(args.batch), enable_prefix_caching=False,
-                             gpu_memory_utilization=0.9)
+                             gpu_memory_utilization=0.9, kv_cache_dtype=kv_dtype)
         except Exception as e:  # noqa: BLE001 - a mode this GPU refuses (fp8 below sm_89): recorded, the rest runs
             res[mode] = {"error": f"{type(e).__name__}: {e}"}
             save()
             continue
-        r = res[mode] = {"load_s": time.perf_counter() - t0}
+        r = res[mode] = {"load_s": time.perf_counter() - t0, "quantization": quant, "kv_cache_dtype": kv_dtype}
         try:
             r["weight_bytes"] = weight_bytes(core.runner.model)
             r["kv_blocks"] = core.blocks.num_blocks
+            r["kv_tokens"] = core.blocks.num_blocks * core.runner.block_size
+            r["kv_bytes"] = core.blocks.num_blocks * core.runner.kv_bytes_per_block()
+            kv_elem = torch.tensor([], dtype=core.runner.kv_cache_dtype).element_size()
             r["tpot"] = {}
             for b in args.batch:
                 try:
@@ -202,13 +210,14 @@ def engine_modes(ckpt, args, report, save) -> dict:
                     print(f"{mode} b{b}: {r['errors'][str(b)]}", flush=True)
                     save()
                     continue
-                kv = b * (512 + args.tpot_steps // 2) * kv_per_token
+                kv = b * (512 + args.tpot_steps // 2) * kv_per_token * kv_elem // 2  # kv_per_token: 2-byte elements
                 r["tpot"][str(b)] = {"ms": s * 1e3, "tok_s": b / s, "limit_ms": (r["weight_bytes"] + kv) / copy * 1e3}
                 save()
             s = kestrel_ttft(core, rng, vocab, [args.prefill], args.repeats)[str(args.prefill)]
             r["ttft"] = {str(args.prefill): {"ms": s * 1e3, "tok_s": args.prefill / s}}
             save()
-            print(f"{mode}: weights {r['weight_bytes'] / 2**30:.2f} GiB, " + ", ".join(
+            print(f"{mode}: weights {r['weight_bytes'] / 2**30:.2f} GiB, KV {r['kv_tokens']} tokens in "
+                  f"{r['kv_bytes'] / 2**30:.2f} GiB, " + ", ".join(
                 f"b{b} {v['ms']:.2f} ms ({v['tok_s']:.0f} tok/s, {100 * v['limit_ms'] / v['ms']:.0f}% of its limit)"
                 for b, v in r["tpot"].items()) + f", TTFT {args.prefill} {r['ttft'][str(args.prefill)]['ms']:.1f} ms",
                 flush=True)
@@ -224,6 +233,7 @@ def engine_modes(ckpt, args, report, save) -> dict:
         r["vs_bf16"] = {f"tpot_b{b}": base["tpot"][b]["ms"] / v["ms"] for b, v in r["tpot"].items() if b in base["tpot"]}
         r["vs_bf16"]["prefill"] = base["ttft"][str(args.prefill)]["ms"] / r["ttft"][str(args.prefill)]["ms"]
         r["vs_bf16"]["weight_bytes"] = r["weight_bytes"] / base["weight_bytes"]
+        r["vs_bf16"]["kv_tokens"] = r["kv_tokens"] / base["kv_tokens"]
         print(f"{mode} vs bf16: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["vs_bf16"].items()), flush=True)
     save()
     return res
@@ -257,6 +267,8 @@ def run(args) -> dict:
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench_quant.json", help="the JSON report")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], choices=list(KV_CACHE_DTYPES),
+                   help="run each mode with each KV-cache dtype (--kv-cache-dtype); fp8 runs report as <mode>+kv_fp8")
     p.add_argument("--batch", nargs="+", type=int, default=[1, 16])
     p.add_argument("--rows", nargs="+", type=int, default=[1, 16], help="rows of x in the kernel measurements")
     p.add_argument("--prefill", type=int, default=8192, help="TTFT prompt length")

@@ -25,6 +25,13 @@ Backends, per step:
   ``=triton`` forces the kernel on the CPU too (Triton's interpreter: tests).
 - CPU: the native paged decode kernel for decodes and SDPA (4-D, ``enable_gqa``) per prefill chunk (fresh prompts
   of one length as one batch); a chunk with a cached prefix gathers it from the cache first.
+
+fp8 KV cache (--kv-cache-dtype fp8, GPU): the caches hold e4m3 values with a float32 scale per layer for keys and
+for values (``k_scale`` / ``v_scale``, device tensors: nothing synchronises, CUDA graphs capture them). Every path
+above reads it: the cache write and the decode kernel (csrc/cuda, an fp8 instance of each), the Triton kernel (fp8
+tiles converted after their load; TMA off), the cuDNN chunk over a prefix (cuDNN on the chunk's own bf16 keys, the
+Triton kernel over the fp8 prefix) and SDPA (fresh prompts on the step's own keys; a cached prefix gathered and
+dequantized first).
 """
 
 from __future__ import annotations
@@ -172,6 +179,11 @@ class Attention(torch.nn.Module):
         self.layer_index = layer_index
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, n_kv, head_dim], bound by the runner
         self.v_cache: torch.Tensor | None = None
+        # fp8 caches: their float32 scales ([1], on the caches' device; the values stored are x / scale), bound by
+        # the runner with the caches; None for caches in the model's dtype
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        self.compute_dtype: torch.dtype | None = None  # q's dtype (the model's), where the caches' differs
         self.tma_memo: dict = {}  # the caches' TMA descriptors for the prefill kernel (ops.tma_descriptors)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
@@ -180,11 +192,12 @@ class Attention(torch.nn.Module):
         q and k are rotated (in place) at the step's positions first, together with the cache write."""
         T = q.shape[0]
         hd = self.head_dim
+        ks, vs = self.k_scale, self.v_scale
         if rotary is not None:
-            rotary.with_cache(meta.positions, q, k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+            rotary.with_cache(meta.positions, q, k, v, self.k_cache, self.v_cache, meta.slot_mapping, ks, vs)
         else:
             ops.reshape_and_cache(k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
-                                  self.k_cache, self.v_cache, meta.slot_mapping)
+                                  self.k_cache, self.v_cache, meta.slot_mapping, ks, vs)
         q3 = q.view(T, self.num_heads, hd)
         nd = meta.num_decode_tokens
         if nd == 0 and len(meta.seqs) == 1 and _resumes(q, meta, hd):
@@ -199,10 +212,11 @@ class Attention(torch.nn.Module):
             if nd:
                 out = torch.empty(T, self.num_heads, hd, dtype=q.dtype, device=q.device)
                 ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
-                                           meta.decode_context_lens, self.scale, out=out[:nd])
+                                           meta.decode_context_lens, self.scale, out=out[:nd], k_scale=ks,
+                                           v_scale=vs)
             out = ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
                                              meta.query_start_loc, plan, self.scale, out=out, config=cfg,
-                                             tma_memo=self.tma_memo)
+                                             tma_memo=self.tma_memo, k_scale=ks, v_scale=vs)
             return out.view(T, self.num_heads * hd)
         if meta.fresh_len:  # fresh prompts of one length: SDPA over them as one batch
             return self._fresh_sdpa(q3, k, v, meta.fresh_len)
@@ -212,7 +226,7 @@ class Attention(torch.nn.Module):
         if nd:
             ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
                                        meta.decode_context_lens, self.scale, out=out[:nd],
-                                       part_tokens=meta.decode_part_tokens)
+                                       part_tokens=meta.decode_part_tokens, k_scale=ks, v_scale=vs)
         for i, seg in enumerate(meta.prefills, start=nd):
             s, n = seg.query_start, seg.query_len
             out[s:s + n] = self._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)
@@ -225,7 +239,7 @@ class Attention(torch.nn.Module):
         where cuDNN cannot run it or the kernel does not compile (the caller takes the one-launch kernel)."""
         T, hd = q3.shape[0], self.head_dim
         cfg, plan = _varlen_plan(meta, q3.device, hd)
-        key = (q3.device, q3.dtype, hd, cfg)
+        key = (q3.device, q3.dtype, self.k_cache.dtype, hd, cfg)
         compiled = _RESUME_COMPILES.get(key)
         if compiled is False:
             return None
@@ -237,7 +251,7 @@ class Attention(torch.nn.Module):
         try:
             ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, plan, self.scale, out=out, config=cfg, lse=lse,
-                                       tma_memo=self.tma_memo)
+                                       tma_memo=self.tma_memo, k_scale=self.k_scale, v_scale=self.v_scale)
         except Exception as e:  # the first launch compiles this specialisation: Triton 3.6's ptxas dies on some
             if compiled:
                 raise
@@ -264,9 +278,11 @@ class Attention(torch.nn.Module):
     def _run_kernel_variants(self) -> list[str]:
         """warm_up_kernels' launches (on the CPU under Triton's interpreter in tests)."""
         kc, vc = self.k_cache, self.v_cache
+        ks, vs = self.k_scale, self.v_scale
         dev, hd, nh, nkv = kc.device, self.head_dim, self.num_heads, self.num_kv_heads
+        dt = self.compute_dtype or kc.dtype
         # q as the step's q: a view of the fused qkv projection's rows
-        q3 = torch.zeros(1, (nh + 2 * nkv) * hd, dtype=kc.dtype, device=dev)[:, :nh * hd].view(1, nh, hd)
+        q3 = torch.zeros(1, (nh + 2 * nkv) * hd, dtype=dt, device=dev)[:, :nh * hd].view(1, nh, hd)
         tables = torch.zeros(1, 1, dtype=torch.int32, device=dev)
         starts = torch.tensor([0, 1], dtype=torch.int32, device=dev)
         ran = []
@@ -274,17 +290,17 @@ class Attention(torch.nn.Module):
         for cfg, what in configs.items():
             plan = ops.VarlenPlan.build([1], [1], cfg.block_m, dev)
             ops.varlen_paged_attention(q3, kc, vc, tables, starts[1:], starts, plan, self.scale, config=cfg,
-                                       tma_memo=self.tma_memo)
+                                       tma_memo=self.tma_memo, k_scale=ks, v_scale=vs)
             ran.append(what)
         cfg = ops.varlen_config(dev, hd)
-        key = (dev, kc.dtype, hd, cfg)
+        key = (dev, dt, kc.dtype, hd, cfg)
         if hd in RESUME_HEAD_DIMS and key not in _RESUME_COMPILES:  # one token over a cached one
             plan = ops.VarlenPlan.build([1], [2], cfg.block_m, dev)
-            out = torch.zeros(1, nh, hd, dtype=kc.dtype, device=dev)
+            out = torch.zeros(1, nh, hd, dtype=dt, device=dev)
             lse = torch.zeros(nh, 1, dtype=torch.float32, device=dev).t()  # head-major, as cuDNN lays it out
             try:
                 ops.varlen_paged_attention(q3, kc, vc, tables, starts[1:] + 1, starts, plan, self.scale, out=out,
-                                           config=cfg, lse=lse, tma_memo=self.tma_memo)
+                                           config=cfg, lse=lse, tma_memo=self.tma_memo, k_scale=ks, v_scale=vs)
                 _RESUME_COMPILES[key] = True
                 ran.append("merge over a cached prefix")
             except Exception as e:  # as in _chunk_over_prefix: those chunks take the one-launch kernel
@@ -315,6 +331,9 @@ class Attention(torch.nn.Module):
             blocks = meta.block_tables[i, :len(seg.block_ids)]
             ks = self.k_cache[blocks].flatten(0, 1)[: seg.context_len]
             vs = self.v_cache[blocks].flatten(0, 1)[: seg.context_len]
+            if self.k_scale is not None:  # an fp8 cache: dequantized to q's dtype (value x scale)
+                ks = (ks.float() * self.k_scale).to(qs.dtype)
+                vs = (vs.float() * self.v_scale).to(qs.dtype)
         # 4-D inputs and enable_gqa: the shapes SDPA's fused backends take (3-D inputs run the math backend)
         qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (qs, ks, vs))  # [1, heads, len, hd]
         gqa = self.num_kv_heads != self.num_heads
@@ -338,8 +357,8 @@ def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
     return q.is_cuda and not meta.fresh_len
 
 
-# (device, dtype, head size, KernelConfig) -> whether the merging kernel compiled there (its first launch compiles
-# it; a failure sends those chunks to the one-launch kernel for the process's life).
+# (device, q's dtype, the caches' dtype, head size, KernelConfig) -> whether the merging kernel compiled there (its
+# first launch compiles it; a failure sends those chunks to the one-launch kernel for the process's life).
 _RESUME_COMPILES: dict[tuple, bool] = {}
 
 # Query tokens from which one chunk over a cached prefix takes cuDNN for its own keys (``_resumes``): past the

@@ -66,7 +66,9 @@ class RotaryEmbedding(torch.nn.Module):
         ops.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, True)
 
     def with_cache(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """forward(positions, q, k), then k and v written into the caches at slot_mapping (one CUDA kernel)."""
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+        """forward(positions, q, k), then k and v written into the caches at slot_mapping (one CUDA kernel);
+        the scales of fp8 caches (ops.reshape_and_cache)."""
         ops.rotary_and_cache(positions, q, k, v, k_cache, v_cache, slot_mapping, self.head_dim, self.cos_sin_cache,
-                             True)
+                             True, k_scale, v_scale)

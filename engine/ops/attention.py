@@ -7,10 +7,13 @@ import torch
 
 from engine.ops import reference
 from engine.ops.native import (
+    FP8_CACHE_CODE,
+    cache_code,
     check_contiguous,
     check_cuda,
     check_dtype,
     check_last_contiguous,
+    check_scales,
     check_shape,
     dtype_code,
     fail,
@@ -21,11 +24,16 @@ from engine.ops.native import (
 )
 
 
+FP8 = torch.float8_e4m3fn
+
+
 def _validate_caches(op, k_cache, v_cache, dtype) -> None:
+    """The caches: one shape, contiguous, of ``dtype`` (the model's) or both fp8 e4m3 (--kv-cache-dtype fp8)."""
     check_shape(op, "k_cache", k_cache, (None, None, None, None))
     check_shape(op, "v_cache", v_cache, tuple(k_cache.shape))
-    check_dtype(op, "k_cache", k_cache, dtype)
-    check_dtype(op, "v_cache", v_cache, dtype)
+    cache_dtype = FP8 if k_cache.dtype == FP8 else dtype
+    check_dtype(op, "k_cache", k_cache, cache_dtype)
+    check_dtype(op, "v_cache", v_cache, cache_dtype)
     check_contiguous(op, "k_cache", k_cache)
     check_contiguous(op, "v_cache", v_cache)
 
@@ -92,28 +100,41 @@ def reshape_and_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write key/value [T, nkv, hd] (strided views fine; last dim contiguous) into the caches
     [num_blocks, block_size, nkv, hd] at slot_mapping [T] int64 (block * block_size + offset; < 0 skips).
-    On CPU a slot past the cache raises ValueError; on CUDA slots are not checked."""
-    if native_lib is None:
-        return reference.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
+    On CPU a slot past the cache raises ValueError; on CUDA slots are not checked.
+
+    fp8 e4m3 caches (--kv-cache-dtype fp8) hold fp32(x) / scale saturated to +-448, with k_scale and v_scale
+    float32 tensors of one element on the caches' device (read there by the kernel: capturable in a CUDA graph);
+    on the CPU such caches take the torch reference (reference.to_cache)."""
+    if native_lib is None or (k_cache.dtype == FP8 and not key.is_cuda):
+        if k_cache.dtype == FP8:
+            check_scales("reshape_and_cache", k_scale, v_scale, k_cache.device)
+        return reference.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     dt = dtype_code(key.dtype)
+    cdt = dt if k_cache.dtype == key.dtype else cache_code(k_cache.dtype)
     shape, cshape = key.shape, k_cache.shape
     ks, vs = key.stride(), value.stride()
     ss = slot_mapping.shape
     if (dt is None or len(shape) != 3 or value.shape != shape or value.dtype != key.dtype or ks[2] != 1
             or vs[2] != 1 or len(cshape) != 4 or v_cache.shape != cshape or cshape[2] != shape[1] or cshape[3] != shape[2]
-            or k_cache.dtype != key.dtype or v_cache.dtype != key.dtype or not k_cache.is_contiguous()
+            or (cdt != dt and cdt != FP8_CACHE_CODE) or v_cache.dtype != k_cache.dtype or not k_cache.is_contiguous()
             or not v_cache.is_contiguous() or slot_mapping.dtype != torch.int64 or len(ss) != 1 or ss[0] != shape[0]
             or not slot_mapping.is_contiguous()):
         _validate_cache_write("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
     T, nkv, hd = shape
     if key.is_cuda:
         check_cuda("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
+        ksp = vsp = 0
+        if cdt == FP8_CACHE_CODE:
+            check_scales("reshape_and_cache", k_scale, v_scale, k_cache.device)
+            ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
         native_lib.cuda_reshape_and_cache(dt, key.data_ptr(), ks[0], ks[1], value.data_ptr(), vs[0], vs[1],
                                           k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), T,
-                                          nkv, hd, key.get_device(), raw_stream(key))
+                                          nkv, hd, cdt, ksp, vsp, key.get_device(), raw_stream(key))
     else:
         if not (key.is_cpu and value.is_cpu and k_cache.is_cpu and v_cache.is_cpu and slot_mapping.is_cpu):
             fail_not_cpu("reshape_and_cache", key, value, k_cache, v_cache, slot_mapping)
@@ -154,6 +175,8 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     part_tokens: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: q [B, nh, hd] (one token per sequence; strided views fine, last dim contiguous)
     over the first context_lens[b] tokens of the caches [num_blocks, block_size, nkv, hd] through
@@ -168,16 +191,23 @@ def paged_decode_attention(
     width x block size: an eager step's longest context); > 0 fixes them at that many tokens over the whole
     capacity (the partitions past each sequence's context exit at once); < 0 cuts each sequence's context on the
     device into -part_tokens partitions of at least 32 tokens (CUDA graphs: their table is as wide as the longest
-    possible context)."""
-    if native_lib is None:
-        y = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+    possible context).
+
+    fp8 e4m3 caches (--kv-cache-dtype fp8): read as value x k_scale / v_scale (float32 tensors of one element on
+    the caches' device); the CUDA kernels only (the CPU runs the torch reference on them)."""
+    if native_lib is None or (k_cache.dtype == FP8 and not q.is_cuda):
+        if k_cache.dtype == FP8:
+            check_scales("paged_decode_attention", k_scale, v_scale, k_cache.device)
+        y = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale,
+                                             v_scale)
         return y if out is None else out.copy_(y)
     dt = dtype_code(q.dtype)
+    cdt = dt if k_cache.dtype == q.dtype else cache_code(k_cache.dtype)
     shape, cshape, btshape = q.shape, k_cache.shape, block_tables.shape
     qs = q.stride()
     cls = context_lens.shape
     if (dt is None or len(shape) != 3 or qs[2] != 1 or len(cshape) != 4 or v_cache.shape != cshape
-            or cshape[3] != shape[2] or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype
+            or cshape[3] != shape[2] or (cdt != dt and cdt != FP8_CACHE_CODE) or v_cache.dtype != k_cache.dtype
             or not k_cache.is_contiguous() or not v_cache.is_contiguous() or not cshape[2] or shape[1] % cshape[2]
             or block_tables.dtype != torch.int32 or len(btshape) != 2 or btshape[0] != shape[0]
             or block_tables.stride()[1] != 1 or context_lens.dtype != torch.int32
@@ -197,12 +227,16 @@ def paged_decode_attention(
         n_ws = native_lib.cuda_paged_decode_attention_workspace(B, nh, cshape[2], hd, btshape[1] * cshape[1],
                                                                 part_tokens, dev)
         ws = torch.empty(n_ws, dtype=torch.float32, device=q.device) if n_ws else None
+        ksp = vsp = 0
+        if cdt == FP8_CACHE_CODE:
+            check_scales("paged_decode_attention", k_scale, v_scale, k_cache.device)
+            ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
         native_lib.cuda_paged_decode_attention(dt, out.data_ptr(), os_[0], os_[1], q.data_ptr(), qs[0], qs[1],
                                                k_cache.data_ptr(), v_cache.data_ptr(),
                                                block_tables.data_ptr(), block_tables.stride(0), btshape[1],
                                                context_lens.data_ptr(), B, nh, cshape[2], hd, cshape[1],
-                                               scale, ws.data_ptr() if n_ws else 0, n_ws, part_tokens, dev,
-                                               raw_stream(q))
+                                               scale, ws.data_ptr() if n_ws else 0, n_ws, part_tokens, cdt, ksp,
+                                               vsp, dev, raw_stream(q))
     else:
         if not (q.is_cpu and k_cache.is_cpu and v_cache.is_cpu and block_tables.is_cpu and context_lens.is_cpu
                 and out.is_cpu):

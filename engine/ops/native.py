@@ -66,6 +66,12 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # `DTYPE_CODE.get(...)` in the op modules: there the dict would be an imported name, and CPython compiles
 # `imported_name.attr(...)` as an attribute load plus a call (it assumes a module), a new bound method per call.
 dtype_code = _DTYPE_CODE.get
+# KV caches: the model dtypes' codes, and fp8 e4m3 (--kv-cache-dtype fp8: the CUDA cache-write and decode kernels
+# take it with a float32 scale per cache; csrc/cuda/ops.h kCacheFp8E4M3). The CPU kernels have no fp8 cache: the
+# ops run their torch references there.
+FP8_CACHE_CODE = 3
+_CACHE_CODE = {**_DTYPE_CODE, torch.float8_e4m3fn: FP8_CACHE_CODE}
+cache_code = _CACHE_CODE.get
 _HAS_CUDA = bool(native_lib is not None and native_lib.has_cuda)
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -199,6 +205,16 @@ def check_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype | None =
             fail(op, f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
     elif t.dtype != dtype:
         fail(op, f"{name} must be {dtype}, got {t.dtype}")
+
+
+def check_scales(op: str, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, device: torch.device) -> None:
+    """An fp8 cache's scales: float32 tensors of one element on the caches' device."""
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None:
+            fail(op, f"an fp8 KV cache needs {name} (a float32 tensor of one element)")
+        if t.dtype != torch.float32 or t.numel() != 1 or t.device != device:
+            fail(op, f"{name} must be a float32 tensor of one element on {device}, got {t.dtype} "
+                     f"{list(t.shape)} on {t.device}")
 
 
 def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:

@@ -80,20 +80,43 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate).to(x.dtype).float() * up).to(x.dtype)
 
 
+FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def to_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x as the KV cache stores it: an fp8 (e4m3) cache holds fp32(x) / scale saturated to +-448 and rounded to
+    nearest even (the CUDA kernels' __nv_cvt_float_to_fp8 with __NV_SATFINITE); any other cache holds x in its own
+    dtype. scale: a float32 scalar tensor (1.0 when None)."""
+    if cache_dtype != torch.float8_e4m3fn:
+        return x.to(cache_dtype)
+    xf = x.float() if scale is None else x.float() / scale.float()
+    return xf.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(cache_dtype)
+
+
+def from_cache(c: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Cached keys or values as float32: an fp8 cache's values times its scale, any other as they are."""
+    if c.dtype != torch.float8_e4m3fn or scale is None:
+        return c.float()
+    return c.float() * scale.float()
+
+
 def reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """In place: token t's key/value [nkv, hd] go to slot slot_mapping[t] of the caches
-    [num_blocks, block_size, nkv, hd] (slot = block * block_size + offset); slot < 0 is skipped."""
+    [num_blocks, block_size, nkv, hd] (slot = block * block_size + offset); slot < 0 is skipped. An fp8 cache
+    stores them as ``to_cache`` does with k_scale / v_scale."""
     num_blocks, block_size = k_cache.shape[:2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slots] = key[keep]
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = value[keep]
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slots] = to_cache(key[keep], k_cache.dtype, k_scale)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = to_cache(value[keep], v_cache.dtype, v_scale)
 
 
 def token_positions_and_slots(query_start_loc: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
@@ -117,10 +140,13 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, nh, hd]: one query token per sequence attending to the first context_lens[b] tokens of its
     blocks (block_tables [B, M] int32) in the caches [num_blocks, block_size, nkv, hd]. Query head h
-    reads kv head h // (nh / nkv). A sequence with context length 0 gets zeros. Returns [B, nh, hd]."""
+    reads kv head h // (nh / nkv). A sequence with context length 0 gets zeros. Returns [B, nh, hd].
+    fp8 caches are read as ``from_cache`` with k_scale / v_scale."""
     B, nh, hd = q.shape
     block_size, nkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.zeros(B, nh, hd, dtype=q.dtype, device=q.device)
@@ -129,8 +155,8 @@ def paged_decode_attention(
         if n == 0:
             continue
         blocks = block_tables[b, : (n + block_size - 1) // block_size].long()
-        k = k_cache[blocks].reshape(-1, nkv, hd)[:n].float()  # [n, nkv, hd]
-        v = v_cache[blocks].reshape(-1, nkv, hd)[:n].float()
+        k = from_cache(k_cache[blocks].reshape(-1, nkv, hd)[:n], k_scale)  # [n, nkv, hd] float32
+        v = from_cache(v_cache[blocks].reshape(-1, nkv, hd)[:n], v_scale)
         k = k.repeat_interleave(nh // nkv, dim=1)  # [n, nh, hd]
         v = v.repeat_interleave(nh // nkv, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale

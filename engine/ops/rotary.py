@@ -7,10 +7,12 @@ import torch
 
 from engine.ops import reference
 from engine.ops.native import (
+    cache_code,
     check_contiguous,
     check_cuda,
     check_dtype,
     check_last_contiguous,
+    check_scales,
     check_shape,
     dtype_code,
     fail,
@@ -93,15 +95,19 @@ def rotary_and_cache(
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox: bool,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """``rotary_embedding(positions, q, k, ...)`` then ``reshape_and_cache`` of k and v [T, nkv*hd] (row-strided
     views fine) into the caches at slot_mapping: one kernel on CUDA (a decode layer's rope and cache write in one
-    launch), the two ops elsewhere and for any input the fused kernel does not take (which they then check)."""
+    launch), the two ops elsewhere and for any input the fused kernel does not take (which they then check).
+    fp8 caches: k_scale / v_scale as reshape_and_cache takes them."""
     T = q.shape[0]
     cs = k_cache.shape
     if (native_lib is not None and q.is_cuda and q.dim() == 2 and k.dim() == 2 and v.shape == k.shape
             and k.shape[0] == T and head_size > 0 and q.shape[1] % head_size == 0 and k.shape[1] % head_size == 0
-            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and dtype_code(q.dtype) is not None
+            and q.dtype == k.dtype == v.dtype and v_cache.dtype == k_cache.dtype
+            and (k_cache.dtype == q.dtype or k_cache.dtype == torch.float8_e4m3fn) and dtype_code(q.dtype) is not None
             and q.stride(1) == 1 and k.stride(1) == 1 and v.stride(1) == 1
             and len(cs) == 4 and v_cache.shape == cs and cs[2] * cs[3] == k.shape[1] and cs[3] == head_size
             and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -110,14 +116,20 @@ def rotary_and_cache(
             and cos_sin_cache.dtype == torch.float32 and cos_sin_cache.dim() == 2 and cos_sin_cache.is_contiguous()
             and 0 < cos_sin_cache.shape[1] <= head_size and cos_sin_cache.shape[1] % 2 == 0):
         check_cuda("rotary_and_cache", q, k, v, k_cache, v_cache, positions, slot_mapping, cos_sin_cache)
+        ksp = vsp = 0
+        if k_cache.dtype != q.dtype:  # fp8
+            check_scales("rotary_and_cache", k_scale, v_scale, k_cache.device)
+            ksp, vsp = k_scale.data_ptr(), v_scale.data_ptr()
         native_lib.cuda_rotary_and_cache(dtype_code(q.dtype), positions.data_ptr(), q.data_ptr(), q.stride(0),
                                          k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
                                          v_cache.data_ptr(), slot_mapping.data_ptr(), T, q.shape[1] // head_size,
                                          k.shape[1] // head_size, head_size, cos_sin_cache.data_ptr(),
-                                         cos_sin_cache.shape[1], bool(is_neox), q.get_device(), raw_stream(q))
+                                         cos_sin_cache.shape[1], bool(is_neox), cache_code(k_cache.dtype), ksp, vsp,
+                                         q.get_device(), raw_stream(q))
         return
     from engine.ops.attention import reshape_and_cache
 
     rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
     nkv = k.shape[1] // head_size if head_size > 0 else 0
-    reshape_and_cache(k.view(T, nkv, head_size), v.view(T, nkv, head_size), k_cache, v_cache, slot_mapping)
+    reshape_and_cache(k.view(T, nkv, head_size), v.view(T, nkv, head_size), k_cache, v_cache, slot_mapping,
+                      k_scale, v_scale)

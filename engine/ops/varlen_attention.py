@@ -29,6 +29,7 @@ import torch
 from engine.ops.transfer import to_device
 
 LOG2E = 1.4426950408889634
+FP8 = torch.float8_e4m3fn
 
 
 @functools.cache
@@ -139,7 +140,7 @@ def tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, cfg: KernelCon
     after the first skips the checks; it goes with its owner. (A registry of this module's own kept every
     unloaded model's caches alive, since a descriptor holds its tensor: on an H100, 2026-12-07, half of each
     shut-down engine's KV cache stayed allocated.)"""
-    if not cfg.tma:
+    if not cfg.tma or k_cache.dtype == FP8:  # fp8 caches: pointer loads (TMA not validated on them)
         return None
     key = (k_cache.data_ptr(), v_cache.data_ptr(), tuple(k_cache.shape), k_cache.stride(), v_cache.stride(),
            k_cache.dtype, cfg.block_n, head_dim)
@@ -172,7 +173,8 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                            plan: VarlenPlan, scale: float, out: torch.Tensor | None = None,
                            config: KernelConfig | None = None, lse: torch.Tensor | None = None,
-                           tma_memo: dict | None = None) -> torch.Tensor:
+                           tma_memo: dict | None = None, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of every query token of a step over the paged cache (module docstring).
 
     q [T, nh, hd] (last dim contiguous; strided heads/rows fine); k_cache, v_cache [num_blocks, block_size,
@@ -182,7 +184,9 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     With ``lse`` [T, nh] float32 (any strides), ``out`` already holds each query's attention over its own chunk
     (normalised, causal) and lse its natural log-sum-exp of the scaled scores: the kernel adds the cached prefix
     and merges (``chunk_self_attention`` computes that state; engine/layers/attention.py ``_chunk_over_prefix``).
-    ``tma_memo``: where the caches' TMA descriptors are remembered (tma_descriptors), the attention layer's."""
+    ``tma_memo``: where the caches' TMA descriptors are remembered (tma_descriptors), the attention layer's.
+    fp8 e4m3 caches (--kv-cache-dtype fp8) need k_scale and v_scale (float32, one element, on q's device): keys
+    and values are read as stored value x scale."""
     if not available():
         _fail("Triton is not installed")
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
@@ -192,8 +196,12 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     nkv = k_cache.shape[2]
     if k_cache.shape[3] != hd or nkv == 0 or nh % nkv:
         _fail(f"{nh} query heads of size {hd} do not fit the caches' {nkv} KV heads of size {k_cache.shape[3]}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        _fail(f"the caches must be {q.dtype}, got {k_cache.dtype} / {v_cache.dtype}")
+    fp8 = k_cache.dtype == FP8
+    if v_cache.dtype != k_cache.dtype or (k_cache.dtype != q.dtype and not fp8):
+        _fail(f"the caches must be {q.dtype} or both {FP8}, got {k_cache.dtype} / {v_cache.dtype}")
+    if fp8 and not all(t is not None and t.dtype == torch.float32 and t.numel() == 1 and t.device == q.device
+                       for t in (k_scale, v_scale)):
+        _fail("fp8 caches need k_scale and v_scale: float32 tensors of one element on q's device")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         _fail("the last dimension of q and the caches must be contiguous")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
@@ -219,7 +227,7 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     k_desc, v_desc = descriptors or (k_cache, v_cache)  # unused without TMA
     _kernel()[(plan.num_tiles, nh)](
         q, k_cache, v_cache, k_desc, v_desc, out, out if lse is None else lse, block_tables, seq_lens,
-        query_start_loc, plan.tile_seq, plan.tile_start,
+        query_start_loc, plan.tile_seq, plan.tile_start, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         0 if lse is None else lse.stride(0), 0 if lse is None else lse.stride(1),
@@ -229,7 +237,7 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_D=max(16, _pow2(hd)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         PRECISION=precision, DOT_F32=q.device.type == "cpu" and q.dtype == torch.bfloat16,
         WIDE=max(k_cache.shape[0] * k_cache.stride(0), v_cache.shape[0] * v_cache.stride(0)) >= 2 ** 31,
-        TMA=descriptors is not None, RESUME=lse is not None,
+        TMA=descriptors is not None, RESUME=lse is not None, FP8=fp8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -267,9 +275,11 @@ def chunk_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
 
 
 def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: list[list[int]],
-              context_lens: list[int], query_lens: list[int], scale: float) -> torch.Tensor:
+              context_lens: list[int], query_lens: list[int], scale: float, k_scale: torch.Tensor | None = None,
+              v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Float32 reference: for each sequence, gather its context from the cache and attend with a lower-right
-    causal mask, heads grouped by index. Returns [T, nh, hd] float32."""
+    causal mask, heads grouped by index (fp8 caches read as value x k_scale / v_scale). Returns [T, nh, hd]
+    float32."""
     T, nh, hd = q.shape
     nkv = k_cache.shape[2]
     out = torch.empty(T, nh, hd, dtype=torch.float32, device=q.device)
@@ -278,6 +288,8 @@ def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blo
         idx = torch.tensor(blocks, dtype=torch.long, device=q.device)
         k = k_cache[idx].flatten(0, 1)[:ctx].float()  # [ctx, nkv, hd]
         v = v_cache[idx].flatten(0, 1)[:ctx].float()
+        if k_scale is not None:
+            k, v = k * k_scale.float(), v * v_scale.float()
         group = torch.arange(nh, device=q.device) // (nh // nkv)
         k, v = k[:, group], v[:, group]  # [ctx, nh, hd]
         qs = q[q0:q0 + n].float()

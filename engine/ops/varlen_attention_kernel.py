@@ -12,7 +12,12 @@ anything, NaN included).
 RESUME: the attention of each query over its own chunk is already in O (normalised) with its log-sum-exp in LSE
 (computed by cuDNN's flash attention, ``varlen_attention.chunk_self_attention``); the kernel walks only the cached
 prefix, which every row of the chunk sees whole (unmasked tiles and one tile cut by the prefix's end), and merges
-that state into its own at the end by the two log-sum-exps. (Starting the online softmax from the chunk's state
+that state into its own at the end by the two log-sum-exps.
+
+FP8: the caches hold e4m3 values (--kv-cache-dtype fp8) with a float32 scale each (K_SCALE, V_SCALE in device
+memory): each K / V tile is converted to q's dtype after its load, the key scale folded into the exponent's
+multiply-add and the value scale applied to the accumulator before any merge (the softmax weights do not depend on
+it). The host keeps TMA off for such caches (pointer loads). (Starting the online softmax from the chunk's state
 instead, or other tile shapes, warps and stages, made Triton 3.6's ptxas die with SIGSEGV on the TMA
 specialisation; this form with the sm_90 configuration compiles: probe of 2026-12-02.)"""
 
@@ -42,7 +47,7 @@ STEP_VARYING_ARGS = ["BLOCK_TABLES", "SEQ_LENS", "QUERY_START", "TILE_SEQ", "TIL
 
 @triton.jit(do_not_specialize=STEP_VARYING_ARGS)
 def varlen_paged_attention_kernel(
-    Q, K, V, K_DESC, V_DESC, O, LSE, BLOCK_TABLES, SEQ_LENS, QUERY_START, TILE_SEQ, TILE_START,
+    Q, K, V, K_DESC, V_DESC, O, LSE, BLOCK_TABLES, SEQ_LENS, QUERY_START, TILE_SEQ, TILE_START, K_SCALE, V_SCALE,
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_lh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
@@ -51,6 +56,7 @@ def varlen_paged_attention_kernel(
     WIDE: tl.constexpr,  # a cache of 2**31 elements or more: block offsets in 64 bits
     TMA: tl.constexpr,  # K_DESC / V_DESC: tensor descriptors of the caches as [blocks * CACHE_BLOCK, nkv * hd]
     RESUME: tl.constexpr,  # O and LSE hold each row's attention over its own chunk: merge in the cached prefix
+    FP8: tl.constexpr = False,  # e4m3 caches: K_SCALE / V_SCALE point at their float32 scales
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -70,6 +76,8 @@ def varlen_paged_attention_kernel(
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
     if DOT_F32:  # Triton's interpreter computes bf16 dots wrongly: upcast there
         q = q.to(tl.float32)
+    if FP8:  # the keys' scale into the exponent's multiply-add (scores are q . k_stored * k_scale)
+        qk_scale = qk_scale * tl.load(K_SCALE)
     q_pos = prefix + rows  # absolute positions of the tile's rows
     table = BLOCK_TABLES + seq * stride_bt
 
@@ -91,7 +99,10 @@ def varlen_paged_attention_kernel(
             row = tl.load(table + start // CACHE_BLOCK) * CACHE_BLOCK + start % CACHE_BLOCK
             k = K_DESC.load([row, kv_head * HEAD_DIM]).T
             v = V_DESC.load([row, kv_head * HEAD_DIM])
-            if DOT_F32:
+            if FP8:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+            elif DOT_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             s = tl.dot(q, k, input_precision=PRECISION)
@@ -101,7 +112,10 @@ def varlen_paged_attention_kernel(
             row = tl.load(table + start // CACHE_BLOCK) * CACHE_BLOCK + start % CACHE_BLOCK
             k = K_DESC.load([row, kv_head * HEAD_DIM]).T
             v = V_DESC.load([row, kv_head * HEAD_DIM])
-            if DOT_F32:
+            if FP8:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+            elif DOT_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             cols = start + tl.arange(0, BLOCK_N)
@@ -119,7 +133,10 @@ def varlen_paged_attention_kernel(
                         mask=dim_ok[:, None], other=0.0)
             v = tl.load(V + (blk * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + dims[None, :],
                         mask=dim_ok[None, :], other=0.0)
-            if DOT_F32:
+            if FP8:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+            elif DOT_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             s = tl.dot(q, k, input_precision=PRECISION)
@@ -136,13 +153,18 @@ def varlen_paged_attention_kernel(
                     mask=dim_ok[:, None] & col_ok[None, :], other=0.0)
         v = tl.load(V + (blk * stride_vb + slot * stride_vs + kv_head * stride_vh)[:, None] + dims[None, :],
                     mask=dim_ok[None, :] & col_ok[:, None], other=0.0)
-        if DOT_F32:
+        if FP8:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+        elif DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, k, input_precision=PRECISION)
         s = tl.where((cols[None, :] <= q_pos[:, None]) & col_ok[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, qk_scale, PRECISION)
 
+    if FP8:  # the values' scale, before the chunk's own state is merged in
+        acc = acc * tl.load(V_SCALE)
     if RESUME:
         lse2 = tl.load(LSE + (q_begin + rows) * stride_lt + head * stride_lh, mask=row_ok, other=0.0) * 1.4426950408889634
         m_f = tl.maximum(m_i, lse2)

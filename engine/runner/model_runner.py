@@ -63,6 +63,9 @@ class ModelRunner:
         self.model_config = model_config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
+        # the KV cache's element type: the model's, or fp8 e4m3 (--kv-cache-dtype fp8, a GPU's)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(getattr(config, "kv_cache_dtype", "auto"), self.device,
+                                                     self.dtype)
         self.tp = tp
         self.deterministic = config.deterministic
         if self.deterministic:
@@ -136,7 +139,7 @@ class ModelRunner:
         return self._kv_bytes(len(self.model.layers), layer.num_kv_heads, layer.head_dim)
 
     def _kv_bytes(self, layers: int, kv_heads: int, head_dim: int) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
+        elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()  # 1 for fp8: twice the blocks
         return 2 * layers * self.block_size * kv_heads * head_dim * elem
 
     def _kv_tokens_before_model(self, mc: ModelConfig, defer_kv: bool) -> int | None:
@@ -280,9 +283,16 @@ class ModelRunner:
             self.tapes.reset()  # their recorded pointers are the old cache's
         attn0 = self.model.layers[0].self_attn.attn
         shape = (self.num_blocks, self.block_size, attn0.num_kv_heads, attn0.head_dim)
+        fp8 = self.kv_cache_dtype != self.dtype
         for attn in self.model.attention_layers():
-            attn.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
-            attn.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+            attn.k_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
+            attn.v_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
+            if fp8:  # per-tensor scales of 1.0 (vLLM's default without calibrated ones): device tensors, read by
+                # the kernels (no host sync; CUDA graphs capture their addresses). Kept across reallocations.
+                if attn.k_scale is None or attn.k_scale.device != self.device:
+                    attn.k_scale = torch.ones(1, dtype=torch.float32, device=self.device)
+                    attn.v_scale = torch.ones(1, dtype=torch.float32, device=self.device)
+                attn.compute_dtype = self.dtype
 
     # -- per-request sampling state -----------------------------------------------------------
     def add_request(self, req: SequenceState) -> None:
@@ -525,6 +535,25 @@ def check_quantization(device: torch.device, mode: str) -> None:
     if mode == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         raise KestrelError("--quantization fp8 needs FP8 tensor cores (compute capability 8.9+: RTX 40-series, "
                            "RTX 6000 Ada, L40, H100); use int8 or int4 on this GPU")
+
+
+def resolve_kv_cache_dtype(mode: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype as a torch dtype: auto -> the model's dtype; fp8 -> float8_e4m3fn, on a GPU with fp8
+    conversions in the prefill attention kernel (Triton's e4m3 needs compute capability 8.9+). Raises KestrelError
+    for fp8 on the CPU (its native kernels read caches in the model dtype only) or an older GPU."""
+    from engine.errors import KestrelError
+
+    if mode in ("auto", None):
+        return dtype
+    if mode != "fp8":
+        raise KestrelError(f"--kv-cache-dtype must be auto or fp8, got {mode!r}")
+    if device.type != "cuda":
+        raise KestrelError("fp8 KV cache needs a GPU; the CPU keeps the KV cache in the model dtype "
+                           "(load with --kv-cache-dtype auto)")
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        raise KestrelError("--kv-cache-dtype fp8 needs a GPU with fp8 support (compute capability 8.9+: RTX 40-series, "
+                           "RTX 6000 Ada, L40, H100); load with --kv-cache-dtype auto on this GPU")
+    return torch.float8_e4m3fn
 
 
 def check_gguf_blocks(device: torch.device, weights) -> None:

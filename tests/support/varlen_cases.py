@@ -91,6 +91,41 @@ def run_case(rng, nh, nkv, hd, seqs, dtype, target=None, device="cpu", block_siz
     return err
 
 
+def run_fp8_case(rng, nh, nkv, hd, seqs, dtype, target=None, device="cpu", block_size: int = 16,
+                 config: va.KernelConfig | None = None, resume: bool = False, k_scale: float = 0.05,
+                 v_scale: float = 0.02):
+    """run_case with fp8 e4m3 caches (--kv-cache-dtype fp8): the random keys and values stored as the cache-write
+    ops store them (reference.to_cache: x / scale, saturated; the NaN outside the contexts stays NaN), the kernel
+    against the float32 reference over the same stored values times the scales. Returns the largest error."""
+    from engine.ops.reference import to_cache
+
+    (q, kc, vc, bt, sl, qsl), (tables, ctxs, qlens) = make_case(rng, nh, nkv, hd, seqs, dtype, block_size, device)
+    ks = torch.tensor([k_scale], dtype=torch.float32, device=device)
+    vs = torch.tensor([v_scale], dtype=torch.float32, device=device)
+    kc8, vc8 = to_cache(kc, torch.float8_e4m3fn, ks), to_cache(vc, torch.float8_e4m3fn, vs)
+    if target and target.endswith("_short"):
+        cfg = va.config_for(q.device, hd, target.removesuffix("_short"), short=True)
+    else:
+        cfg = config or va.config_for(q.device, hd, target)
+    plan = va.VarlenPlan.build(qlens, ctxs, cfg.block_m, q.device)
+    lse = None
+    if resume:  # the chunk's own state from the dequantized cache, as the engine's cuDNN call would give it
+        kd = torch.where(kc8.float().isnan(), kc8.float(), kc8.float() * k_scale).to(dtype)
+        vd = torch.where(vc8.float().isnan(), vc8.float(), vc8.float() * v_scale).to(dtype)
+        start, lse = chunk_state(q, kd, vd, tables, ctxs, qlens, hd ** -0.5)
+        out = start.to(dtype)
+        lse = lse.t().contiguous().t()
+    else:
+        out = torch.full_like(q, float("nan"))
+    va.varlen_paged_attention(q, kc8, vc8, bt, sl, qsl, plan, hd ** -0.5, out=out, config=cfg, lse=lse,
+                              k_scale=ks, v_scale=vs)
+    ref = va.reference(q, kc8, vc8, tables, ctxs, qlens, hd ** -0.5, ks, vs)
+    assert not out.isnan().any()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= max(BOUNDS[dtype], 1e-4), (nh, nkv, hd, seqs, dtype, err)
+    return err
+
+
 def step_layout(rng: random.Random, seqs: list[tuple[int, int]], block_size: int, device="cpu"):
     """A step's int32 metadata for ops.token_positions_and_slots (query starts, context lengths, a block table of
     scrambled blocks, wider than needed) and the positions and slots it must give, worked out token by token."""
