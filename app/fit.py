@@ -1,8 +1,9 @@
 """Will a model fit? An estimate per GPU of weights + KV cache for a chosen context + a fixed overhead,
 against the GPU's memory times the share the engine may use. Plain arithmetic, no I/O.
 
-Kestrel dequantizes GGUF weights at load unless asked to keep their blocks (--quantization gguf), so a quantized
-file takes its parameter count times the load dtype's width in memory, not its size on disk; and --quantization
+Kestrel keeps a GGUF file's blocks on the CPU by default (--quantization auto, where the native kernels are built;
+--quantization gguf asks for it) and dequantizes them on a GPU or with --quantization none, where a quantized file
+takes its parameter count times the load dtype's width in memory, not its size on disk; and --quantization
 int8 / int4 / fp8 requantize the linear layers while loading. ``weights_bytes`` says what applies: the linear layers'
 parameters times the bytes a parameter takes in the chosen format, plus the token embedding, LM head and the rest
 (norms, biases) in the dtype.
@@ -207,11 +208,13 @@ def prequantized_method(facts) -> str | None:
 
 
 def weights_bytes(num_params: int | None, dtype: str, file_bytes: int | None, keeps_quantized: bool,
-                  quantization: str | None = "none", shape: ModelShape | None = None, gpu: bool = False,
+                  quantization: str | None = "auto", shape: ModelShape | None = None, gpu: bool = False,
                   prequantized: str | None = None, fp8_ok: bool | None = None) -> WeightBytes | None:
     """What the engine holds for the weights with --quantization ``quantization`` on a GPU (``gpu``) or the CPU
     (engine/runner/model_runner.py ``_quantize``, engine/layers/linear.py ``load_checkpoint_quant``):
-    - none: the parameters times the dtype's width; GGUF blocks the engine keeps (``keeps_quantized``): the file's size;
+    - none: the parameters times the dtype's width (a GGUF file dequantized);
+    - auto (the default): as gguf on the CPU where the engine keeps GGUF blocks (``keeps_quantized``: its native
+      kernels are built), else as none (engine.config.auto_quantization);
     - int8 (CPU): the linear layers and the LM head in int8 with an fp32 scale per 32 (a tied head gets an int8 copy
       beside the token table, which stays in the dtype);
     - int8 / int4 / fp8 (GPU): the linear layers at GPU_INT8 / INT4 / FP8_BYTES_PER_PARAM, the LM head in int8 with a
@@ -222,14 +225,14 @@ def weights_bytes(num_params: int | None, dtype: str, file_bytes: int | None, ke
       ``fp8_ok`` False); on the CPU dequantized to the dtype (then int8 if asked). Its parameter count from the files
       counts packed words: the shape says the real one.
     None when nothing tells the model's size."""
-    quantization = quantization or "none"
+    quantization = quantization or "auto"
     width = DTYPE_BYTES.get(dtype, 2)
     if prequantized:
         kept = gpu and not (prequantized.upper() == "FP8" and fp8_ok is False)
         if kept and file_bytes:
             return WeightBytes(0, file_bytes, from_file=True)
         num_params = None  # packed codes: the files' element count is not the parameter count
-    elif quantization == "gguf" or (quantization == "none" and keeps_quantized):
+    elif quantization == "gguf" or (quantization == "auto" and keeps_quantized and not gpu):
         if file_bytes:
             return WeightBytes(0, file_bytes, from_file=True)
     split = param_split(shape, num_params)
@@ -244,7 +247,7 @@ def weights_bytes(num_params: int | None, dtype: str, file_bytes: int | None, ke
 
 
 def weights_in_memory(num_params: int | None, dtype: str, file_bytes: int | None,
-                      keeps_quantized: bool, quantization: str = "none", shape: ModelShape | None = None,
+                      keeps_quantized: bool, quantization: str = "auto", shape: ModelShape | None = None,
                       gpu: bool = False, prequantized: str | None = None) -> int | None:
     """Bytes the engine holds for the weights (weights_bytes(...).total)."""
     w = weights_bytes(num_params, dtype, file_bytes, keeps_quantized, quantization, shape, gpu, prequantized)

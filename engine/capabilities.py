@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from engine.config import COMM_STRATEGIES
 
 
@@ -9,6 +11,8 @@ def capabilities() -> dict:
     return {
         "tensor_parallel": True,  # one process per rank: GPUs, or CPU ranks sharing the cores
         "comm_strategies": list(COMM_STRATEGIES),  # all of them (auto included)
-        "keeps_quantized_weights": False,  # GGUF blocks are dequantized at load (then --quantization int8 if asked)
+        # --quantization auto (the default) keeps a GGUF file's blocks on the CPU where the native kernels are built
+        # (engine.config.auto_quantization); a GPU dequantizes them at load
+        "keeps_quantized_weights": importlib.util.find_spec("engine._C") is not None,
         "notes": {"quantization": "int8 runs on the CPU kernels"},
     }

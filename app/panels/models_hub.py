@@ -284,7 +284,8 @@ class HubTab(QWidget):
         t.setHorizontalHeaderLabels(headers)
         t.setVerticalHeaderLabels([v.label for v in d.variants])
         for r, v in enumerate(d.variants):
-            weights = fit.weights_in_memory(d.num_params, dtype, v.size, caps.keeps_quantized_weights)
+            weights = fit.weights_in_memory(d.num_params, dtype, v.size, caps.keeps_quantized_weights,
+                                            gpu=bool(gpus))
             for c, tp in enumerate(sizes):
                 if weights is None:
                     t.setItem(r, c, cell("?", "The Hub gives no parameter count for this repo"))
@@ -296,7 +297,8 @@ class HubTab(QWidget):
         where = (f"{len(gpus)} GPU(s), {fit.gib(capacity)} usable each ({GPU_SHARE:.0%})" if gpus else
                  f"no GPU found: the CPU row compares with this machine's RAM ({fit.gib(capacity)})")
         has_gguf = any(v.is_gguf for v in d.variants)
-        quant = ("" if caps.keeps_quantized_weights or not has_gguf else
-                 f" GGUF weights are dequantized to {dtype} at load today, so every quantization needs the "
-                 "same memory.")
+        quant = ("" if not has_gguf else
+                 f" On a GPU, GGUF weights are dequantized to {dtype} at load, so every quantization needs the same "
+                 "memory." if gpus or not caps.keeps_quantized_weights else
+                 " On the CPU, GGUF weights stay in their blocks: a smaller quantization needs less memory.")
         self.fit_note.setText(f"Per device, at {context:,} tokens of context, {dtype}: {where}.{quant}")

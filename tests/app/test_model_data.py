@@ -48,7 +48,7 @@ def test_inspect_gguf_directory_and_broken_files(smollm2_gguf, tiny_model_dir, t
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)
     b = inspect_model(bad)
-    assert not b.supported and "bad.gguf" in b.reason
+    assert not b.supported and "truncated" in b.reason and "bad.gguf" not in b.reason  # the path is shown beside it, once
     with pytest.raises(GGUFHeaderError):
         read_gguf_header(bad)
     gptq = tmp_path / "gptq"
@@ -265,6 +265,10 @@ def test_fit_estimate():
     weights = fit.weights_in_memory(8_030_000_000, "bfloat16", 4_900_000_000, keeps_quantized=False)
     assert weights == 16_060_000_000
     assert fit.weights_in_memory(8_030_000_000, "bfloat16", 4_900_000_000, keeps_quantized=True) == 4_900_000_000
+    # --quantization auto keeps GGUF blocks only on the CPU; none and a GPU dequantize them
+    assert fit.weights_in_memory(8_030_000_000, "bfloat16", 4_900_000_000, True, gpu=True) == 16_060_000_000
+    assert fit.weights_in_memory(8_030_000_000, "bfloat16", 4_900_000_000, True, "none") == 16_060_000_000
+    assert fit.weights_in_memory(8_030_000_000, "bfloat16", 4_900_000_000, False, "gguf") == 4_900_000_000
     gpu16 = int(16 * fit.GIB * 0.9)  # a 16 GiB card, 90% for the engine
     one = fit.estimate(weights, shape, 8192, 1, "bfloat16", gpu16)
     assert one.kv_cache == 131072 * 8192 == fit.GIB and one.fits is False
@@ -355,7 +359,7 @@ def test_fit_weights_by_quantization_for_an_8b_llama():
         int((linear + other) * 0.5234375)
     # GGUF blocks kept, and a GGUF file without the blocks kept: the file's size / the dequantized parameters
     assert fit.weights_in_memory(linear + other, "bfloat16", 4_900_000_000, False, "gguf", shape) == 4_900_000_000
-    assert fit.weights_in_memory(linear + other, "bfloat16", 4_900_000_000, True, "none", shape) == 4_900_000_000
+    assert fit.weights_in_memory(linear + other, "bfloat16", 4_900_000_000, True, "auto", shape) == 4_900_000_000
 
 
 def test_fit_tied_embeddings_count_once():
