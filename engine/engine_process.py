@@ -101,6 +101,7 @@ def model_info(core, load_time: float) -> ipc.ModelInfo:
         load_time=load_time,
         cuda_graph_sizes=list(getattr(graphs, "sizes", None) or []),
         cuda_graph_seconds=float(getattr(graphs, "capture_seconds", 0.0) or 0.0),
+        quantization_mode=str(getattr(runner, "quantization", "") or ""),
     )
 
 

@@ -118,7 +118,7 @@ class ModelInfo(msgspec.Struct):
     path: str
     architecture: str = ""
     format: str = ""
-    quantization: str | None = None
+    quantization: str | None = None  # the file's own ("Q4_1", "GPTQ int4"), not the load option
     max_model_len: int = 0
     dtype: str = ""
     device: str = ""
@@ -134,6 +134,22 @@ class ModelInfo(msgspec.Struct):
     load_time: float = 0.0
     cuda_graph_sizes: list[int] = []  # decode batch sizes with a captured CUDA graph (none: eager decode)
     cuda_graph_seconds: float = 0.0  # their capture time at start-up
+    # what the load option --quantization resolved to (ModelRunner.quantization: auto -> "gguf" or "none"); ""
+    # where the engine does not say (a stand-in core)
+    quantization_mode: str = ""
+
+    def quantization_text(self, option: str | None) -> str:
+        """The load option as reports show it, with what ``auto`` resolved to: "auto (Q4_1 blocks kept)",
+        "auto (Q4_1 dequantized)", "auto (GPTQ int4 as stored)", "auto (none)"; any other option as it is."""
+        option = option or "none"
+        if option != "auto" or not self.quantization_mode:
+            return option
+        if self.quantization_mode == "gguf":
+            return f"auto ({self.quantization or 'GGUF'} blocks kept)"
+        if self.quantization_mode == "none" and self.quantization:
+            how = "dequantized" if self.format == "gguf" else "as stored"
+            return f"auto ({self.quantization} {how})"
+        return f"auto ({self.quantization_mode})"
 
 
 class ErrorInfo(msgspec.Struct):

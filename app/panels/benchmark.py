@@ -622,7 +622,8 @@ class BenchmarkPanel(QWidget):
         if cfg is None or info is None:
             return None
         return {"model": info.name, "file": Path(info.path).name if info.path else None, "format": info.format,
-                "file_quantization": info.quantization, "quantization": cfg.quantization,
+                "file_quantization": info.quantization,
+                "quantization": info.quantization_text(cfg.quantization),  # auto: "auto (Q4_1 blocks kept)"
                 "dtype": info.dtype or cfg.dtype, "requested_dtype": cfg.dtype, "device": info.device,
                 "tensor_parallel_size": info.tensor_parallel_size,
                 "comm_strategy": cfg.comm_strategy if info.tensor_parallel_size > 1 else None,

@@ -293,6 +293,9 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
         i, cfg = ctx.info, getattr(client, "config", None)
         opts = ("quantization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "num_threads",
                 "deterministic")  # quantization: the load option (--quantization), not the checkpoint's
+        engine_config = {k: getattr(cfg, k) for k in opts if cfg is not None and hasattr(cfg, k)}
+        if "quantization" in engine_config:  # auto with what it resolved to: "auto (Q4_1 blocks kept)"
+            engine_config["quantization"] = i.quantization_text(engine_config["quantization"])
         tp = int(i.tensor_parallel_size or 1)
         table = None
         if tp > 1 and client.is_alive:  # auto's start-up measurements, kept in the engine's stats
@@ -306,8 +309,7 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
                 "num_kv_blocks": i.num_kv_blocks, "block_size": i.block_size, "tensor_parallel_size": tp,
                 "comm_strategy": getattr(cfg, "comm_strategy", None) if tp > 1 else None,
                 "comm_table": list(table) if table else None,
-                "engine_config": {k: getattr(cfg, k) for k in opts if cfg is not None and hasattr(cfg, k)},
-                "host": hardware}
+                "engine_config": engine_config, "host": hardware}
 
     @app.get("/version", response_model=protocol.VersionResponse)
     async def version() -> dict:
