@@ -27,11 +27,11 @@ from app.main import PANEL_LABELS, PANEL_NAMES
 from app.panels.benchmark import BenchmarkPanel
 from app.panels.chat import ChatPanel
 from app.panels.hardware import HardwarePanel
-from app.panels.load import LoadPanel
+from app.panels.load import LoadPanel, weights_text
 from app.panels.models import ModelsPanel
 from app.panels.performance import PerformancePanel
 from app.panels.server import ServerPanel
-from app.workers.engine_worker import DEAD, EMPTY, FAILED, LOADING, READY
+from app.workers.engine_worker import DEAD, EMPTY, FAILED, LOADING, READY, restart_text
 
 PANELS = [(name, PANEL_LABELS[name]) for name in PANEL_NAMES]
 SIDEBAR_WIDTH, SIDEBAR_NARROW = 190, 56
@@ -39,13 +39,12 @@ SIDEBAR_WIDTH, SIDEBAR_NARROW = 190, 56
 COMPACT_BELOW = 1200
 
 
-def weights_text(info, config) -> str:
-    """The loaded weights in a few words: the dtype, and "int8" first when the engine requantized the linear
-    layers (``--quantization int8``; the dtype is then the activations')."""
-    quant = getattr(config, "quantization", None) if config is not None else None
-    if quant and quant != "none":
-        return f"{quant} weights, {info.dtype} activations"
-    return info.dtype
+def stopped_text(reason: str, most: int = 110) -> str:
+    """The status bar's line for an engine dead for good: the reason's first line, shortened to fit one line
+    (the whole reason in the label's tooltip, the Load panel and the chat's notice)."""
+    line = reason.strip().splitlines()[0] if reason.strip() else "the engine process ended"
+    line = line if len(line) <= most else line[:most - 1].rstrip() + "…"
+    return f"The engine stopped: {line}"
 
 
 class MainWindow(QMainWindow):
@@ -110,6 +109,8 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.server_label)
         ctx.engine.stateChanged.connect(self._on_engine_state)
         ctx.engine.loadProgress.connect(self._on_load_progress)
+        ctx.engine.restartAttempt.connect(self._on_restart_attempt)
+        ctx.engine.engineGaveUp.connect(self._on_engine_gave_up)
         ctx.server.started.connect(self._on_server_started)
         ctx.server.stopped.connect(self._on_server_stopped)
         self.server_label.setText("Endpoint: off")
@@ -255,8 +256,32 @@ class MainWindow(QMainWindow):
         if state == READY and info is not None:
             text = (f"● {info.name}  ·  {weights_text(info, self.ctx.engine.config)}  ·  {info.device}  ·  "
                     f"context {info.max_model_len:,}  ·  TP {info.tensor_parallel_size}")
+        if state == DEAD:
+            engine = self.ctx.engine
+            if engine.restart_attempt is not None:  # restarting by itself: nothing to press yet
+                text = restart_text(*engine.restart_attempt)
+            elif engine.dead_reason:
+                text = stopped_text(engine.dead_reason)
         self.engine_label.setText(text)
-        self.reload_button.setVisible(state == DEAD)
+        self.engine_label.setToolTip(self.ctx.engine.dead_reason if state == DEAD else "")
+        self._show_reload()
+
+    def _show_reload(self) -> None:
+        """Reload is offered once the engine is dead for good: not while it restarts by itself."""
+        engine = self.ctx.engine
+        self.reload_button.setVisible(engine.state == DEAD and engine.restart_attempt is None)
+
+    def _on_restart_attempt(self, attempt: int, most: int, why: str) -> None:
+        self.engine_label.setText(restart_text(attempt, most))
+        self.engine_label.setToolTip(why)
+        self.reload_button.hide()
+
+    def _on_engine_gave_up(self, reason: str) -> None:
+        self.engine_label.setText(stopped_text(reason))
+        self.engine_label.setToolTip(reason)
+        self.reload_button.setToolTip(f"Load {self.ctx.engine.info.name if self.ctx.engine.info else 'the model'} "
+                                      "again with the same settings")
+        self._show_reload()
 
     def _reload(self) -> None:
         config = self.ctx.engine.config

@@ -31,7 +31,7 @@ from app.context import AppContext
 from app.hardware import cpu_has_native_bf16
 from app.library import EMBEDDED_KEY, LibraryEntry
 from app.model_inspect import inspect_model
-from app.workers.engine_worker import DEAD, EMPTY, LOADING, READY
+from app.workers.engine_worker import DEAD, EMPTY, LOADING, READY, restart_text
 from engine.config import EngineConfig
 
 MAIN_FIELDS = ["quantization", "dtype", "device", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_gib",
@@ -138,6 +138,19 @@ def _an(words: str) -> str:
     return "an" if lead.startswith("8") or lead in ("11", "18") else "a"
 
 
+def weights_text(info, config) -> str:
+    """The loaded weights in a few words, for the status bar and the Load panel: what the load option
+    --quantization did (``info.quantization_mode``: auto resolved), "Q4_1 blocks kept, bfloat16 activations",
+    "int8 weights, bfloat16 activations", or the dtype alone for float weights (a dequantized GGUF file)."""
+    option = getattr(config, "quantization", None) if config is not None else None
+    mode = getattr(info, "quantization_mode", "") or option or "none"
+    if mode == "gguf":
+        return f"{info.quantization or 'GGUF'} blocks kept, {info.dtype} activations"
+    if mode not in ("none", "auto"):  # int8 / int4 / fp8: the engine requantized the linear layers
+        return f"{mode} weights, {info.dtype} activations"
+    return info.dtype
+
+
 class LoadPanel(QWidget):
     def __init__(self, ctx: AppContext):
         super().__init__()
@@ -150,7 +163,8 @@ class LoadPanel(QWidget):
         self._last_tp = 1  # the TP size shown before the last change: an invalid one steps on in its direction
         self._stage = ""
         self._fit_problem = ""
-        self._previous = None  # (key, EngineConfig) of the model a load replaces, to bring it back if that fails
+        self._loaded_key: str | None = None  # the settings key of the model loaded (a failed load brings it back)
+        self._reverted = ""  # loadReverted's words, shown with the next `loaded`
         self._tick = QTimer(self)  # the engine says when loading starts and ends: show the time in between
         self._tick.setInterval(500)
         self._tick.timeout.connect(self._show_elapsed)
@@ -162,8 +176,11 @@ class LoadPanel(QWidget):
         self.engine.loadProgress.connect(self._on_progress)
         self.engine.loaded.connect(self._on_loaded)
         self.engine.loadFailed.connect(self._on_failed)
+        self.engine.loadReverted.connect(self._on_reverted)
+        self.engine.restartAttempt.connect(self._on_restart_attempt)
+        self.engine.engineGaveUp.connect(self._on_gave_up)
+        self.engine.engineRestarted.connect(self._on_restarted)
         self.engine.loadCancelled.connect(self._on_cancelled)
-        self.engine.engineDied.connect(self._on_died)
         self.engine.unloaded.connect(self._on_unloaded)
         self._on_state(self.engine.state)
 
@@ -249,13 +266,9 @@ class LoadPanel(QWidget):
         self.cancel_button.clicked.connect(self.cancel_load)
         self.unload_button = QPushButton("Unload")
         self.unload_button.clicked.connect(self.unload)
-        self.reload_button = QPushButton("Load the model before again")
-        self.reload_button.clicked.connect(self.reload_previous)
-        self.reload_button.hide()
         actions.addWidget(self.load_button)
         actions.addWidget(self.cancel_button)
         actions.addWidget(self.unload_button)
-        actions.addWidget(self.reload_button)
         actions.addStretch(1)
         root.addLayout(actions)
         self.progress = QProgressBar()
@@ -710,7 +723,6 @@ class LoadPanel(QWidget):
             self._update_load_button()
             return False
         self.ctx.store.update_model_settings(key, engine=self.form.values())
-        self._previous = (self.ctx.model_key, self.engine.config) if self.engine.state == READY else None
         self.ctx.load_model(key, self.config())
         return True
 
@@ -721,13 +733,6 @@ class LoadPanel(QWidget):
         self.load_button.setEnabled(self.engine.state != LOADING and not bad)
         self.load_button.setToolTip(f"Kestrel cannot load this: {e.facts.reason}" if bad else
                                     "Load the chosen model (the model loaded now is unloaded first)")
-
-    def reload_previous(self) -> None:
-        """After a failed load: load again the model that the failed one replaced, with its settings."""
-        if self._previous is not None:
-            key, config = self._previous
-            self._previous = None
-            self.ctx.load_model(key or EMBEDDED_KEY, config)
 
     # (the engine worker lives on its own thread: a button wired straight to it would queue the call there)
     def cancel_load(self) -> None:
@@ -755,7 +760,6 @@ class LoadPanel(QWidget):
         self.cancel_button.setVisible(loading)
         self.unload_button.setEnabled(state in (READY, DEAD))
         self._update_load_button()
-        self.reload_button.hide()
         if loading:
             self.message.hide()
         if state == EMPTY and self.message.isHidden():
@@ -784,32 +788,43 @@ class LoadPanel(QWidget):
     def _on_unloaded(self) -> None:
         self._show_message("No model is loaded.", "hint")  # not the last load's (or failure's) message
 
-    def _on_died(self, why: str) -> None:
-        self._show_message(f"The engine stopped: {why}\nPress Load to start it again.", "errorBox")
+    # the engine died: while it restarts by itself each attempt shows, and "Press Load" only once it gave up
+    def _on_restart_attempt(self, attempt: int, most: int, why: str) -> None:
+        self._show_message(f"{restart_text(attempt, most)}: {why}", "warningBox")
+
+    def _on_gave_up(self, reason: str) -> None:
+        self._show_message(f"The engine stopped: {reason}\nPress Load to start it again.", "errorBox")
+
+    def _on_restarted(self, notice: str) -> None:
+        self._show_message(notice, "okBox")
+
+    def _on_reverted(self, text: str) -> None:
+        """The chosen model failed in the engine and the one before is being loaded again (``loaded`` follows):
+        its key is the model's again (the chat's settings, the model picker, the next start's autoload)."""
+        self._reverted = text
+        key, config = self._loaded_key, self.engine.config
+        if key is not None and config is not None:
+            self.ctx.model_key = key
+            self.ctx.store.set_pref("last_model", {"key": key, "model": config.model or ""})
+            self.ctx.modelChosen.emit(key)
 
     def _on_loaded(self, info) -> None:
-        self._previous = None
-        took = time.monotonic() - self._load_started if self._load_started else info.load_time
-        config = self.ctx.engine.config
-        quant = getattr(config, "quantization", None) if config is not None else None
-        # int8: the engine requantized the linear layers; the dtype is then the activations' (as the status bar)
-        weights = f"{quant} weights, {info.dtype} activations" if quant and quant != "none" else info.dtype
+        self._loaded_key = self.ctx.model_key
+        reverted, self._reverted = self._reverted, ""
+        # (after a failed load the engine's own time for the model loaded again, not the time since Load)
+        took = time.monotonic() - self._load_started if self._load_started and not reverted else info.load_time
+        weights = weights_text(info, self.ctx.engine.config)  # as the status bar says it
         graphs = getattr(info, "cuda_graph_sizes", None)
         graphs_text = (f" Decode CUDA graphs for {len(graphs)} batch sizes (1–{max(graphs)}) captured in "
                        f"{info.cuda_graph_seconds:.1f} s." if graphs else "")
         self._show_message(
             f"Loaded {info.name}: {weights} on {info.device}, context {info.max_model_len:,} tokens, "
             f"{info.num_kv_blocks:,} KV blocks of {info.block_size} tokens, in {took:.1f} s.{graphs_text}", "okBox")
+        if reverted:
+            self._show_message(f"{reverted}\n{self.message.text()}", "warningBox")
 
     def _on_failed(self, message: str) -> None:
-        previous = self._previous
-        before = ""
-        if previous is not None and previous[1] is not None:
-            name = self.entry(previous[0]).name if self.entry(previous[0]) is not None else "the model before"
-            before = f"\n{name} was unloaded before this model was tried: the button below loads it again."
-            self.reload_button.setText(f"Load {name} again")
-        self._show_message(f"The model could not be loaded.\n{message}{before}", "errorBox")
-        self.reload_button.setVisible(bool(before))
+        self._show_message(f"The model could not be loaded.\n{message}", "errorBox")
 
     def _show_message(self, text: str, kind: str) -> None:
         self.message.setObjectName(kind)

@@ -16,7 +16,11 @@ is dead for good (restarts spent, or none allowed) and ``reason`` says why (the 
 engine's last error or output line), also kept in ``dead_reason``.
 
 Loading another model over a loaded one tells the model listeners (``add_model_listener``: the endpoint,
-which keeps its address and follows the new model) instead of the unload hooks."""
+which keeps its address and follows the new model) instead of the unload hooks. When that model fails inside the
+engine (a file that passed the app's checks: truncated tensor data, an architecture the engine refuses), the
+model it replaced is loaded again with its settings: ``loadReverted("<new> could not be loaded: <why>. <old> is
+loaded again.")``, then ``loaded`` as for any load (the endpoint follows it back). Only when that fails too (or
+nothing was loaded) does ``loadFailed`` leave no model."""
 
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ class EngineWorker(QObject):
     loadProgress = Signal(str)
     loaded = Signal(object)  # engine.ipc.ModelInfo
     loadFailed = Signal(str)  # what went wrong, in plain words
+    loadReverted = Signal(str)  # the new model failed and the one before is loaded again (then `loaded`): words
     loadCancelled = Signal()
     unloaded = Signal()
     engineDied = Signal(str)
@@ -78,6 +83,7 @@ class EngineWorker(QObject):
         self.client: EngineClient | None = None  # touched on the loop's thread only
         self.info = None  # the loaded model's ModelInfo (read anywhere)
         self.config: EngineConfig | None = None
+        self._core_factory: str | None = None  # the loaded config's core_factory (tests' stand-in cores)
         self.state = EMPTY
         self._load_task: asyncio.Task | None = None
         self._stats_task: asyncio.Task | None = None
@@ -160,12 +166,12 @@ class EngineWorker(QObject):
         self.stateChanged.emit(state)
 
     async def _load(self, config: EngineConfig, core_factory: str | None) -> None:
-        from engine.client import EngineClient
-        from engine.errors import KestrelError
-
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         replacing = self.client is not None
+        # the model that works now, brought back if the new one fails inside the engine (loadReverted)
+        previous = (self.config, self._core_factory, self.info.name) \
+            if replacing and self.state == READY and self.config is not None and self.info is not None else None
         if replacing:
             for on_replacing, _ in self._model_listeners:
                 try:
@@ -173,10 +179,26 @@ class EngineWorker(QObject):
                 except Exception:
                     log.exception("model listener failed")
         await self._unload(emit=False, hooks=not replacing)
-        self.config = config
+        self.config, self._core_factory = config, core_factory
         self.restart_attempt, self._attempts, self.dead_reason = None, [], ""
         self._set_state(LOADING)
         self.loadProgress.emit("Starting the engine process…")
+        try:
+            client = await self._start_client(config, core_factory)
+        except asyncio.CancelledError:
+            await self._cancelled()
+            return
+        except Exception as e:  # noqa: BLE001 - said in words: the load failed
+            why = _load_error(e, config)
+            if previous is None:
+                await self._failed(why)
+            else:
+                await self._revert(previous, f"{model_words(config)} could not be loaded: {why}")
+            return
+        await self._adopt(client)
+
+    async def _start_client(self, config: EngineConfig, core_factory: str | None) -> EngineClient:
+        from engine.client import EngineClient
 
         def progress(stage: str, detail: str) -> None:
             self.loadProgress.emit(f"{stage.capitalize()} {detail}…")
@@ -185,25 +207,31 @@ class EngineWorker(QObject):
             EngineClient.start(config, core_factory=core_factory, on_progress=progress,
                                restart=self._restart_policy()))
         try:
-            client = await self._load_task
-        except asyncio.CancelledError:
-            self._set_state(EMPTY)
-            self.loadCancelled.emit()
-            await self._tell_loaded(None, "the load was cancelled")
-            return
-        except KestrelError as e:
-            self._set_state(FAILED)
-            self.loadFailed.emit(_plain(e))
-            await self._tell_loaded(None, "the model could not be loaded")
-            return
-        except Exception as e:
-            log.exception("load failed")
-            self._set_state(FAILED)
-            self.loadFailed.emit(f"{type(e).__name__}: {e}")
-            await self._tell_loaded(None, "the model could not be loaded")
-            return
+            return await self._load_task
         finally:
             self._load_task = None
+
+    async def _revert(self, previous: tuple, failure: str) -> None:
+        """The new model failed inside the engine (after the app's checks passed: corrupt tensor data, an
+        architecture the engine refuses, ...): load the model it replaced again, with its settings, so a failed
+        load leaves the model that worked. ``loadReverted`` says so before ``loaded``; a second failure is a
+        plain ``loadFailed`` naming both."""
+        config, core_factory, name = previous
+        self.config, self._core_factory = config, core_factory
+        self.loadProgress.emit(f"{failure}. Loading {name} again…")
+        try:
+            client = await self._start_client(config, core_factory)
+        except asyncio.CancelledError:
+            await self._cancelled()
+            return
+        except Exception as e:  # noqa: BLE001
+            await self._failed(f"{failure}. {name} could not be loaded again either: {_load_error(e, config)}")
+            return
+        self.loadReverted.emit(f"{failure}. {name} is loaded again.")
+        await self._adopt(client)
+
+    async def _adopt(self, client: EngineClient) -> None:
+        """A started client becomes the loaded model: READY, ``loaded``, the model listeners told."""
         self.client = client
         self.info = client.info
         client.add_listener(self.requestRecorded.emit)
@@ -212,6 +240,16 @@ class EngineWorker(QObject):
         self._set_state(READY)
         self.loaded.emit(client.info)
         await self._tell_loaded(client, "")
+
+    async def _failed(self, why: str) -> None:
+        self._set_state(FAILED)
+        self.loadFailed.emit(why)
+        await self._tell_loaded(None, "the model could not be loaded")
+
+    async def _cancelled(self) -> None:
+        self._set_state(EMPTY)
+        self.loadCancelled.emit()
+        await self._tell_loaded(None, "the load was cancelled")
 
     async def _tell_loaded(self, client, why: str) -> None:
         for _, done in self._model_listeners:
@@ -370,6 +408,33 @@ class EngineWorker(QObject):
 def restart_text(attempt: int, most: int) -> str:
     """The one line the app shows while the engine restarts by itself."""
     return f"Restarting engine… (attempt {attempt} of {most})"
+
+
+def model_words(config) -> str:
+    """The model a config loads, as the messages name it: the file or folder's name ("x.Q4_1.gguf")."""
+    from pathlib import Path
+
+    model = str(getattr(config, "model", "") or "")
+    return Path(model.rstrip("/")).name if model else "The embedded model"
+
+
+def _load_error(e: BaseException, config) -> str:
+    """Why a load failed, in words: an engine error's own message, with a file the error names given by its
+    name, not its whole path ("the file is truncated: ..." when it is the model's own file)."""
+    from pathlib import Path
+
+    from engine.errors import KestrelError
+
+    if not isinstance(e, KestrelError):
+        log.error("load failed", exc_info=e)
+        return f"{type(e).__name__}: {e}"
+    path, problem = getattr(e, "path", None), getattr(e, "problem", None)
+    if not path or not problem:
+        return _plain(e)
+    model = str(getattr(config, "model", "") or "")
+    own = bool(model) and Path(path) == Path(model)
+    subject = "the file" if own else Path(path).name
+    return f"{subject} {problem}" if problem.split(" ", 1)[0] in ("is", "has", "cannot") else f"{subject}: {problem}"
 
 
 def _plain(e: BaseException) -> str:
