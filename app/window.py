@@ -39,10 +39,11 @@ SIDEBAR_WIDTH, SIDEBAR_NARROW = 190, 56
 COMPACT_BELOW = 1200
 
 
-def stopped_text(reason: str, most: int = 110) -> str:
-    """The status bar's line for an engine dead for good: the reason's first line, shortened to fit one line
-    (the whole reason in the label's tooltip, the Load panel and the chat's notice)."""
+def stopped_text(reason: str, most: int = 90) -> str:
+    """The status bar's line for an engine dead for good: the reason's first sentence, shortened to fit beside the
+    Reload button at 1024 px (the whole reason in the label's tooltip, the Load panel and the chat's notice)."""
     line = reason.strip().splitlines()[0] if reason.strip() else "the engine process ended"
+    line = line.split(". ", 1)[0].rstrip(".") + "."
     line = line if len(line) <= most else line[:most - 1].rstrip() + "…"
     return f"The engine stopped: {line}"
 

@@ -835,6 +835,7 @@ class LoadPanel(QWidget):
         # which cut the box under the form: at least the text's lines at this width plus the padding
         width = max(200, self.width() - 40)  # the box spans the panel (its own width is stale while hidden)
         pad = self.message.contentsMargins().top() + self.message.contentsMargins().bottom()
+        self.message.setMinimumHeight(0)  # heightForWidth is never below the minimum: the last message's would stay
         self.message.setMinimumHeight(self.message.heightForWidth(width) + pad + 20)  # the style sheet padding
         self.message.updateGeometry()
         self.message.show()

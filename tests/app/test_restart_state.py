@@ -78,7 +78,25 @@ def test_the_status_line_keeps_a_long_reason_to_one_line():
     from app.window import stopped_text
 
     reason = "The engine process ended (exit code 1).\nIts last error: " + "x" * 300
-    text = stopped_text(reason)
-    assert text == "The engine stopped: The engine process ended (exit code 1)."
+    assert stopped_text(reason) == "The engine stopped: The engine process ended (exit code 1)."
+    reason = "The engine process exited unexpectedly (killed by signal SIGKILL). Reload the model to continue."
+    assert stopped_text(reason) == ("The engine stopped: The engine process exited unexpectedly (killed by signal "
+                                    "SIGKILL).")  # its first sentence
     long = stopped_text("y" * 300)
-    assert long.endswith("…") and len(long) == len("The engine stopped: ") + 110
+    assert long.endswith("…") and len(long) == len("The engine stopped: ") + 90
+
+
+def test_the_load_panels_message_keeps_its_height_across_messages(make_window, qtbot):
+    """Each message box takes its text's height: a restart's attempts, the restart and the give-up one after the
+    other did not add 20 px each (heightForWidth never returns less than the minimum height set last time)."""
+    w = make_window(autoload=False)
+    w.show_panel("load")
+    load = w.panels["load"]
+    why = "The engine process exited unexpectedly (killed by signal SIGKILL). Reload the model to continue."
+    load._on_restart_attempt(1, 3, why)
+    first = load.message.minimumHeight()
+    for attempt in (2, 3):
+        load._on_restart_attempt(attempt, 3, why)
+    assert load.message.minimumHeight() == first
+    load._on_gave_up(why)
+    assert load.message.minimumHeight() <= first + 20  # one more line at most
