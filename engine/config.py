@@ -151,10 +151,10 @@ class EngineConfig:
                              "activations per block, so a greedy output may change with what it is batched with "
                              "unless --deterministic)", default="auto", choices=list(QUANTIZATIONS))
     kv_cache_dtype: str = _opt("KV-cache element type: auto (the model's dtype) or fp8 (GPU with fp8 support, "
-                               "sm_89+: e4m3 keys and values, each layer's with a float32 scale for each, 1.0: "
-                               "stored as they are, saturated at +-448); twice the tokens in the same memory, at "
-                               "some accuracy; the CPU keeps the KV cache in the model's dtype", default="auto",
-                               choices=list(KV_CACHE_DTYPES))
+                               "sm_89+: e4m3 keys and values, each layer's with a float32 scale for each, set from "
+                               "the largest values of the first prompt step, later values saturated at 448 x the "
+                               "scale); twice the tokens in the same memory, at some accuracy; the CPU keeps the KV "
+                               "cache in the model's dtype", default="auto", choices=list(KV_CACHE_DTYPES))
     max_model_len: int | None = _opt("Context length (default: the model's, capped at 8192)")
     block_size: int | None = _opt("KV-cache block size in tokens (default: 64 on a GPU, where the prefill "
                                   "attention kernel copies a key tile out of one block with TMA; 16 on the CPU)")

@@ -287,11 +287,16 @@ class ModelRunner:
         for attn in self.model.attention_layers():
             attn.k_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
             attn.v_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
-            if fp8:  # per-tensor scales of 1.0 (vLLM's default without calibrated ones): device tensors, read by
-                # the kernels (no host sync; CUDA graphs capture their addresses). Kept across reallocations.
+            if fp8:  # per-tensor scales: device tensors read by the kernels (no host sync; CUDA graphs capture
+                # their addresses), kept across reallocations; 1.0 until the first step with a prefill sets them
+                # from its keys and values (Attention._calibrate_scales), again after each allocation
                 if attn.k_scale is None or attn.k_scale.device != self.device:
                     attn.k_scale = torch.ones(1, dtype=torch.float32, device=self.device)
                     attn.v_scale = torch.ones(1, dtype=torch.float32, device=self.device)
+                else:
+                    attn.k_scale.fill_(1.0)
+                    attn.v_scale.fill_(1.0)
+                attn.calibrate_scales = True
                 attn.compute_dtype = self.dtype
 
     # -- per-request sampling state -----------------------------------------------------------

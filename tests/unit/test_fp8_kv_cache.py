@@ -216,3 +216,38 @@ def test_the_option_and_its_refusal_on_the_cpu():
     bf16 = runner._kv_bytes(32, 8, 128)
     runner.kv_cache_dtype = FP8
     assert bf16 == 2 * runner._kv_bytes(32, 8, 128) == 2 * 2 * 32 * 64 * 8 * 128
+
+
+def test_scales_set_by_the_first_step_with_a_prefill():
+    """A fresh allocation's scales (1.0, calibrate_scales) are set by the first step with a prefill, before its
+    write: amax / FP8_SCALE_TARGET of its keys and values; a decode-only step before it leaves them alone."""
+    from engine.layers import attention
+    from engine.layers.attention import Attention, AttentionMetadata, SeqSpan
+
+    g = torch.Generator().manual_seed(5)
+    nh, nkv, hd, bs = 4, 2, 32, 16
+    layer = Attention(nh, nkv, hd, 0)
+    layer.k_cache, layer.v_cache = _caches(4, bs, nkv, hd)
+    layer.k_scale, layer.v_scale = _scale(1.0), _scale(1.0)
+    layer.calibrate_scales = True
+
+    def run(seqs, mag):
+        T = sum(s.query_len for s in seqs)
+        q = torch.randn(T, nh * hd, generator=g).bfloat16()
+        k = (torch.randn(T, nkv * hd, generator=g) * mag).bfloat16()
+        v = (torch.randn(T, nkv * hd, generator=g) * mag / 10).bfloat16()
+        layer.forward(q, k, v, AttentionMetadata.build(seqs, bs, torch.device("cpu")))
+        return k, v
+
+    run([SeqSpan(0, 1, 1, (0,))], 50.0)  # a decode
+    assert layer.calibrate_scales and layer.k_scale.item() == 1.0
+    k, v = run([SeqSpan(0, 9, 9, (1,))], 30.0)
+    assert not layer.calibrate_scales
+    assert layer.k_scale.item() == pytest.approx(k.float().abs().max().item() / attention.FP8_SCALE_TARGET)
+    assert layer.v_scale.item() == pytest.approx(v.float().abs().max().item() / attention.FP8_SCALE_TARGET)
+    stored = reference.from_cache(layer.k_cache[1, :9], layer.k_scale)
+    tol = k.float().abs().view(9, nkv, hd) / 16 + layer.k_scale.item() * 2 ** -9  # e4m3: 3 bits, subnormals
+    assert ((stored - k.float().view(9, nkv, hd)).abs() <= tol).all()
+    before = layer.k_scale.clone()
+    run([SeqSpan(0, 5, 5, (2,))], 300.0)  # later prompts keep the scales
+    assert torch.equal(layer.k_scale, before)
