@@ -1,7 +1,7 @@
 """The app on the real embedded model (SmolLM2-135M-Instruct, float32 on the CPU), one window for the module:
 load at start-up, a streamed reply in the view and the database, regenerate, stop mid-stream, the
-Performance plots fed, the Server panel's endpoint queried with the official openai client, and a corrupt
-model file failing to load in place while the app keeps working, and the engine killed and restarted by itself
+Performance plots fed, the Server panel's endpoint queried with the official openai client, a corrupt
+model file failing to load while the model before is loaded again, and the engine killed and restarted by itself
 with a notice while the endpoint keeps its address."""
 
 from __future__ import annotations
@@ -189,22 +189,20 @@ def test_corrupt_model_fails_in_place_and_the_app_keeps_working(live, qtbot, tmp
     live.show_panel("load")
     load.select_path(corrupt)
     assert load.current_key() == str(corrupt)
+    name, config = live.ctx.engine.info.name, live.ctx.engine.config
     qtbot.mouseClick(load.load_button, Qt.LeftButton)
-    qtbot.waitUntil(lambda: bool(load.error_text()) or "Loaded broken" in load.message.text(), timeout=120_000)
-    assert live.ctx.engine.state == "failed"
-    error = load.error_text()
-    assert "could not be loaded" in error and "broken.gguf" in error
-    assert "Traceback" not in error
-    assert not live.chat.send_button.isEnabled()
-    assert "No model" in live.chat.notice.text() or "load" in live.chat.notice.text().lower()
-
-    load.select_key(EMBEDDED_KEY)
-    load.form.set_value("dtype", "float32")
-    qtbot.mouseClick(load.load_button, Qt.LeftButton)
-    qtbot.waitUntil(lambda: live.ctx.engine.state == "ready", timeout=300_000)
+    # the file passes the app's checks and fails in the engine: the model before is loaded again (issue 45 row 4)
+    qtbot.waitUntil(lambda: bool(load.error_text()) or "is loaded again" in load.message.text(), timeout=300_000)
+    assert live.ctx.engine.state == "ready" and not load.error_text(), load.message.text()
+    text = load.message.text()
+    assert text.startswith("broken.gguf could not be loaded: the file is truncated") and "Traceback" not in text
+    assert f". {name} is loaded again." in text
+    assert live.ctx.engine.info.name == name and live.ctx.engine.config == config
     live.chat.new_conversation()
     set_sampling(live, max_tokens=6, temperature=0.0)
-    assert _send(qtbot, live, "Hello again")[-1].content
+    assert _send(qtbot, live, "Still there?")[-1].content
+    assert live.ctx.model_key == EMBEDDED_KEY  # its settings and the next start's autoload: the model loaded
+    load.select_key(EMBEDDED_KEY)
 
 
 def test_engine_crash_restarts_with_a_notice(live, qtbot):
