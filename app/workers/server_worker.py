@@ -5,7 +5,9 @@ never block the GUI; every request served is reported (app.server_log) as a queu
 The endpoint follows the loaded model: when another model is loaded (or the same one with other settings)
 it keeps its socket, its address and its options; meanwhile every request gets 503 with Retry-After (the
 official clients retry), then the API is rebuilt around the new model's client (``modelChanged`` and
-``started`` again). A load that fails or is cancelled leaves no model to serve: the endpoint stops, saying so.
+``started`` again). A load that fails in the engine brings the model before back (EngineWorker's revert): the
+endpoint serves it again. One that is cancelled, or whose model before fails too, leaves no model to serve: the
+endpoint stops, saying so.
 Unloading the model stops it too."""
 
 from __future__ import annotations

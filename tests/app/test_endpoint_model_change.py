@@ -1,6 +1,7 @@
 """The local endpoint follows the loaded model (issue 45 row 6): loading another model keeps the endpoint at its
 address, answers 503 (retry) while the new model loads, then serves the new one, and the Server panel says so
-(its status and a line in its log). A load that fails leaves nothing to serve: the endpoint stops, saying why.
+(its status and a line in its log). A load that fails, and the model before with it, leaves nothing to serve: the
+endpoint stops, saying why (a load that fails alone brings the model before back: test_failed_load_keeps_model).
 Also the setting "Start the local endpoint with the app", honoured once the model is loaded at start-up."""
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def test_endpoint_stops_and_says_why_when_the_new_model_fails_to_load(gated_wind
     w = make()
     panel = w.panels["server"]
     base = _start_endpoint(qtbot, panel)
-    monkeypatch.setenv("KESTREL_FAKE", "load_error")  # read by the next engine process as it loads
+    # read by each engine process as it loads: the new model fails, and so does the model before, loaded again
+    monkeypatch.setenv("KESTREL_FAKE", "load_error")
     _load_other(w, "/models/broken.gguf")
     qtbot.waitUntil(lambda: panel.url is None, timeout=LOAD_TIMEOUT_MS)
     qtbot.waitUntil(lambda: "Load a model first" in panel.status.text(), timeout=30_000)
