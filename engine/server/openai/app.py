@@ -291,8 +291,8 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
         if not hardware:
             hardware.update(await asyncio.to_thread(host_hardware))  # NVML: once, off the loop
         i, cfg = ctx.info, getattr(client, "config", None)
-        opts = ("quantization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "num_threads",
-                "deterministic")  # quantization: the load option (--quantization), not the checkpoint's
+        opts = ("quantization", "kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+                "num_threads", "deterministic")  # quantization: the load option (--quantization), not the checkpoint's
         engine_config = {k: getattr(cfg, k) for k in opts if cfg is not None and hasattr(cfg, k)}
         if "quantization" in engine_config:  # auto with what it resolved to: "auto (Q4_1 blocks kept)"
             engine_config["quantization"] = i.quantization_text(engine_config["quantization"])
