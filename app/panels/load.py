@@ -48,7 +48,8 @@ LABELS = {
 CHOICE_LABELS = {
     "comm_strategy": {"auto": "Auto (measured at start-up)", "nccl": "NCCL", "int8": "Int8-quantized all-reduce",
                       "host": "Host (shared memory + SIMD)", "overlap": "Dual-stream overlap"},
-    "quantization": {"none": "None (the checkpoint's own weights; float ones in the chosen dtype)",
+    "quantization": {"auto": "Auto (a .gguf file's blocks kept on the CPU; otherwise the checkpoint's own weights)",
+                     "none": "None (the checkpoint's own weights; a .gguf file dequantized to the chosen dtype)",
                      "int8": "int8 (CPU or GPU: 8-bit weights; ~2x smaller than bf16)",
                      "int4": "int4 (GPU: 4-bit weights, groups of 128; ~3.8x smaller than bf16)",
                      "fp8": "fp8 (GPU: 8-bit float weights; ~2x smaller than bf16)",
@@ -417,9 +418,9 @@ class LoadPanel(QWidget):
         f.set_field_enabled("kv_cache_memory_gib", not on_gpu, "applies when the model runs on the CPU")
 
     def _apply_quantization_choices(self, on_gpu: bool) -> None:
-        """CPU: none, int8, gguf (int4 and fp8 are GPU kernels). GPU: none, int8, int4, and fp8 where every GPU in use
-        has FP8 tensor cores (compute capability 8.9+; kept on where that is unknown, and the estimate says so); gguf
-        blocks are CPU kernels. A value the device does not offer goes back to none."""
+        """CPU: auto, none, int8, gguf (int4 and fp8 are GPU kernels). GPU: auto, none, int8, int4, and fp8 where every
+        GPU in use has FP8 tensor cores (compute capability 8.9+; kept on where that is unknown, and the estimate says
+        so); gguf blocks are CPU kernels. A value the device does not offer goes back to auto."""
         f = self.form
         f.set_choice_enabled("quantization", "int8", True)
         for q in fit.GPU_ONLY_QUANTIZATIONS:
@@ -427,9 +428,9 @@ class LoadPanel(QWidget):
         if on_gpu:
             f.set_choice_enabled("quantization", "fp8", self._fp8_ok() is not False, fit.FP8_REASON)
         f.set_choice_enabled("quantization", "gguf", not on_gpu, "the GGUF block kernels run on the CPU")
-        quant = f.values().get("quantization") or "none"
+        quant = f.values().get("quantization") or "auto"
         if not f.main.is_choice_enabled("quantization", quant):
-            f.set_value("quantization", "none")
+            f.set_value("quantization", "auto")
         view = f.main.editors["quantization"].view()
         view.setMinimumWidth(view.sizeHintForColumn(0) + 2 * view.frameWidth() + 8)
 
@@ -512,7 +513,7 @@ class LoadPanel(QWidget):
             dtype = ("bfloat16" if cpu_has_native_bf16() else "float32") if device == "cpu" else "bfloat16"
         context = values.get("max_model_len") or min(facts.context_length or ENGINE_DEFAULT_CONTEXT_CAP,
                                                      ENGINE_DEFAULT_CONTEXT_CAP)
-        quant = values.get("quantization") or "none"
+        quant = values.get("quantization") or "auto"
         tp = values.get("tensor_parallel_size") or 1
         snap = self.ctx.hardware_snapshot
         on_gpu = device == "cuda" and snap is not None and bool(snap.gpus)
@@ -658,12 +659,13 @@ class LoadPanel(QWidget):
         if fit.prequantized_method(facts):
             what = checkpoint_quantization(facts)
             if wb.from_file:  # on a GPU: kept as they are, whatever the mode (only a float LM head is requantized)
-                also = "" if quant == "none" else f"; {quant} applies only to layers the checkpoint keeps in float"
+                also = ("" if quant in ("none", "auto") else
+                        f"; {quant} applies only to layers the checkpoint keeps in float")
                 return f"The checkpoint's {what} weights stay quantized on the GPU (about the files' size){also}."
             ratio = wb.total / facts.size_bytes if facts.size_bytes else 0
             times = f": ~{ratio:.1f}x the files' size" if ratio else ""
             where = "on this GPU (no FP8 tensor cores)" if on_gpu else "on the CPU"
-            then = "" if quant == "none" else f", then quantized to {quant}"
+            then = "" if quant in ("none", "auto") else f", then quantized to {quant}"
             return f"The checkpoint's {what} weights are dequantized to {dtype} {where}{then}{times}."
         if quant == "int8" and not on_gpu:
             return "Weights are quantized to int8 while loading (about half of bfloat16's bytes per token)."
@@ -672,10 +674,11 @@ class LoadPanel(QWidget):
             if quant == "fp8" and self._fp8_ok() is None:
                 note += f" fp8 {fit.FP8_REASON}; this GPU's compute capability could not be read."
             return note
-        if quant == "gguf":
+        if quant == "gguf" or (quant == "auto" and wb.from_file and facts.format == "gguf" and not on_gpu):
             return ("The file's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K weights (linear layers, token "
                     "table, LM head) stay as their blocks (about the file's size); other types are dequantized.")
-        if facts.quantization and not caps.keeps_quantized_weights and quant == "none":
+        if facts.quantization and facts.format == "gguf" and (quant == "none" or on_gpu or (
+                quant == "auto" and not caps.keeps_quantized_weights)):
             if on_gpu:
                 return (f"The {facts.quantization} weights are dequantized to {dtype} when loaded; int8 or fp8 "
                         "quantization keeps about half of that, int4 about a quarter.")

@@ -72,9 +72,11 @@ def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot, mo
         assert main.is_field_enabled("kv_cache_memory_gib")
         assert "of RAM" in load.estimate.text()
     # quantization: a form field like the others; int8 is a CPU feature
-    assert [main.editors["quantization"].itemData(i) for i in range(2)] == ["none", "int8"]
+    assert [main.editors["quantization"].itemData(i) for i in range(3)] == ["auto", "none", "int8"]
     if w.ctx.num_gpus == 0:
         assert main.is_choice_enabled("quantization", "int8")
+        assert "stay as their blocks" in load.estimate.text()  # auto on the CPU: the GGUF blocks kept
+        load.form.set_value("quantization", "none")
         assert "Q4_1 weights are dequantized" in load.estimate.text()
         before = load.estimate.text()
         load.form.set_value("quantization", "int8")
@@ -82,7 +84,7 @@ def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot, mo
         assert "quantized to int8" in load.estimate.text()
         assert load.config().quantization == "int8"
     # on a machine with a GPU (device auto -> cuda): int8 stays (the GPU has its own int8 kernels), GGUF blocks are
-    # off, with the reason, and a chosen gguf goes back to none
+    # off, with the reason, and a chosen gguf goes back to auto
     load.form.set_value("quantization", "gguf")
     monkeypatch.setattr(type(w.ctx), "num_gpus", property(lambda self: 1))
     load.form.set_value("device", "auto")
@@ -91,8 +93,9 @@ def test_unavailable_options_are_disabled_with_the_reason(make_window, qtbot, mo
     assert main.disabled_reason("tensor_parallel_size") == "needs two or more GPUs (found 1)"
     assert main.is_choice_enabled("quantization", "int8")
     assert not main.is_choice_enabled("quantization", "gguf")
-    assert load.form.values()["quantization"] == "none"
-    assert "run on the CPU" in main.editors["quantization"].itemText(4)
+    assert load.form.values()["quantization"] == "auto"
+    combo = main.editors["quantization"]
+    assert "run on the CPU" in combo.itemText(combo.findData("gguf"))
 
 def test_settings_are_kept_per_model(make_window, qtbot, tmp_path):
     w = make_window(autoload=False)
@@ -338,24 +341,24 @@ def test_quantization_choices_follow_the_device_and_the_gpu(make_window, qtbot, 
     gpus.set(qtbot, w, (24, (8, 6)), (24, (8, 6)))
     select_model(qtbot, w, write_llama8b(tmp_path / "llama-8b"))
     combo = main.editors["quantization"]
-    assert choices(main) == {"none": True, "int8": True, "int4": True, "fp8": False, "gguf": False}
+    assert choices(main) == {"auto": True, "none": True, "int8": True, "int4": True, "fp8": False, "gguf": False}
     fp8_text = combo.itemText(combo.findData("fp8"))
     assert fit.FP8_REASON in fp8_text and fit.FP8_REASON == ("needs FP8 tensor cores (compute capability 8.9+: "
                                                              "RTX 40-series, RTX 6000 Ada, L40, H100)")
     assert "run on the CPU" in combo.itemText(combo.findData("gguf"))
     assert combo.itemText(combo.findData("int4")).startswith("int4 (GPU: 4-bit weights, groups of 128")
-    # int4 chosen, then the CPU: back to none; on the CPU int4 and fp8 are off (GPU kernels), gguf is on
+    # int4 chosen, then the CPU: back to auto; on the CPU int4 and fp8 are off (GPU kernels), gguf is on
     load.form.set_value("quantization", "int4")
     assert load.config().quantization == "int4"
     load.form.set_value("device", "cpu")
-    assert load.form.values()["quantization"] == "none"
-    assert choices(main) == {"none": True, "int8": True, "int4": False, "fp8": False, "gguf": True}
+    assert load.form.values()["quantization"] == "auto"
+    assert choices(main) == {"auto": True, "none": True, "int8": True, "int4": False, "fp8": False, "gguf": True}
     assert "runs on the GPU kernels" in combo.itemText(combo.findData("int4"))
     assert "runs on the GPU kernels" in combo.itemText(combo.findData("fp8"))
-    # gguf chosen on the CPU, then the GPU: back to none; int8 is on both and stays
+    # gguf chosen on the CPU, then the GPU: back to auto; int8 is on both and stays
     load.form.set_value("quantization", "gguf")
     load.form.set_value("device", "cuda")
-    assert load.form.values()["quantization"] == "none"
+    assert load.form.values()["quantization"] == "auto"
     load.form.set_value("quantization", "int8")
     load.form.set_value("device", "cpu")
     assert load.form.values()["quantization"] == "int8"
@@ -372,7 +375,7 @@ def test_quantization_choices_follow_the_device_and_the_gpu(make_window, qtbot, 
     assert load.form.values()["tensor_parallel_size"] == 1 and choices(main)["fp8"]
     assert load.form.values()["quantization"] == "fp8"
     load.form.set_value("tensor_parallel_size", 2)
-    assert not choices(main)["fp8"] and load.form.values()["quantization"] == "none"
+    assert not choices(main)["fp8"] and load.form.values()["quantization"] == "auto"
     # a GPU whose compute capability is unknown: fp8 stays on, and the estimate says what it needs
     load.form.set_value("tensor_parallel_size", 1)
     gpus.set(qtbot, w, (24, None))
