@@ -17,7 +17,7 @@ from typing import Any
 from engine.config import tp_size_fits
 
 GIB = 1024**3
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}  # fp8: --kv-cache-dtype fp8 (e4m3)
 INT8_BYTES_PER_PARAM = 1 + 4 / 32  # --quantization int8 on the CPU: int8 weights plus an fp32 scale per 32
 # --quantization int8 on a GPU: int8 weights, one float16 scale + one uint8 zero per output channel (3 bytes a row:
 # negligible next to the row's K bytes). The LM head takes this form under every GPU mode (engine/layers/embedding.py

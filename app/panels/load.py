@@ -414,6 +414,7 @@ class LoadPanel(QWidget):
                 else:
                     f.set_choice_enabled("comm_strategy", c, True)
         self._apply_quantization_choices(on_gpu)
+        self._apply_kv_dtype_choices(on_gpu)
         f.set_field_enabled("gpu_memory_utilization", on_gpu, "applies when the model runs on a GPU")
         f.set_field_enabled("kv_cache_memory_gib", not on_gpu, "applies when the model runs on the CPU")
 
@@ -433,6 +434,25 @@ class LoadPanel(QWidget):
             f.set_value("quantization", "auto")
         view = f.main.editors["quantization"].view()
         view.setMinimumWidth(view.sizeHintForColumn(0) + 2 * view.frameWidth() + 8)
+
+    def _apply_kv_dtype_choices(self, on_gpu: bool) -> None:
+        """--kv-cache-dtype fp8 (an e4m3 cache: twice the tokens) needs a GPU with FP8 support (compute capability
+        8.9+, the engine's check); on the CPU and older GPUs it is off with the reason, and a chosen fp8 goes back
+        to auto."""
+        f = self.form
+        owner = f._owner("kv_cache_dtype")
+        if "kv_cache_dtype" not in owner.editors:
+            return
+        if not on_gpu:
+            f.set_choice_enabled("kv_cache_dtype", "fp8", False, "needs a GPU: the CPU keeps the model dtype")
+        else:
+            f.set_choice_enabled("kv_cache_dtype", "fp8", self._fp8_ok() is not False, fit.FP8_REASON)
+        if not owner.is_choice_enabled("kv_cache_dtype", f.values().get("kv_cache_dtype") or "auto"):
+            f.set_value("kv_cache_dtype", "auto")
+
+    def _kv_dtype(self, dtype: str) -> str:
+        """The KV cache's element type for the estimate: fp8 (1 byte) when chosen, else the model dtype."""
+        return "fp8" if self.form.values().get("kv_cache_dtype") == "fp8" else dtype
 
     def _gpus_in_use(self) -> list:
         """The GPUs a load would use: the first tensor-parallel-size of them."""
@@ -579,7 +599,7 @@ class LoadPanel(QWidget):
         gpus = self._gpus_in_use()
         mem = min(g.memory_total or 0 for g in gpus)
         cap = int(mem * util)
-        est = fit.estimate(wb.total, facts.shape, context, tp, dtype, cap or None, gpu=True)
+        est = fit.estimate(wb.total, facts.shape, context, tp, self._kv_dtype(dtype), cap or None, gpu=True)
         n = len(gpus)
         if not mem:  # NVML gave no memory size: the need without a verdict
             return (f"About {est.describe()} at context {context:,} and TP {tp}; the GPU memory could not be read, "
@@ -606,8 +626,9 @@ class LoadPanel(QWidget):
         else:
             what = dtype
         per = "Per GPU" if n > 1 else "On the GPU"
-        return (f"{head}\n{per}: weights {fit.gib(est.weights)} ({what}), KV cache {fit.gib(est.kv_cache)} for one "
-                f"{ctx_words} sequence, overhead {fit.gib(est.overhead)}.")
+        kv_what = " in fp8" if self._kv_dtype(dtype) == "fp8" else ""
+        return (f"{head}\n{per}: weights {fit.gib(est.weights)} ({what}), KV cache{kv_what} {fit.gib(est.kv_cache)} "
+                f"for one {ctx_words} sequence, overhead {fit.gib(est.overhead)}.")
 
     def _fit_suggestions(self, facts, wb: fit.WeightBytes, quant: str, dtype: str, context: int, tp: int,
                          util: float) -> str:
@@ -615,12 +636,13 @@ class LoadPanel(QWidget):
         TP size, a shorter context; else a smaller format with a larger TP size; else more or larger GPUs."""
         snap = self.ctx.hardware_snapshot
         main = self.form.main
+        kv_dtype = self._kv_dtype(dtype)
 
         def capacity(size: int) -> int:
             return int(min(g.memory_total or 0 for g in snap.gpus[:size]) * util)
 
         def fits(w: fit.WeightBytes, size: int, ctx: int) -> bool:
-            return bool(fit.estimate(w.total, facts.shape, ctx, size, dtype, capacity(size), gpu=True).fits)
+            return bool(fit.estimate(w.total, facts.shape, ctx, size, kv_dtype, capacity(size), gpu=True).fits)
 
         formats = []  # (words, weights) smaller than now, least lossy first
         for group in (("int8", "fp8"), ("int4",)):
@@ -639,7 +661,7 @@ class LoadPanel(QWidget):
         size = next((s for s in sizes if fits(wb, s, context)), None)
         if size:
             tries.append(f"tensor-parallel size {size}")
-        longest = fit.max_context(capacity(tp), wb.total, facts.shape, tp, dtype) or 0
+        longest = fit.max_context(capacity(tp), wb.total, facts.shape, tp, kv_dtype) or 0
         if longest >= 256:
             tries.append(f"a context of at most {_tokens(longest)}")
         if tries:
@@ -648,7 +670,7 @@ class LoadPanel(QWidget):
             size = next((s for s in sizes if fits(w, s, context)), None)
             if size:
                 return f"try {words} with tensor-parallel size {size}"
-            longest = fit.max_context(capacity(tp), w.total, facts.shape, tp, dtype) or 0
+            longest = fit.max_context(capacity(tp), w.total, facts.shape, tp, kv_dtype) or 0
             if longest >= 256:
                 return f"try {words} with a context of at most {_tokens(longest)}"
         return "it needs more or larger GPUs (or a smaller model)"

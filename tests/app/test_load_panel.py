@@ -539,3 +539,29 @@ def test_cpu_estimate_follows_the_tensor_parallel_size(make_window, qtbot):
         return float(text.split("About ")[1].split(" GiB")[0])
 
     assert total(three) - total(one) == pytest.approx(2 * 1.5, abs=0.11)  # two more pools and overheads
+
+
+def test_fp8_kv_cache_follows_the_device_and_halves_the_estimates_kv(make_window, qtbot, monkeypatch, tmp_path):
+    """--kv-cache-dtype fp8: off with the reason on the CPU and on GPUs without FP8 support (a chosen fp8 goes back to
+    auto); on an Ada GPU it is on, and the estimate's KV cache for the same context halves."""
+    gpus = FakeGPUs(monkeypatch)
+    gpus.spec = [(48, (8, 9))]
+    w = make_window(autoload=False)
+    load, main = w.panels["load"], w.panels["load"].form.advanced  # the KV dtype is an advanced field
+    gpus.set(qtbot, w, (48, (8, 9)))
+    select_model(qtbot, w, write_llama8b(tmp_path / "llama-8b"))
+    load.form.set_value("device", "cuda")
+    load.form.set_value("max_model_len", 32768)
+    assert main.is_choice_enabled("kv_cache_dtype", "fp8")
+    before = estimate_text(load)
+    assert "KV cache 4 GiB for one 32k" in before.replace(".0 GiB", " GiB"), before
+    load.form.set_value("kv_cache_dtype", "fp8")
+    after = estimate_text(load)
+    assert "KV cache in fp8 2 GiB" in after.replace(".0 GiB", " GiB"), after
+    load.form.set_value("device", "cpu")
+    assert not main.is_choice_enabled("kv_cache_dtype", "fp8")
+    assert "needs a GPU" in main.editors["kv_cache_dtype"].itemText(main.editors["kv_cache_dtype"].findData("fp8"))
+    assert load.form.values()["kv_cache_dtype"] == "auto"
+    load.form.set_value("device", "cuda")
+    gpus.set(qtbot, w, (24, (8, 6)))  # an Ampere GPU: no FP8
+    assert not main.is_choice_enabled("kv_cache_dtype", "fp8")
