@@ -260,7 +260,8 @@ def can_estimate(facts) -> tuple[bool, str]:
     in memory; its size on disk says nothing, so no "it fits"."""
     if not getattr(facts, "readable", True):
         why = getattr(facts, "reason", "") or "the file cannot be read"
-        return False, f"Cannot tell how much memory this needs: this is not a model file Kestrel can read ({why})."
+        # no brackets around the reason: it has its own ("not a GGUF file (it starts with ...)")
+        return False, f"Cannot tell how much memory this needs. This is not a model file Kestrel can read: {why}."
     if not getattr(facts, "num_params", None) and getattr(facts, "shape", None) is None:
         return False, "Cannot tell how much memory this needs: the file does not say how large the model is."
     return True, ""

@@ -49,6 +49,12 @@ class ModelFacts:
     # broken config.json): nothing is known of its size in memory, so no memory estimate (app.fit.can_estimate)
     readable: bool = True
 
+    @property
+    def format_text(self) -> str:
+        """The format in words: "GGUF" / "SAFETENSORS" only for a file that reads as one (a PNG renamed .gguf
+        is "not a model file", not "GGUF")."""
+        return self.format.upper() if self.readable else "not a model file"
+
 
 def inspect_model(path: str | Path) -> ModelFacts:
     """Facts about a .gguf file or a Hugging Face model directory. Never raises for a bad model: the

@@ -354,8 +354,10 @@ class LoadPanel(QWidget):
             return
         facts = e.facts
         lines = [f"<b>{e.name}</b> ({e.source_label})"]
-        details = [("Architecture", facts.architecture), ("Format", facts.format.upper()),
-                   ("Quantization", facts.quantization_name or facts.quantization or "none"),
+        details = [("Architecture", facts.architecture), ("Format", facts.format_text),
+                   # nothing is known of an unreadable file's quantization: no line rather than "none"
+                   ("Quantization", (facts.quantization_name or facts.quantization or "none") if facts.readable
+                    else None),
                    ("Parameters", fit.human_count(facts.num_params) if facts.num_params else None),
                    ("Context", f"{facts.context_length:,} tokens" if facts.context_length else None),
                    ("Size", fit.human_bytes(facts.size_bytes))]

@@ -95,8 +95,11 @@ class LibraryTab(QWidget):
         self.table.setRowCount(len(entries))
         for r, e in enumerate(entries):
             f = e.facts
+            # an unreadable file (a PNG renamed .gguf) has no format: "unknown", the reason in the tooltip
+            fmt = (cell(f.format_text) if f.readable
+                   else cell("unknown", f"Not a model file Kestrel can read: {f.reason}"))
             support = cell("yes", color=GREEN) if f.supported else cell(f"no: {f.reason}", f.reason, RED)
-            cells = [cell(e.name, str(f.path)), cell(e.source_label), cell(f.format.upper()),
+            cells = [cell(e.name, str(f.path)), cell(e.source_label), fmt,
                      cell(f.architecture or "?"), cell(f.quantization_name or f.quantization or "—"),
                      cell(fit.human_count(f.num_params), right=True), cell(fit.human_bytes(f.size_bytes), right=True),
                      support]

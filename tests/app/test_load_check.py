@@ -92,6 +92,10 @@ def test_the_library_does_not_offer_load_for_a_file_it_cannot_load(tmp_path, mak
     assert tab.reason_note.isVisible() and tab.reason_note.text() == f"Kestrel cannot load holiday: {reason}"
     row = tab.table.currentRow()
     assert tab.table.item(row, tab.table.columnCount() - 1).text() == f"no: {reason}"
+    # issue 45: the format column does not say GGUF for a PNG renamed .gguf, nor the quantization anything
+    fmt = tab.table.item(row, 2)
+    assert fmt.text() == "unknown" and fmt.toolTip() == f"Not a model file Kestrel can read: {reason}"
+    assert tab.table.item(row, 4).text() == "—"
     tab.load_selected()  # a double-click: nothing opens
     assert w.stack.currentWidget() is w.panels["models"]
     assert tab.select_key(EMBEDDED_KEY)

@@ -206,10 +206,19 @@ def test_garbage_file_is_no_model_and_no_estimate(make_window, qtbot, tmp_path):
     assert not load.model_warning.isHidden() and "not a GGUF file (it starts with" in warning, warning
     assert str(junk) not in warning  # the path is in the summary above, once
     assert not load.load_button.isEnabled() and "not a GGUF file" in load.load_button.toolTip()
+    # issue 45: the summary does not call it a GGUF file with no quantization, and the estimate's words do not
+    # nest brackets ("... can read (not a GGUF file (it starts with ...))")
+    summary = load.summary.text()
+    assert "Format: not a model file" in summary and "Format: GGUF" not in summary, summary
+    assert "Quantization" not in summary, summary
+    assert text.startswith("Cannot tell how much memory this needs. This is not a model file Kestrel can read: "
+                           "not a GGUF file (it starts with "), text
+    assert "((" not in text and "))" not in text and "(not a GGUF" not in text, text
     # a real model still gets its estimate
     qtbot.waitUntil(lambda: load.model_combo.findData(EMBEDDED_KEY) >= 0, timeout=30_000)
     load.select_key(EMBEDDED_KEY)
     qtbot.waitUntil(lambda: "GiB" in load.estimate.text() or "MiB" in load.estimate.text(), timeout=30_000)
+    assert "Format: GGUF" in load.summary.text() and "Quantization: Q4_1" in load.summary.text()
 
 
 def test_sampling_settings_are_per_model_as_the_readme_says(make_window, qtbot):
