@@ -158,6 +158,7 @@ def test_a_reply_is_saved_as_it_streams_and_kept_when_the_window_closes(make_win
     chat, store = w.chat, w.ctx.store
     set_sampling(w, max_tokens=400)
     assert chat.send("tell me everything")
+    qtbot.waitUntil(lambda: chat.conversation is not None, timeout=REPLY_TIMEOUT_MS)  # made once the turn fits
     conv = chat.conversation.id
     _streaming(qtbot, chat, 3)
     # saved while it streams (what a killed app leaves): the row is there, interrupted until it finishes
@@ -205,6 +206,7 @@ def test_engine_crash_mid_reply_keeps_the_partial_reply_and_shows_one_restart_st
     chat, store, engine = w.chat, w.ctx.store, w.ctx.engine
     set_sampling(w, max_tokens=400)
     assert chat.send("a long answer please")
+    qtbot.waitUntil(lambda: chat.conversation is not None, timeout=REPLY_TIMEOUT_MS)  # made once the turn fits
     conv = chat.conversation.id
     _streaming(qtbot, chat, 4)
     os.kill(engine.info.engine_pid, signal.SIGKILL)
