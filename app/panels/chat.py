@@ -159,6 +159,9 @@ class ChatPanel(QWidget):
         self.engine.replyFinished.connect(self._on_finished)
         self.engine.replyFailed.connect(self._on_failed)
         self.engine.stateChanged.connect(self._on_engine_state)
+        # from the click on Load on, not after the loop gets to it: no turn goes to the model being replaced
+        if hasattr(self.engine, "loadRequested"):
+            self.engine.loadRequested.connect(self._on_load_requested)
         self.engine.loaded.connect(self._on_model_loaded)
         # the engine's own restarts (app.workers.engine_worker): one state in the notice while they last
         if hasattr(self.engine, "restartAttempt"):
@@ -535,7 +538,7 @@ class ChatPanel(QWidget):
         """Send ``text`` as the user's next message (replacing the edited one when editing). It is added once
         the overflow policy lets the turn through; a refused turn adds nothing and the notice says why."""
         text = text.strip()
-        if not text or self.pending is not None or self.engine.state != READY:
+        if not text or self.pending is not None or not self._accepting():
             return False
         settings, output = self.sampling.settings(), self.output_format.value()
         problem = _params_problem(settings, output)
@@ -558,7 +561,7 @@ class ChatPanel(QWidget):
     def regenerate(self) -> None:
         """A new version of the last reply (the earlier ones are kept), or a reply to the last message when
         it has none."""
-        if self.conversation is None or self.pending is not None or self.engine.state != READY:
+        if self.conversation is None or self.pending is not None or not self._accepting():
             return
         conv = self.store.conversation(self.conversation.id)
         msgs = self.store.messages(conv.id)
@@ -812,9 +815,19 @@ class ChatPanel(QWidget):
         self._update_controls()
         self.schedule_meter()
 
+    def _accepting(self) -> bool:
+        """A turn can go to the engine: a model is ready and no load was asked for since (see EngineWorker)."""
+        return getattr(self.engine, "accepting", self.engine.state == READY)
+
+    def _on_load_requested(self) -> None:
+        self.notice.setText("Loading the model… you can type meanwhile.")
+        self.notice.setProperty("refused", False)
+        self._update_controls()
+
     def _on_engine_state(self, state: str) -> None:
-        if state == READY:
-            self.notice.setText("")
+        if state == READY:  # a load asked for: the model before, about to be replaced
+            self.notice.setText("Loading the model… you can type meanwhile."
+                                if getattr(self.engine, "load_pending", False) else "")
         elif state == LOADING:
             self.notice.setText("Loading the model… you can type meanwhile.")
         elif state == DEAD:
@@ -896,7 +909,7 @@ class ChatPanel(QWidget):
 
     def _update_controls(self) -> None:
         busy = self.pending is not None
-        ready = self.engine.state == READY
+        ready = self._accepting()
         self.send_button.setVisible(not busy)
         self.stop_button.setVisible(busy)
         self.send_button.setEnabled(ready)
@@ -905,7 +918,8 @@ class ChatPanel(QWidget):
         self.rename_button.setEnabled(self.conversation is not None)
         self.export_button.setEnabled(self.conversation is not None)
         self.delete_button.setEnabled(self.conversation is not None)
-        self.model_picker.setEnabled(not busy and self.engine.state != LOADING)
+        self.model_picker.setEnabled(not busy and self.engine.state != LOADING
+                                     and not getattr(self.engine, "load_pending", False))
         widgets = self.messages.widgets()
         last_assistant = next((w for w in reversed(widgets) if w.role == "assistant"), None)
         for w in widgets:

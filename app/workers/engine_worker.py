@@ -74,6 +74,7 @@ class EngineWorker(QObject):
     requestRecorded = Signal(object)  # engine.metrics.RequestRecord of every finished request (chat and HTTP)
     restartAttempt = Signal(int, int, str)  # attempt (1-based), the most attempts allowed, why (the notice)
     engineGaveUp = Signal(str)  # the engine is dead for good (no restart follows): why, in words
+    loadRequested = Signal()  # load() was called (on the GUI thread, at once): see load_pending
 
     def __init__(self, stats_interval: float = 0.5, parent: QObject | None = None, restart_policy=None):
         super().__init__(parent)
@@ -85,6 +86,12 @@ class EngineWorker(QObject):
         self.config: EngineConfig | None = None
         self._core_factory: str | None = None  # the loaded config's core_factory (tests' stand-in cores)
         self.state = EMPTY
+        # True from load() (the click on Load) until the loop's _load reaches LOADING: the model before may still
+        # be READY meanwhile (its endpoint stopped, its engine unloaded first), and a chat turn sent then would
+        # be cut by the unload ("No model is loaded"). ``accepting`` is what the chat asks. Loads are counted
+        # (asked on the GUI thread, begun on the loop) so that a load ending does not clear a later one's.
+        self._loads_asked = 0
+        self._loads_begun = 0
         self._load_task: asyncio.Task | None = None
         self._stats_task: asyncio.Task | None = None
         self._streams: dict[str, Any] = {}
@@ -108,7 +115,20 @@ class EngineWorker(QObject):
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def load(self, config: EngineConfig, core_factory: str | None = None) -> None:
-        self.submit(self._load(config, core_factory))
+        self._loads_asked += 1
+        n = self._loads_asked
+        self.loadRequested.emit()
+        self.submit(self._load(config, core_factory, n))
+
+    @property
+    def load_pending(self) -> bool:
+        """A load was asked for and has not reached LOADING (nor ended) yet."""
+        return self._loads_asked > self._loads_begun
+
+    @property
+    def accepting(self) -> bool:
+        """Whether a chat turn can be sent now: a model is READY and no load has been asked for since."""
+        return self.state == READY and not self.load_pending
 
     def cancel_load(self) -> None:
         self.loop.call_soon_threadsafe(self._cancel_load)
@@ -161,11 +181,20 @@ class EngineWorker(QObject):
                 self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self.loop.close()
 
-    def _set_state(self, state: str) -> None:
+    def _set_state(self, state: str, load: int = 0) -> None:
+        """``load``: the number of the load that reached this state (no longer pending, with those before)."""
         self.state = state
+        self._loads_begun = max(self._loads_begun, load)
         self.stateChanged.emit(state)
 
-    async def _load(self, config: EngineConfig, core_factory: str | None) -> None:
+    async def _load(self, config: EngineConfig, core_factory: str | None, n: int = 0) -> None:
+        try:
+            await self._load_now(config, core_factory, n)
+        finally:
+            if self._loads_begun < n:  # it ended before LOADING (an error, a cancel): the chat asks again
+                self._set_state(self.state, n)
+
+    async def _load_now(self, config: EngineConfig, core_factory: str | None, n: int) -> None:
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         replacing = self.client is not None
@@ -181,7 +210,7 @@ class EngineWorker(QObject):
         await self._unload(emit=False, hooks=not replacing)
         self.config, self._core_factory = config, core_factory
         self.restart_attempt, self._attempts, self.dead_reason = None, [], ""
-        self._set_state(LOADING)
+        self._set_state(LOADING, n)
         self.loadProgress.emit("Starting the engine process…")
         try:
             client = await self._start_client(config, core_factory)
