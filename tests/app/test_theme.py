@@ -130,3 +130,40 @@ def test_plots_follow_the_theme(make_window, qapp):
     w.theme.set_choice(theme.LIGHT)
     assert perf.plots.backgroundBrush().color().name() == light["surface"]
     assert perf.p_ttft.getAxis("left").textPen().color().name() == light["text_secondary"]
+
+
+@pytest.mark.parametrize("name", [theme.DARK, theme.LIGHT])
+def test_checked_radio_buttons_and_check_boxes_stand_out(qapp, qtbot, name):
+    """Issue 45 (first-day polish): in the dark theme a checked radio button (Benchmark's "Local server") was a
+    small grey dot on dark grey, hard to tell from an unchecked one. A checked indicator is filled with the
+    accent colour in both themes, an unchecked one is not."""
+    from PySide6.QtWidgets import QCheckBox, QRadioButton, QVBoxLayout, QWidget
+
+    th = theme.load(name)
+    theme.apply(qapp, th)
+    accent = QColor(th["accent"])
+
+    def accent_pixels(w) -> int:
+        img = w.grab().toImage()
+        n = 0
+        for y in range(img.height()):
+            for x in range(min(img.width(), 24)):  # the indicator, left of the text
+                c = img.pixelColor(x, y)
+                if abs(c.red() - accent.red()) + abs(c.green() - accent.green()) + abs(c.blue() - accent.blue()) < 40:
+                    n += 1
+        return n
+
+    box = QWidget()
+    lay = QVBoxLayout(box)
+    on, off = QRadioButton("Local server"), QRadioButton("Other endpoint")
+    tick, no_tick = QCheckBox("Checked"), QCheckBox("Not checked")
+    for w in (on, off, tick, no_tick):
+        lay.addWidget(w)
+    on.setChecked(True)
+    tick.setChecked(True)
+    qtbot.addWidget(box)
+    box.show()
+    qtbot.waitExposed(box)
+    assert accent_pixels(on) >= 60, "a checked radio button shows the accent colour"
+    assert accent_pixels(off) == 0
+    assert accent_pixels(tick) >= 60 and accent_pixels(no_tick) == 0
