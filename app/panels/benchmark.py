@@ -286,7 +286,7 @@ class BenchmarkPanel(QWidget):
     def _results(self) -> QWidget:
         w = QWidget()
         lay = QVBoxLayout(w)
-        lay.setContentsMargins(0, 6, 0, 0)
+        lay.setContentsMargins(6, 6, 6, 0)  # the title and caption off the tab's border
         self.results_title = QLabel("No run yet.")
         lay.addWidget(self.results_title)
         self.charts = ResultCharts()

@@ -29,12 +29,26 @@ from app import bench_report
 from app import theme as themes
 from app.panels.performance import COLORS, style_plots
 
+# room around the plots inside their view: the charts on the right no longer run into the panel's border, and
+# the last x tick label (up to LABEL_OVERHANG px past the axis) fits in the right margin
+LABEL_OVERHANG = 18
+VIEW_MARGINS = (4, 4, LABEL_OVERHANG + 4, 4)
 THROUGHPUT_WINDOW_S = 2.0  # the live throughput line: output tokens of the requests ended in the last 2 s
+
+
+class _BottomAxis(pg.AxisItem):
+    """An x axis whose end labels are drawn: a label is centred on its tick, so the one at the axis' end
+    reaches past it, and pyqtgraph hides it (with a grid shown its ``hideOverlappingLabels`` tolerance is not
+    applied). Here a label may reach LABEL_OVERHANG px past either end (the view's margins leave that room)."""
+
+    def boundingRect(self):
+        return super().boundingRect().adjusted(-LABEL_OVERHANG, 0, LABEL_OVERHANG, 0)
 
 
 def _plot(widget: pg.GraphicsLayoutWidget, row: int, col: int, title: str, left: str, bottom: str,
           tip: str = "") -> pg.PlotItem:
-    p = widget.addPlot(row=row, col=col, title=f"<span style='font-size:10pt'>{title}</span>")
+    p = widget.addPlot(row=row, col=col, title=f"<span style='font-size:10pt'>{title}</span>",
+                       axisItems={"bottom": _BottomAxis("bottom")})
     p.showGrid(x=True, y=True, alpha=0.15)
     p.setLabel("left", left)
     p.setLabel("bottom", bottom)
@@ -143,6 +157,7 @@ class LiveCharts(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(2)
         self.view = pg.GraphicsLayoutWidget()
+        self.view.ci.setContentsMargins(*VIEW_MARGINS)
         lay.addWidget(self.view, 1)
         self.legend = Legend()
         lay.addWidget(self.legend)
@@ -224,15 +239,18 @@ class ResultCharts(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(2)
         self.view = pg.GraphicsLayoutWidget()
+        self.view.ci.setContentsMargins(*VIEW_MARGINS)
         lay.addWidget(self.view, 1)
         self.legend = Legend()
         lay.addWidget(self.legend)
         g = bench_report.GLOSSARY
-        self.p_tput = _plot(self.view, 0, 0, "Output throughput vs concurrency", "tokens/s", "max concurrency",
+        # titles without "vs concurrency" (the x axis says it): a title sets its plot's minimum width, and two
+        # columns of the longer ones did not fit the Results tab at 1024 px (the right-hand charts were cut)
+        self.p_tput = _plot(self.view, 0, 0, "Output throughput", "tokens/s", "max concurrency",
                             g["throughput"])
-        self.p_ttft = _plot(self.view, 0, 1, "TTFT p50 / p99 vs concurrency", "ms", "max concurrency",
+        self.p_ttft = _plot(self.view, 0, 1, "TTFT p50 / p99", "ms", "max concurrency",
                             f"TTFT: {g['TTFT']}\np50: half the requests were faster; p99: 99 in 100 were.")
-        self.p_tpot = _plot(self.view, 1, 0, "TPOT p50 / p99 vs concurrency", "ms", "max concurrency",
+        self.p_tpot = _plot(self.view, 1, 0, "TPOT p50 / p99", "ms", "max concurrency",
                             f"TPOT: {g['TPOT']}\np50: half the requests were faster; p99: 99 in 100 were.")
         self.p_cdf = _plot(self.view, 1, 1, "E2E latency CDF", "fraction of requests", "latency (ms)",
                            f"E2EL: {g['E2EL']}\nCDF: {g['CDF']}")
