@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
@@ -23,7 +24,9 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
+    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
@@ -39,6 +42,7 @@ from app.workers.engine_worker import READY, restart_text
 from app.workers.server_worker import ServerOptions
 
 LOG_LIMIT = 500
+LOG_MIN_ROWS = 6  # the request log shows at least this many rows, however small the window
 ERROR_RED = "#d64545"
 LOAD_FIRST = "Load a model first: the endpoint serves the loaded model."  # readable on the light and the dark theme
 PREFS = "server.options"
@@ -160,7 +164,16 @@ class ServerPanel(QWidget):
         copy_snippet.clicked.connect(lambda: self._copy(self.snippets.currentWidget().toPlainText()))
         ul.addWidget(copy_snippet, 0, Qt.AlignRight)
         top.addWidget(use, 1)
-        root.addLayout(top)
+        # the settings scroll above the request log, which keeps room for LOG_MIN_ROWS rows (at 1024x700 it
+        # showed two and a half); the splitter between them moves
+        top_widget = QWidget()
+        top_widget.setLayout(top)
+        top.setContentsMargins(0, 0, 0, 0)
+        self.top_scroll = QScrollArea()
+        self.top_scroll.setWidgetResizable(True)
+        self.top_scroll.setFrameShape(QFrame.NoFrame)
+        self.top_scroll.setWidget(top_widget)
+        self.top_scroll.setMinimumHeight(120)
 
         log_box = QGroupBox("Requests")
         ll = QVBoxLayout(log_box)
@@ -182,8 +195,34 @@ class ServerPanel(QWidget):
         clear = QPushButton("Clear")
         clear.clicked.connect(lambda: self.log.setRowCount(0))
         ll.addWidget(clear, 0, Qt.AlignRight)
-        root.addWidget(log_box, 1)
+        rows = self.log.verticalHeader().defaultSectionSize()
+        self.log.setMinimumHeight(self.log.horizontalHeader().sizeHint().height() + LOG_MIN_ROWS * rows
+                                  + 2 * self.log.frameWidth() + 2)
+        self.splitter = QSplitter(Qt.Vertical)
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.addWidget(self.top_scroll)
+        self.splitter.addWidget(log_box)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 1)
+        self._split_moved = False  # once the user drags the splitter, it stays where they put it
+        self.splitter.splitterMoved.connect(lambda *_: setattr(self, "_split_moved", True))
+        root.addWidget(self.splitter, 1)
         self._update_snippets()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_splitter()
+
+    def _fit_splitter(self) -> None:
+        """The settings get their whole height where the log still has its rows; else they scroll."""
+        if self._split_moved:
+            return
+        total = self.splitter.height() - self.splitter.handleWidth()
+        log_min = self.splitter.widget(1).minimumSizeHint().height()
+        natural = self.top_scroll.widget().sizeHint().height() + 2
+        top = max(self.top_scroll.minimumHeight(), min(natural, total - log_min))
+        self.splitter.setSizes([top, max(total - top, log_min)])
+        self._split_moved = False  # setSizes is not the user's move
 
     # ------------------------------------------------------------------------------------------------
     def options(self) -> ServerOptions:
