@@ -365,10 +365,11 @@ class ChatPanel(QWidget):
     def refresh_conversations(self) -> None:
         self.conv_list.blockSignals(True)
         self.conv_list.clear()
-        for c in self.store.conversations(self.search.text().strip()):
-            item = QListWidgetItem(c.title)
+        convs = self.store.conversations(self.search.text().strip())
+        for c in convs:
+            item = QListWidgetItem(conversation_label(c, convs))
             item.setData(Qt.UserRole, c.id)
-            item.setToolTip(c.title)
+            item.setToolTip(f"{c.title}\nStarted {_when(c.created)} · last change {_when(c.updated)}")
             self.conv_list.addItem(item)
             if self.conversation is not None and c.id == self.conversation.id:
                 item.setSelected(True)
@@ -1010,6 +1011,25 @@ def _gave_up_text(reason: str) -> str:
         reason += "."
     return f"The engine stopped and was not restarted. {reason}" + (
         "" if "reload" in reason.lower() else " Reload the model to chat again.")
+
+
+def _when(t: float) -> str:
+    """A time as a list shows it: "Dec 7, 09:14"."""
+    return time.strftime("%b %-d, %H:%M", time.localtime(t))
+
+
+def conversation_label(c, convs) -> str:
+    """A conversation's line in the list: its title; where other conversations have the same title (several
+    chats started with one prompt), a second line says when it was started, and "(2)", "(3)" where even
+    that is the same (numbered oldest first)."""
+    same = [o for o in convs if o.title.strip().casefold() == c.title.strip().casefold()]
+    if len(same) < 2:
+        return c.title
+    when = _when(c.created)
+    twins = sorted((o for o in same if _when(o.created) == when), key=lambda o: (o.created, o.id))
+    if len(twins) > 1:
+        when += f" ({[o.id for o in twins].index(c.id) + 1})"
+    return f"{c.title}\nstarted {when}"
 
 
 def _params_problem(settings: SamplingSettings, output: OutputFormat) -> str:
