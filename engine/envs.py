@@ -231,6 +231,13 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         "", _str,
         ("Behaviour of the test fake engine core: slow, crash_step, load_error, ... Read by "
          "tests/server/fake_engine.py.")),
+    "KESTREL_INSTALL_VENV": (
+        None, _str,
+        ("Tests only: an existing virtualenv for the install tier (tests/install) to set up again with "
+         "installer/setup.sh instead of a fresh one (only what changed is redone).")),
+    "KESTREL_INSTALL_SHOTS": (
+        None, _str,
+        "Tests only: where the install tier (tests/install) saves its screenshots (default /tmp/shots/install)."),
 }
 
 _SECRET = frozenset({"KESTREL_API_KEY"})
