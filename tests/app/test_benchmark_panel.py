@@ -82,7 +82,9 @@ def assert_live_plots_drawn(panel, report: dict) -> None:
     x, y = live.tps_curve.getData()
     assert len(x) == n and max(y) > 0
     panel.tabs.setCurrentWidget(panel.live_tab)
-    assert coloured_pixels(live.view) > 30
+    # an empty chart has next to no coloured pixels; a few dots (which may overlap) and the throughput line have
+    # tens to hundreds (25 for a 4-request run on a loaded CI box, ~320 for 8 requests)
+    assert coloured_pixels(live.view) > 10
     assert len(live.legend.entries) == len(report["points"])  # a colour per concurrency, under the plot
 
 
@@ -185,10 +187,11 @@ def test_overlay_comparison_and_exports(make_window, qtbot, bench_server, tmp_pa
         assert t.item(i, 4).text().startswith(f"{d:+.1f}%")
         verdict = bench_report.verdict(key, d)
         if verdict in ("better", "worse"):
+            assert t.item(i, 4).data(Qt.UserRole) == verdict
             color = themes.current()["ok_text" if verdict == "better" else "error_text"]
             assert t.item(i, 4).foreground().color().name() == color and verdict in t.item(i, 4).text()
-    # 4 tokens vs 8 per request: the newer run's E2E is longer, its throughput per request lower
-    assert t.item(rows[("1", "req/s")], 4).data(Qt.UserRole) == "worse"
+    # (which run is faster is the machine's to say: 4 against 8 tokens a request did not always make the newer run's
+    # req/s lower on a loaded 2-core CI box; the verdicts above follow the measured deltas whichever way they went)
     panel.set_ticked([panel.runs.item(i).data(Qt.UserRole) for i in (1, 0)])  # ticked in the other order
     assert "A (older) = short" in panel.compare_title.text()
 
