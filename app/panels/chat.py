@@ -19,13 +19,12 @@ restarts itself the notice says so ("Restarting engine… (attempt 1 of 3)"), an
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -47,7 +46,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import chat_export
-from app.chat_context import DEFAULT_POLICY, Fit, fit_messages
+from app.chat_context import DEFAULT_POLICY, Fit
 from app.context import AppContext
 from app.sampling import OutputFormat, SamplingSettings
 from app.store import INTERRUPTED, NEW_TITLE, Conversation, Message
@@ -96,26 +95,6 @@ class _Pending:
 _output_format_key = chat_export.output_format_key
 
 
-class _Bridge(QObject):
-    """Brings the answers of counts run on the engine's loop back to the GUI thread (a queued signal)."""
-
-    done = Signal(str, object)  # tag, app.chat_context.Fit | None (no model) | Exception
-
-
-async def _fit_on_loop(engine, messages: list[dict], max_tokens: int, policy: str) -> Fit | None:
-    """On the engine worker's loop: the next turn under ``policy``, counted with the model's tokenizer."""
-    client = engine.client
-    if client is None or client.info is None:
-        return None
-
-    async def count(msgs: list[dict]) -> int:
-        if not msgs:
-            return 0
-        return len(await client.tokenize(messages=msgs, add_generation_prompt=True))
-
-    return await fit_messages(messages, count, int(client.info.max_model_len), max_tokens, policy)
-
-
 def format_stats(stats: ReplyStats) -> str:
     parts = []
     if stats.ttft is not None:
@@ -146,8 +125,6 @@ class ChatPanel(QWidget):
         self._save_timer.setSingleShot(True)
         self._save_timer.setInterval(400)
         self._save_timer.timeout.connect(self._save_settings)
-        self._bridge = _Bridge(self)
-        self._bridge.done.connect(self._on_fit_done)
         self._meter_gen = 0
         self.meter_fit: Fit | None = None  # the last count of the next turn (tests read it)
         self._meter_timer = QTimer(self)
@@ -155,6 +132,7 @@ class ChatPanel(QWidget):
         self._meter_timer.setInterval(METER_DELAY_MS)
         self._meter_timer.timeout.connect(self.update_meter)
         self._build()
+        self.engine.fitted.connect(self._on_fit_done)
         self.engine.delta.connect(self._on_delta)
         self.engine.replyFinished.connect(self._on_finished)
         self.engine.replyFailed.connect(self._on_failed)
@@ -613,29 +591,16 @@ class ChatPanel(QWidget):
         self.notice.setProperty("refused", True)
 
     def _start_reply(self, p: _Pending) -> None:
-        """The overflow policy first (counted on the engine's loop), then the request: _on_fit_done."""
+        """One call to the engine worker: the overflow policy (counted on the engine's loop), then the request
+        when the turn fits. Its ``fitted`` answer comes first (_on_fit_done), then the reply's signals."""
         self.pending = p
         conv = self.store.conversation(p.conversation_id) if p.conversation_id is not None else None
-        self._submit_fit(p.request_id, p.history, p.settings.max_tokens,
+        self.engine.send(p.request_id, p.history, p.settings.to_params(p.output),
                          conv.overflow_policy if conv is not None else self.overflow_policy())
         self._update_controls()
 
-    def _submit_fit(self, tag: str, messages: list[dict], max_tokens: int, policy: str) -> None:
-        bridge = self._bridge
-
-        def done(future) -> None:  # on the engine's thread
-            try:
-                result = future.result()
-            except BaseException as e:  # noqa: BLE001 - reported to the GUI
-                result = e if isinstance(e, Exception) else None
-            try:
-                bridge.done.emit(tag, result)
-            except RuntimeError:  # the panel is gone
-                pass
-
-        self.engine.submit(_fit_on_loop(self.engine, messages, max_tokens, policy)).add_done_callback(done)
-
     def _on_fit_done(self, tag: str, result) -> None:
+        """The worker's fit of a turn (the request follows it unless the fit refused it) or of the meter's count."""
         if tag.startswith("meter:"):
             if int(tag[6:]) == self._meter_gen:
                 self._show_meter(result)
@@ -644,11 +609,10 @@ class ChatPanel(QWidget):
         if p is None or p.request_id != tag:
             return
         if p.cancelled or (p.conversation_id is not None and self.store.conversation(p.conversation_id) is None):
+            self.engine.abort(p.request_id)  # the request after the fit: not for this conversation any more
             self.pending = None
             self._update_controls()
             return
-        settings = p.settings
-        messages = p.history
         if isinstance(result, Fit):
             if not result.ok:  # nothing added: the notice and the meter say why, the draft stays
                 self.pending = None
@@ -656,15 +620,12 @@ class ChatPanel(QWidget):
                 self._show_meter(result)  # the count that refused it, not the one from before the send
                 self._update_controls()
                 return
-            messages = result.messages
-            settings = dataclasses.replace(settings, max_tokens=result.max_tokens)
             self._show_note(result.summary())
         if self.notice.property("refused"):
             self.notice.setText("")
             self.notice.setProperty("refused", False)
         self._begin_reply(p)
         self._render_timer.start()
-        self.engine.generate(p.request_id, messages, settings.to_params(p.output))
 
     def _begin_reply(self, p: _Pending) -> None:
         """The turn goes ahead: the user's message (for a send) and the reply's row, saved as "interrupted"
@@ -739,8 +700,8 @@ class ChatPanel(QWidget):
         if self.engine.state != READY:
             self._show_meter(None)
             return
-        self._submit_fit(f"meter:{self._meter_gen}", self.next_turn_messages(), self.sampling.max_tokens.value(),
-                         self.overflow_policy())
+        self.engine.count(f"meter:{self._meter_gen}", self.next_turn_messages(), self.sampling.max_tokens.value(),
+                          self.overflow_policy())
 
     def _show_meter(self, fit) -> None:
         self.meter_fit = fit if isinstance(fit, Fit) else None
@@ -931,7 +892,7 @@ class ChatPanel(QWidget):
         """Before the store closes: stop listening and the timers, keep unsaved settings, and a reply still
         streaming as far as it got (interrupted: the app was closed)."""
         for signal, slot in ((self.engine.delta, self._on_delta), (self.engine.replyFinished, self._on_finished),
-                             (self.engine.replyFailed, self._on_failed)):
+                             (self.engine.replyFailed, self._on_failed), (self.engine.fitted, self._on_fit_done)):
             signal.disconnect(slot)
         p, self.pending = self.pending, None
         if p is not None and p.message_id is not None:
@@ -939,7 +900,6 @@ class ChatPanel(QWidget):
             self._save_partial(p, CLOSED_REASON)
         self._render_timer.stop()
         self._meter_timer.stop()
-        self._bridge.done.disconnect(self._on_fit_done)
         if self._save_timer.isActive():
             self._save_timer.stop()
             self._save_settings()

@@ -3,7 +3,7 @@ EngineClient (which spawns the engine process). The GUI calls its methods (they 
 loop, never wait) and hears back through queued signals. The HTTP server runs on this same loop, around the
 same client (app.workers.server_worker), so one loaded model serves the chat and the endpoint.
 
-An engine process that dies is restarted with the same model and options (engine.client.RestartPolicy,
+An engine process that dies is restarted with the same model and options (engine.frontend.client.RestartPolicy,
 ``restart_policy``): the state goes to DEAD with ``engineDied`` and ``engineRestarting`` (the notice, saying
 when it restarts), then back to READY with ``engineRestarted`` (the notice); the endpoint keeps its port and
 answers 503 meanwhile. Past the policy's limit it stays DEAD (``engineDied``): Reload starts it again.
@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,7 +40,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from app.workers import stop_thread, thread_for
 
 if TYPE_CHECKING:
-    from engine.client import EngineClient
+    from engine.frontend.client import EngineClient
     from engine.config import EngineConfig
     from engine.sampling_params import SamplingParams
 
@@ -59,7 +61,7 @@ class ReplyStats:
 class EngineWorker(QObject):
     stateChanged = Signal(str)
     loadProgress = Signal(str)
-    loaded = Signal(object)  # engine.ipc.ModelInfo
+    loaded = Signal(object)  # engine.wire.ModelInfo
     loadFailed = Signal(str)  # what went wrong, in plain words
     loadReverted = Signal(str)  # the new model failed and the one before is loaded again (then `loaded`): words
     loadCancelled = Signal()
@@ -70,16 +72,17 @@ class EngineWorker(QObject):
     delta = Signal(str, str)  # request id, new text
     replyFinished = Signal(str, object)  # request id, ReplyStats
     replyFailed = Signal(str, str)  # request id, message
-    statsUpdated = Signal(object)  # engine.ipc.EngineStats
+    statsUpdated = Signal(object)  # engine.wire.EngineStats
     requestRecorded = Signal(object)  # engine.metrics.RequestRecord of every finished request (chat and HTTP)
     restartAttempt = Signal(int, int, str)  # attempt (1-based), the most attempts allowed, why (the notice)
     engineGaveUp = Signal(str)  # the engine is dead for good (no restart follows): why, in words
     loadRequested = Signal()  # load() was called (on the GUI thread, at once): see load_pending
+    fitted = Signal(str, object)  # tag (a send's request id, a count's tag), app.chat_context.Fit | None | Exception
 
     def __init__(self, stats_interval: float = 0.5, parent: QObject | None = None, restart_policy=None):
         super().__init__(parent)
         self.stats_interval = stats_interval
-        self.restart_policy = restart_policy  # None: engine.client.RestartPolicy(delay_s=2.0, max_restarts=3)
+        self.restart_policy = restart_policy  # None: engine.frontend.client.RestartPolicy(delay_s=2.0, max_restarts=3)
         self.loop = asyncio.new_event_loop()
         self.client: EngineClient | None = None  # touched on the loop's thread only
         self.info = None  # the loaded model's ModelInfo (read anywhere)
@@ -136,8 +139,19 @@ class EngineWorker(QObject):
     def unload(self) -> None:
         self.submit(self._unload(emit=True))
 
-    def generate(self, request_id: str, messages: list[dict], params: SamplingParams) -> None:
-        self.submit(self._generate(request_id, messages, params))
+    def send(self, request_id: str, conversation: list[dict], params: SamplingParams, policy: str) -> None:
+        """A chat turn, the one call a send makes: on the loop, ``conversation`` is fitted to the context under
+        the overflow ``policy`` (app.chat_context; counted with the model's tokenizer), ``fitted(request_id,
+        fit)`` says how, and a fit that leaves room for a reply goes to the engine with its token ids (tokenized
+        once) and ``params.max_tokens`` clamped to the room: ``delta`` ... ``replyFinished`` / ``replyFailed``.
+        A fit that refuses the turn (``fit.ok`` false) sends nothing. No model: ``fitted(request_id, None)``,
+        then ``replyFailed``."""
+        self.submit(self._send(request_id, conversation, params, policy))
+
+    def count(self, tag: str, conversation: list[dict], max_tokens: int, policy: str) -> None:
+        """The context meter's count of the next turn (as ``send`` would fit it, nothing sent): ``fitted(tag,
+        fit)``, or ``fitted(tag, None)`` without a model."""
+        self.submit(self._count(tag, conversation, max_tokens, policy))
 
     def abort(self, request_id: str) -> None:
         self.loop.call_soon_threadsafe(self._abort, request_id)
@@ -227,7 +241,7 @@ class EngineWorker(QObject):
         await self._adopt(client)
 
     async def _start_client(self, config: EngineConfig, core_factory: str | None) -> EngineClient:
-        from engine.client import EngineClient
+        from engine.frontend.client import EngineClient
 
         def progress(stage: str, detail: str) -> None:
             self.loadProgress.emit(f"{stage.capitalize()} {detail}…")
@@ -313,7 +327,52 @@ class EngineWorker(QObject):
                 self._set_state(EMPTY)
                 self.unloaded.emit()
 
-    async def _generate(self, rid: str, messages: list[dict], params: SamplingParams) -> None:
+    async def _fit(self, conversation: list[dict], max_tokens: int, policy: str):
+        """(the Fit of ``conversation`` under ``policy``, the fitted messages' token ids) on the loop; (None,
+        None) without a model. Each distinct message list is tokenized once."""
+        from app.chat_context import fit_messages
+
+        client = self.client
+        if client is None or client.info is None:
+            return None, None
+        ids: dict[str, list[int]] = {}
+
+        async def count(msgs: list[dict]) -> int:
+            if not msgs:
+                return 0
+            key = json.dumps(msgs, sort_keys=True)
+            if key not in ids:
+                ids[key] = await client.tokenize(messages=msgs, add_generation_prompt=True)
+            return len(ids[key])
+
+        fit = await fit_messages(conversation, count, int(client.info.max_model_len), max_tokens, policy)
+        return fit, ids.get(json.dumps(fit.messages, sort_keys=True))
+
+    async def _count(self, tag: str, conversation: list[dict], max_tokens: int, policy: str) -> None:
+        try:
+            fit, _ = await self._fit(conversation, max_tokens, policy)
+        except Exception as e:  # noqa: BLE001 - reported to the GUI
+            fit = e
+        self.fitted.emit(tag, fit)
+
+    async def _send(self, rid: str, conversation: list[dict], params: SamplingParams, policy: str) -> None:
+        messages, prompt_ids = conversation, None
+        try:
+            fit, prompt_ids = await self._fit(conversation, params.max_tokens, policy)
+        except Exception as e:  # noqa: BLE001 - the turn goes as it is: the engine says what is wrong with it
+            fit = e
+        self.fitted.emit(rid, fit)
+        if fit is not None and not isinstance(fit, Exception):
+            if not fit.ok:
+                self._aborted.discard(rid)
+                return
+            messages = fit.messages
+            params = dataclasses.replace(params, max_tokens=fit.max_tokens)
+        await self._generate(rid, messages, params, prompt_ids)
+
+    async def _generate(self, rid: str, messages: list[dict], params: SamplingParams,
+                        prompt_ids: list[int] | None = None) -> None:
+        """The request of a turn (``prompt_ids``: ``messages`` already tokenized), streamed back as signals."""
         from engine.errors import KestrelError
 
         client = self.client
@@ -321,7 +380,10 @@ class EngineWorker(QObject):
             self.replyFailed.emit(rid, "No model is loaded. Load one in the Load panel.")
             return
         try:
-            stream = await client.add_request(messages=messages, params=params, request_id=rid)
+            if prompt_ids is not None:
+                stream = await client.add_request(prompt_token_ids=prompt_ids, params=params, request_id=rid)
+            else:
+                stream = await client.add_request(messages=messages, params=params, request_id=rid)
         except KestrelError as e:
             self.replyFailed.emit(rid, _plain(e))
             return
@@ -365,7 +427,7 @@ class EngineWorker(QObject):
             self._aborted.add(rid)
 
     def _restart_policy(self):
-        from engine.client import RestartPolicy
+        from engine.frontend.client import RestartPolicy
 
         return self.restart_policy if self.restart_policy is not None else RestartPolicy(delay_s=2.0, max_restarts=3)
 

@@ -78,3 +78,17 @@ def drop_a_stream_mid_reply(window, qtbot, chunks: int = 3):
             if seen >= chunks:
                 break  # closes the connection
     return panel
+
+
+def spy_requests(engine, with_params: bool = False) -> list:
+    """Record each request the engine worker makes for a chat turn (on its loop, after the overflow policy's
+    fit): its messages, or (messages, params) ``with_params``."""
+    sent: list = []
+    original = engine._generate
+
+    async def spy(rid, messages, params, prompt_ids=None):
+        sent.append((messages, params) if with_params else messages)
+        return await original(rid, messages, params, prompt_ids)
+
+    engine._generate = spy
+    return sent

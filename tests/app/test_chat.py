@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.panels import chat as chat_panel
-from tests.app.helpers import REPLY_TIMEOUT_MS, set_sampling
+from tests.app.helpers import REPLY_TIMEOUT_MS, set_sampling, spy_requests
 
 
 def _reply(qtbot, window, text: str) -> None:
@@ -122,9 +122,7 @@ def test_conversations_new_rename_search_delete_and_system_prompt(make_window, q
     assert chat.system_prompt.toPlainText() == "Answer like a pirate."
     assert [x.text for x in chat.message_widgets()] == ["about apples", "ab"]
     # the system prompt goes to the engine first
-    sent: list = []
-    original = w.ctx.engine.generate
-    w.ctx.engine.generate = lambda rid, messages, params: (sent.append(messages), original(rid, messages, params))
+    sent = spy_requests(w.ctx.engine)
     _reply(qtbot, w, "more")
     assert sent[0][0] == {"role": "system", "content": "Answer like a pirate."}
     assert [m["role"] for m in sent[0]] == ["system", "user", "assistant", "user"]
@@ -181,9 +179,7 @@ def test_a_reply_is_saved_as_it_streams_and_kept_when_the_window_closes(make_win
     assert reply.error_label.text().startswith("Interrupted: The app was closed")
     assert "interrupted" in reply.stats_label.text()
     # the conversation goes on: the request alternates user / assistant
-    sent: list = []
-    original = w2.ctx.engine.generate
-    w2.ctx.engine.generate = lambda rid, messages, params: (sent.append(messages), original(rid, messages, params))
+    sent = spy_requests(w2.ctx.engine)
     set_sampling(w2, max_tokens=3)
     monkeypatch.setenv("KESTREL_FAKE", "")
     assert chat2.send("go on")
@@ -236,7 +232,7 @@ def test_engine_crash_mid_reply_keeps_the_partial_reply_and_shows_one_restart_st
 def test_engine_that_gives_up_says_why_and_reload_works(make_window, qtbot, monkeypatch):
     """No restarts allowed: the reply fails in place, the notice gives the reason (not "No model is loaded"),
     Reload brings the model back and Regenerate answers."""
-    from engine.engine_supervisor import RestartPolicy
+    from engine.frontend.supervisor import RestartPolicy
 
     w = make_window()
     chat, engine = w.chat, w.ctx.engine
@@ -287,10 +283,7 @@ def test_long_chat_keeps_working_at_the_context_limit(make_window, qtbot):
     w = make_window()
     chat, store = w.chat, w.ctx.store
     set_sampling(w, max_tokens=40)
-    sent: list = []
-    original = w.ctx.engine.generate
-    w.ctx.engine.generate = lambda rid, messages, params: (sent.append((messages, params)),
-                                                           original(rid, messages, params))
+    sent = spy_requests(w.ctx.engine, with_params=True)
     assert chat.overflow_policy() == "drop_oldest"
     chat.system_prompt.setPlainText("Be brief.")
     for text in ("first question", "second question", "third question", "fourth question"):
@@ -345,6 +338,41 @@ def test_long_chat_keeps_working_at_the_context_limit(make_window, qtbot):
     qtbot.mouseClick(chat.send_button, Qt.LeftButton)
     qtbot.waitUntil(lambda: chat.pending is None and len(store.messages(conv)) == n + 2, timeout=REPLY_TIMEOUT_MS)
     assert "Not sent" not in chat.notice.text() and chat.composer.toPlainText() == ""
+
+
+def test_a_send_is_one_worker_call_and_tokenizes_its_prompt_once(make_window, qtbot):
+    """Issue 46: the chat makes one EngineWorker call per send (``send``: the fit and the request on the engine's
+    loop, no round trip through the GUI); the fitted prompt is tokenized once and goes to the engine as token
+    ids; the panel never reaches the engine's client itself."""
+    import inspect
+
+    w = make_window()
+    chat, engine = w.chat, w.ctx.engine
+    set_sampling(w, max_tokens=4)
+    client = engine.client
+    tokenized, added, calls = [], [], []
+    tokenize, add_request = client.tokenize, client.add_request
+
+    async def counting_tokenize(*args, **kwargs):
+        tokenized.append(kwargs.get("messages"))
+        return await tokenize(*args, **kwargs)
+
+    async def recording_add_request(*args, **kwargs):
+        added.append(kwargs)
+        return await add_request(*args, **kwargs)
+
+    client.tokenize, client.add_request = counting_tokenize, recording_add_request
+    for name in ("send", "count", "abort"):
+        original = getattr(engine, name)
+        setattr(engine, name, lambda *a, _name=name, _f=original, **k: (calls.append(_name), _f(*a, **k))[1])
+    chat._meter_timer.stop()
+    _reply(qtbot, w, "hello there")
+    assert [c for c in calls if c != "count"] == ["send"], calls  # (the meter counts the next turn after it)
+    assert len(tokenized) == 1 and tokenized[0][-1] == {"role": "user", "content": "hello there"}
+    assert len(added) == 1 and added[0].get("prompt_token_ids") and added[0].get("messages") is None
+    assert chat.message_widgets()[-1].text == "abcd"
+    source = inspect.getsource(chat_panel)
+    assert ".client" not in source and ".submit(" not in source
 
 
 @pytest.mark.slow
