@@ -48,9 +48,14 @@ class HubTab(QWidget):
         self._wanted: str | None = None  # the repo whose details were asked for last
         self._build()
         ctx.hardware.sampled.connect(self._on_hardware)
-        for signal in (ctx.downloads.finished, ctx.downloads.failed):
-            signal.connect(lambda *_: self._refresh_cache_states())
-        ctx.downloads.cancelled.connect(lambda *_: self._refresh_cache_states())
+        # bound methods, never lambdas: the downloads worker lives on its own thread (queued to this one)
+        ctx.downloads.finished.connect(self._on_download_ended)
+        ctx.downloads.failed.connect(self._on_download_ended)
+        ctx.downloads.cancelled.connect(self._on_download_ended)
+
+    def _on_download_ended(self, _job: int, _detail: str = "") -> None:
+        """A download finished, failed or was cancelled: the cache states of the shown files change."""
+        self._refresh_cache_states()
 
     def _build(self) -> None:
         lay = QVBoxLayout(self)
