@@ -73,14 +73,13 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def gguf_metadata(source: Any) -> tuple[dict[str, Any], str]:
-    """(metadata dict, name for messages) from a GGUFFile, a gguf.GGUFReader, a mapping or a path."""
+    """(metadata dict, name for messages) from a GGUFFile, a gguf.GGUFReader or a mapping. A path is refused:
+    the loader opens files (engine.loader.gguf_file.GGUFFile), the tokenizer package sits below it."""
     if isinstance(source, Mapping):
         return dict(source), "GGUF metadata"
     if isinstance(source, (str, Path)):
-        from engine.loader.gguf_file import GGUFFile
-
-        gf = GGUFFile(source)
-        return gf.metadata, str(gf.path)
+        raise TypeError(f"open the GGUF file first (engine.loader.gguf_file.GGUFFile({str(source)!r})): the "
+                        "tokenizer reads metadata, not files")
     if hasattr(source, "metadata") and isinstance(source.metadata, Mapping):  # engine.loader.gguf_file.GGUFFile
         return dict(source.metadata), str(getattr(source, "path", "GGUF file"))
     if hasattr(source, "fields"):  # gguf.GGUFReader

@@ -184,8 +184,8 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, source: Any, generation_config: Mapping[str, Any] | None = None,
                   extra_eos_token_ids: Iterable[int] = ()) -> Tokenizer:
-        """The tokenizer a GGUF file describes (``tokenizer.ggml.*``): a GGUFFile, gguf.GGUFReader, metadata
-        mapping or path. Byte-level BPE (``tokenizer.ggml.model == "gpt2"``: Llama 3, Qwen, SmolLM, ...) and
+        """The tokenizer a GGUF file describes (``tokenizer.ggml.*``): a GGUFFile, gguf.GGUFReader or metadata
+        mapping (open a path with engine.loader.gguf_file.GGUFFile). Byte-level BPE (``tokenizer.ggml.model == "gpt2"``: Llama 3, Qwen, SmolLM, ...) and
         SentencePiece BPE (``"llama"``: Llama 2, Mistral, TinyLlama, ...), built as transformers does."""
         meta, where = gguf_metadata(source)
         backend = gguf_backend(meta, where)

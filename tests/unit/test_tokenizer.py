@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from engine.errors import CheckpointError, InvalidRequestError
+from engine.loader.gguf_file import GGUFFile
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TEXTS = [
@@ -48,7 +49,13 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def gguf_tok(smollm2_gguf) -> Tokenizer:
-    return Tokenizer.from_gguf(smollm2_gguf)
+    return Tokenizer.from_gguf(GGUFFile(smollm2_gguf))
+
+
+def test_gguf_tokenizer_takes_an_open_file_not_a_path(smollm2_gguf):
+    # the tokenizer package sits below the loader: it reads metadata, the loader opens files
+    with pytest.raises(TypeError, match="open the GGUF file first"):
+        Tokenizer.from_gguf(smollm2_gguf)
 
 
 def _hf_chat(hf, messages, add_generation_prompt, tokenize, **kw):
@@ -324,7 +331,7 @@ def spm_gguf(tmp_path_factory):
 
 
 def test_sentencepiece_gguf_tokenizer_equals_transformers(spm_gguf, hf_tokenizer):
-    tok = Tokenizer.from_gguf(spm_gguf)
+    tok = Tokenizer.from_gguf(GGUFFile(spm_gguf))
     hf = hf_tokenizer(spm_gguf)
     assert tok.add_bos_token and tok.bos_token == "<s>" and tok.eos_token_ids == [2] and tok.unk_token == "<unk>"
     for text in SPM_TEXTS:
