@@ -67,9 +67,10 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("engine.wire", "engine.outputs", "engine.metrics", "engine.progress"),
      "what crosses processes: the wire types, outputs, request records and metrics, start-up progress"),
     (("engine.config", "engine.kernel_config", "engine.weight_quant", "engine.quant_scheme", "engine.capabilities",
-      "engine.cpu_features", "engine.sampling_params", "engine.errors", "engine.envs", "engine.heap"),
+      "engine.cpu_features", "engine.host_info", "engine.sampling_params", "engine.errors", "engine.envs",
+      "engine.heap"),
      "the foundation: options, kernel configuration, quantized weights' forms, checkpoint schemes, capabilities, "
-     "CPU flags, sampling parameters, errors, KESTREL_* variables, the C heap's trim"),
+     "CPU flags, host facts (NVML), sampling parameters, errors, KESTREL_* variables, the C heap's trim"),
 )
 
 
@@ -515,14 +516,22 @@ def check(result: Scan, layers=LAYERS, allowed: Iterable[Allowance] = ()) -> lis
     found = (unplaced(result.sources, layers) + upward_imports(result.imports, layers)
              + package_cycles(result.imports, layers) + file_circles(result.imports)
              + private_name_imports(result.imports) + result.attribute_reads + result.string_imports)
-    keys = {(a.rule, a.key) for a in allowed}
-    return [v for v in found if (v.rule, v.key) not in keys]
+    return [v for v in found if not any(_covers(a, v) for a in allowed)]
+
+
+def _covers(a: Allowance, v: Violation) -> bool:
+    """An allowance names a violation's key, or its first parts and then "*" (a module's every such read)."""
+    if a.rule != v.rule:
+        return False
+    if a.key and a.key[-1] == "*":
+        return v.key[: len(a.key) - 1] == a.key[:-1]
+    return a.key == v.key
 
 
 def stale_allowances(result: Scan, allowed: Iterable[Allowance], layers=LAYERS) -> list[Allowance]:
     """The allowances that no violation needs any more."""
-    keys = {(v.rule, v.key) for v in check(result, layers)}
-    return [a for a in allowed if (a.rule, a.key) not in keys]
+    found = check(result, layers)
+    return [a for a in allowed if not any(_covers(a, v) for v in found)]
 
 
 # --- docs/ARCHITECTURE.md section 6 -----------------------------------------------------------------------------

@@ -40,10 +40,6 @@ from tests.support.import_graph import (
 # Violations present today, each allowed while its owner (another part of issue 46, working now) removes it.
 # test_allowances_are_still_needed fails once one no longer occurs: delete its line then.
 ALLOWED: tuple[Allowance, ...] = (
-    # Server <-> Bench: engine/server/openai/app.py imports engine.bench.report (host facts for /v1/server_info);
-    # the lab part moves those facts to a low-level module.
-    Allowance("layers", ("engine.server", "engine.bench"), "server -> bench.report; the lab part removes it"),
-    Allowance("cycles", ("engine.bench", "engine.server"), "server <-> bench; the lab part removes it"),
     # client <-> request_stream: RequestStream calls the client's private _forget / _record / _abort_nowait and
     # the client its stream's _push / _on_accepted / _fail; the frontend part gives them a public seam.
     Allowance("circles", ("engine.frontend.client", "engine.frontend.request_stream"),
@@ -54,6 +50,10 @@ ALLOWED: tuple[Allowance, ...] = (
     *(Allowance("attribute", ("engine.frontend.client", name),
                 f"EngineClient calls RequestStream.{name}; the frontend part removes it")
       for name in ("_push", "_on_accepted", "_fail")),
+    # The chat and Load panels being cut at their seams (new modules that wire the panel's private slots and
+    # timers, `panel._x` / `f._owner`); the GUI part gives them public names or keeps the wiring in the panel.
+    Allowance("attribute", ("app.panels.chat_view", "*"), "chat_view reads ChatPanel's privates; the GUI part"),
+    Allowance("attribute", ("app.panels.load_options", "*"), "load_options reads the form's _owner; the GUI part"),
     # app/window.py takes PANEL_NAMES / PANEL_LABELS from app/main.py, which imports the window lazily.
     Allowance("circles", ("app.main", "app.window"), "main <-> window (lazy); the GUI part moves the panel names"),
     # Processes started by name: the parent names a "module:callable" (seen as an edge of the graph: it is a
@@ -301,6 +301,10 @@ def test_allowances_silence_only_their_key():
     assert check(result, TINY_LAYERS, [Allowance("layers", ("engine.ops", "engine.layers"), "")]) == [
         v for v in check(result, TINY_LAYERS) if v.rule != "layers"]
     assert stale_allowances(result, [Allowance("layers", ("engine.ops", "engine.core"), "")], TINY_LAYERS)
+    # "*" covers a module's every key of the rule
+    assert check(result, TINY_LAYERS, [Allowance("layers", ("engine.ops", "*"), "")]) == [
+        v for v in check(result, TINY_LAYERS) if v.rule != "layers"]
+    assert not stale_allowances(result, [Allowance("layers", ("engine.ops", "*"), "")], TINY_LAYERS)
 
 
 def test_the_doc_section_is_replaced_in_place():
