@@ -38,14 +38,6 @@ def _str(text: str) -> str:
     return text
 
 
-def _overlap_transport(text: str) -> str | None:
-    if text.strip().lower() in ("", "0", "false", "no", "off"):
-        return None
-    if text.strip() == "1":
-        return "host"
-    return _choice("host", "nccl", "int8", "auto")(text.strip())
-
-
 # name -> (default, parser, doc)
 ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
     # -- native kernels (engine/ops, csrc) ------------------------------------------------------------------
@@ -125,74 +117,11 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
          "(the linear kernels' own workers, as decode uses), openmp (an OpenMP region per call) or auto (the pool "
          "when OMP_WAIT_POLICY is passive, as the engine sets it, else OpenMP). Read by csrc/cpu/gemm_pool.cpp at "
          "each call, so a benchmark compares both in one process.")),
-    # -- tensor parallelism: start-up and workers ------------------------------------------------------------
-    "KESTREL_TP_STARTUP_TIMEOUT_S": (
-        1800.0, float,
-        ("Seconds the TP executor waits for its rank processes to start, load and connect "
-         "(engine/parallel/executor.py).")),
+    # -- tensor parallelism (its communication's tuning is a CommConfig: engine/parallel/comm/config.py) ---------
     "KESTREL_LOG_LEVEL": (
         "WARNING", _str,
-        "Logging level of the TP rank processes (engine/parallel/worker.py)."),
-    "KESTREL_COMM_TIMEOUT_S": (
-        300.0, float,
-        ("Seconds a collective may wait for a peer before the group is declared dead: torch.distributed's "
-         "timeout and the host transport's (engine/parallel/comm).")),
-    "KESTREL_PCIE_MODE": (
-        False, _flag,
-        ("Treat the GPUs as PCIe-only (no peer access), as NCCL_P2P_DISABLE=1 does "
-         "(engine/parallel/comm/base.py).")),
-    "KESTREL_COMM_TIMING": (
-        "events", _str,
-        ("How collectives are timed on CUDA: events (CUDA events); any other value turns the per-collective "
-         "timing off (engine/parallel/comm/base.py).")),
-    # -- the host (shared-memory) transport ------------------------------------------------------------------
-    "KESTREL_COMM_SPIN_NS": (
-        None, int,
-        ("Nanoseconds a rank spins on a peer's flag before sleeping in futex_wait. Unset: 20000, or 2000 "
-         "when there are more ranks than cores (engine/parallel/comm/host.py).")),
-    "KESTREL_COMM_YIELD_NS": (
-        0, int,
-        "Nanoseconds of sched_yield after the spin, before sleeping (engine/parallel/comm/host.py)."),
-    "KESTREL_HOST_ONESHOT_MAX": (
-        64 << 10, int,
-        ("Largest message (bytes) the host all-reduce sends in one phase; larger ones go reduce-scatter + "
-         "all-gather (engine/parallel/comm/host.py).")),
-    "KESTREL_HOST_REDUCE_THREADS": (
-        None, int,
-        ("CPU threads summing a GPU all-reduce in shared memory. Unset: cores / ranks, 1 to 8 "
-         "(engine/parallel/comm/host.py).")),
-    "KESTREL_HOST_GPU_SMALL_MAX": (
-        256 << 10, int,
-        ("Largest GPU message (bytes) the host strategy sends by one zero-copy kernel; larger ones take the "
-         "chunked copy pipeline (engine/parallel/comm/host.py).")),
-    "KESTREL_HOST_GPU_CHUNK": (
-        2 << 20, int,
-        "Chunk size (bytes) of the host strategy's GPU copy pipeline (engine/parallel/comm/host.py)."),
-    # -- int8 and auto strategies ----------------------------------------------------------------------------
-    "KESTREL_INT8_TRANSPORT": (
-        None, _choice("shm", "dist"),
-        ("How the int8 all-reduce moves its packets: shm (the shared segment) or dist (torch.distributed). "
-         "Unset: dist on CUDA, shm on the CPU (engine/parallel/comm/int8.py).")),
-    "KESTREL_AUTO_INT8": (
-        True, _flag,
-        ("Let the auto strategy pick the lossy int8 all-reduce where it wins; 0 keeps auto exact "
-         "(engine/parallel/comm/auto.py).")),
-    "KESTREL_AUTO_INT8_MIN_BYTES": (
-        1 << 20, int,
-        "Smallest message (bytes) auto may send as int8 (engine/parallel/comm/auto.py)."),
-    "KESTREL_AUTO_INT8_MARGIN": (
-        1.2, float,
-        ("How many times faster than the best exact strategy int8 must be for auto to pick it "
-         "(engine/parallel/comm/auto.py).")),
-    "KESTREL_OVERLAP_MIN_TOKENS": (
-        256, int,
-        ("Smallest step (tokens) the overlap strategy splits into two micro-batches "
-         "(engine/parallel/comm/group.py).")),
-    "KESTREL_OVERLAP_FORCE": (
-        None, _overlap_transport,
-        ("On the CPU, comm strategy overlap still runs the micro-batch split (sequentially) instead of "
-         "falling back to host, over the transport named (host, nccl, int8, auto; 1 means host): for tests "
-         "(engine/parallel/comm/group.py).")),
+        ("Logging level of the TP rank processes: read by rank 0 when it starts them, handed to each in its boot "
+         "data (engine/parallel/executor.py).")),
     # -- server ----------------------------------------------------------------------------------------------
     "KESTREL_API_KEY": (
         None, _str,

@@ -23,9 +23,11 @@ def fan_out(params: SamplingParams) -> list[SamplingParams]:
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **options):
+    def __init__(self, model: str | None = None, *, comm_config=None, **options):
+        """``options``: EngineConfig's fields; ``comm_config``: a tensor-parallel engine's CommConfig defaults
+        (engine/parallel/comm/config.py; default: the measured ones)."""
         self.config = EngineConfig(model=model, **options)
-        self.core = EngineCore(self.config)
+        self.core = EngineCore(self.config, comm_config=comm_config)
         self.tokenizer = self.core.tokenizer
 
     @classmethod

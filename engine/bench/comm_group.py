@@ -23,12 +23,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def run_group(world: int, target: str, kwargs: dict | None = None, strategy: str = "host", device: str = "cpu",
-              timeout: float = 300.0, layout: dict | None = None, env: dict | None = None) -> list:
+              timeout: float = 300.0, layout: dict | None = None, env: dict | None = None, comm=None) -> list:
+    """``comm``: a CommConfig to start from (default: the measured defaults); ``strategy`` replaces its strategy and
+    the result, resolved here, is what every rank's Communicator gets."""
+    import dataclasses
+
     import torch.distributed as dist
 
+    from engine.parallel.comm.config import CommConfig
     from engine.parallel.comm.shm import Layout, Segment
     from engine.parallel.executor import write_msg, read_msg_fd
 
+    comm_config = dataclasses.replace(comm or CommConfig(), strategy=strategy).resolved(
+        device_type=torch.device(device).type, world=world)
     lay = Layout(world=world, **(layout or {}))
     seg = Segment.create(lay)
     store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
@@ -48,7 +55,7 @@ def run_group(world: int, target: str, kwargs: dict | None = None, strategy: str
             fds.append(r_fd)
             write_msg(p.stdin, {"rank": rank, "world": world, "shm_fd": seg.fd, "status_fd": w_fd, "layout": lay,
                                  "port": store.port, "target": target, "kwargs": kwargs or {},
-                                 "strategy": strategy, "device": device})
+                                 "comm_config": comm_config.to_dict(), "device": device})
         results = []
         deadline = time.monotonic() + timeout
         for rank, fd in enumerate(fds):
@@ -92,6 +99,7 @@ def _main() -> None:
     import importlib
     import traceback
 
+    from engine.parallel.comm.config import CommConfig
     from engine.parallel.comm.group import Communicator
     from engine.parallel.comm.shm import Segment
     from engine.parallel.executor import write_msg, read_msg_fd
@@ -105,7 +113,8 @@ def _main() -> None:
             torch.cuda.set_device(boot["rank"])
             device = torch.device("cuda", boot["rank"])
         seg = Segment.attach(boot["shm_fd"], boot["layout"])
-        comm = Communicator(boot["rank"], boot["world"], device, boot["strategy"], seg, store_port=boot["port"])
+        comm = Communicator(boot["rank"], boot["world"], device, CommConfig.from_dict(boot["comm_config"]), seg,
+                            store_port=boot["port"])
         comm.connect()
         module, _, name = boot["target"].partition(":")
         result = getattr(importlib.import_module(module), name)(comm, **boot["kwargs"])

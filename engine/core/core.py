@@ -94,7 +94,7 @@ class EngineStats:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, checkpoint=None, tp=None):
+    def __init__(self, config: EngineConfig, checkpoint=None, tp=None, comm_config=None):
         from engine.loader import load_checkpoint
         from engine.loader.pooling import pooling_for
         from engine.parallel.context import SINGLE
@@ -116,7 +116,7 @@ class EngineCore:
         if tp is None and config.tensor_parallel_size > 1:
             from engine.parallel.executor import TPExecutor
 
-            self.executor = TPExecutor(config, self.checkpoint, max_len)
+            self.executor = TPExecutor(config, self.checkpoint, max_len, comm_config=comm_config)
             tp = self.executor.tp
         try:
             self.runner = ModelRunner(config, mc, self.checkpoint.weights, max_len,

@@ -42,6 +42,7 @@ import torch
 
 from engine import envs
 from engine.errors import EngineDeadError, KestrelError, ModelLoadError
+from engine.parallel.comm.config import CommConfig
 from engine.parallel.comm.group import Communicator
 from engine.parallel.comm.shm import Layout, Segment
 from engine.parallel.context import TPContext
@@ -159,7 +160,9 @@ def _shutdown(state: _State, timeout: float = 5.0) -> None:
 
 
 class TPExecutor:
-    def __init__(self, config, checkpoint, max_model_len: int):
+    def __init__(self, config, checkpoint, max_model_len: int, comm_config: CommConfig | None = None):
+        """``comm_config``: the communication defaults to start from (default: the measured ones, CommConfig());
+        resolved here once, with the user's --comm-strategy, into ``self.comm_config``, which every rank gets."""
         from engine.runner.device import physical_cores, resolve_device
 
         self.config = config
@@ -176,6 +179,12 @@ class TPExecutor:
         except AttributeError:  # pragma: no cover
             cores = os.cpu_count() or 1
         self.oversubscribed = self.device.type == "cpu" and self.size * self.threads_per_rank > cores
+        try:
+            self.comm_config = CommConfig.for_engine(config, device_type=self.device.type, world=self.size,
+                                                     oversubscribed=self.oversubscribed, base=comm_config)
+        except ValueError as e:
+            raise KestrelError(str(e)) from None
+        self.log_level = envs.KESTREL_LOG_LEVEL  # the workers' logging level, read here once
         self._state = _State()
         self._finalizer = weakref.finalize(self, _shutdown, self._state)
         self.startup_times: dict[str, float] = {}
@@ -201,7 +210,7 @@ class TPExecutor:
         st.seg = Segment.create(layout)
         st.mailbox = Mailbox(st.seg, 0)
         st.store = dist.TCPStore("127.0.0.1", 0, self.size, True, wait_for_workers=False,
-                                 timeout=datetime.timedelta(seconds=envs.KESTREL_TP_STARTUP_TIMEOUT_S))
+                                 timeout=datetime.timedelta(seconds=self.comm_config.startup_timeout_s))
         port = st.store.port
         factory = getattr(checkpoint, "tp_factory", None)
         boot_common = {
@@ -209,6 +218,7 @@ class TPExecutor:
             "model_path": str(checkpoint.path), "factory": factory, "max_model_len": max_model_len,
             "torch_dtype": checkpoint.config.torch_dtype, "oversubscribed": self.oversubscribed,
             "threads": self.threads_per_rank, "ppid": os.getpid(),
+            "comm_config": self.comm_config.to_dict(), "log_level": self.log_level,
         }
         env = dict(os.environ)
         if self.device.type == "cpu":
@@ -229,8 +239,8 @@ class TPExecutor:
                                         name=f"tp-monitor-{rank}", daemon=True)
             w.thread.start()
         comm_device = torch.device("cuda", torch.cuda.current_device()) if cuda else self.device
-        st.comm = Communicator(0, self.size, comm_device, self.config.comm_strategy, st.seg, store_port=port,
-                               oversubscribed=self.oversubscribed, store=st.store)
+        st.comm = Communicator(0, self.size, comm_device, self.comm_config, st.seg, store_port=port,
+                               store=st.store)
         st.comm.set_dead_reason(lambda: st.dead_reason)
         self.tp = TPContext(0, self.size, st.comm, on_error=self._on_rank0_error)
         log.info("tensor parallelism: %d ranks (%s, %s), %d thread(s) per rank", self.size, self.device,
@@ -277,7 +287,9 @@ class TPExecutor:
 
     def _wait_all(self, kind: str, timeout: float | None = None) -> list[dict]:
         out = []
-        deadline = time.monotonic() + (envs.KESTREL_TP_STARTUP_TIMEOUT_S if timeout is None else timeout)
+        if timeout is None:
+            timeout = self.comm_config.startup_timeout_s
+        deadline = time.monotonic() + timeout
         for w in self._state.workers:
             while True:
                 try:

@@ -1,8 +1,9 @@
 """A tensor-parallel worker process (rank >= 1): ``python -m engine.parallel.worker``.
 
-Reads its boot data (length-prefixed pickle) from stdin, then watches stdin for end-of-file: rank 0's end
-of the pipe closes when rank 0 exits, however it exits, and the worker then exits at once (it also polls
-its parent pid while idle). Status messages go to rank 0 on the inherited ``status_fd`` pipe: "built"
+Reads its boot data (length-prefixed pickle) from stdin - the EngineConfig, the communication configuration
+rank 0 resolved (CommConfig: nothing of it comes from this process's environment) and the logging level - then
+watches stdin for end-of-file: rank 0's end of the pipe closes when rank 0 exits, however it exits, and the worker
+then exits at once (it also polls its parent pid while idle). Status messages go to rank 0 on the inherited ``status_fd`` pipe: "built"
 (with the KV blocks this rank could hold), "ready", "error" (before exiting with code 1).
 
 Loop: receive a message from the mailbox - ("step", StepInputs) runs ``runner.run``; ("setup", n) allocates n
@@ -17,8 +18,6 @@ import signal
 import sys
 import threading
 import traceback
-
-from engine import envs
 
 
 def _watch_stdin(fd: int, seg_holder: list) -> None:
@@ -58,6 +57,7 @@ def _load_weights(boot):
 def run(boot: dict, seg_holder: list) -> None:
     import torch
 
+    from engine.parallel.comm.config import CommConfig
     from engine.parallel.comm.group import Communicator
     from engine.parallel.comm.shm import Segment
     from engine.parallel.context import TPContext
@@ -76,8 +76,8 @@ def run(boot: dict, seg_holder: list) -> None:
     # spin through rank 0's turnaround between decode steps (sampling, scheduling: ~0.1-1 ms) so that a step
     # normally needs no futex wake-up (measured: the wake costs rank 0 ~130 us here); then sleep
     mailbox = Mailbox(seg, rank, spin_ns=5_000 if boot["oversubscribed"] else 2_000_000)
-    comm = Communicator(rank, world, device, config.comm_strategy, seg, store_port=boot["store_port"],
-                        oversubscribed=boot["oversubscribed"])
+    comm = Communicator(rank, world, device, CommConfig.from_dict(boot["comm_config"]), seg,
+                        store_port=boot["store_port"])
     comm.set_dead_reason(lambda: "tensor parallelism: the group was aborted by rank 0" if seg.aborted else None)
     tp = TPContext(rank, world, comm)
     ckpt = _load_weights(boot)
@@ -118,13 +118,13 @@ def run(boot: dict, seg_holder: list) -> None:
 def main() -> None:
     from engine.parallel.executor import read_msg_fd
 
-    logging.basicConfig(level=envs.KESTREL_LOG_LEVEL,
-                        format="%(asctime)s %(levelname)s tp-worker %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; rank 0 decides
     fd = sys.stdin.fileno()
     boot = read_msg_fd(fd)
     if boot is None:
         os._exit(2)
+    logging.basicConfig(level=boot["log_level"],
+                        format="%(asctime)s %(levelname)s tp-worker %(name)s: %(message)s")
     seg_holder: list = []
     threading.Thread(target=_watch_stdin, args=(fd, seg_holder), name="parent-watch", daemon=True).start()
     try:

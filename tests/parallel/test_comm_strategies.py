@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from engine.bench.comm_group import run_group
+from engine.parallel.comm.config import CommConfig
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -47,7 +48,7 @@ def test_strategies_match_float64(world):
 def test_int8_over_torch_distributed_matches_reference():
     results = run_group(2, "tests.support.tp_harness:check",
                         {"sizes": [5, 4096, 16385], "dtypes": ["bfloat16", "float32"], "names": ["int8"], "seed": 9},
-                        env={"KESTREL_INT8_TRANSPORT": "dist"})
+                        comm=CommConfig(int8_transport="dist"))
     _check_rows(results, {"int8"})
 
 

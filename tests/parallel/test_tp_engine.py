@@ -18,6 +18,7 @@ import torch
 
 from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.llm import LLM
+from engine.parallel.comm.config import CommConfig
 from engine.sampling_params import SamplingParams
 from tests.support.tiny_models import TINY_ARCHS
 
@@ -100,20 +101,23 @@ def test_stats_count_the_traffic(tiny_model_dir):
 
 
 def test_overlap_split_forward_is_token_identical(tiny_model_dir, tp1_tokens, monkeypatch):
-    """comm_strategy=overlap on the CPU falls back to host; KESTREL_OVERLAP_FORCE runs the two-micro-batch
-    forward anyway (sequentially), on every step of >= 2 tokens, with chunked prefill mixing prefill chunks
-    and decodes so that a prefill chunk straddles the cut."""
-    monkeypatch.setenv("KESTREL_OVERLAP_FORCE", "1")
-    monkeypatch.setenv("KESTREL_OVERLAP_MIN_TOKENS", "2")
+    """comm_strategy=overlap on the CPU falls back to host; CommConfig.overlap_cpu_transport runs the
+    two-micro-batch forward anyway (sequentially), on every step of >= 2 tokens, with chunked prefill mixing
+    prefill chunks and decodes so that a prefill chunk straddles the cut. The worker gets the configuration from
+    rank 0 (its own environment has none of it): were it to run the plain forward, the ranks' collectives would
+    not match."""
+    comm_config = CommConfig(overlap_cpu_transport="host", overlap_min_tokens=2)
     arch = "qwen3"  # q/k norms and tied embeddings: the most of llama.py the split path re-implements
     ref_llm = LLM(str(tiny_model_dir(arch)), dtype="float32", num_threads=1, max_num_batched_tokens=16)
     prompts = [PROMPTS[1] + " and more words to make it long", PROMPTS[0]]
     ref = _greedy(ref_llm, prompts)
     llm = LLM(str(tiny_model_dir(arch)), dtype="float32", tensor_parallel_size=2, comm_strategy="overlap",
-              max_num_batched_tokens=16)
+              max_num_batched_tokens=16, comm_config=comm_config)
     try:
         comm = llm.core.executor.comm
         assert comm.overlap and comm.describe()["active"] == "host"
+        assert comm.describe()["config"] == llm.core.executor.comm_config.to_dict()
+        assert comm.config.overlap_min_tokens == 2 and comm.config.strategy == "overlap"
         calls = {"n": 0}
         import engine.models.overlap as ov
 
@@ -130,8 +134,7 @@ def test_overlap_split_forward_is_token_identical(tiny_model_dir, tp1_tokens, mo
         llm.core.shutdown()
 
 
-def test_overlap_without_force_falls_back_on_cpu(tiny_model_dir, monkeypatch):
-    monkeypatch.delenv("KESTREL_OVERLAP_FORCE", raising=False)
+def test_overlap_without_force_falls_back_on_cpu(tiny_model_dir):
     llm = LLM(str(tiny_model_dir("llama")), dtype="float32", tensor_parallel_size=2, comm_strategy="overlap")
     try:
         d = llm.core.executor.comm.describe()

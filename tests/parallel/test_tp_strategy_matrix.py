@@ -4,7 +4,8 @@ chunks, so prefill chunks straddle the overlap's cut).
 
 Overlap drives the model's own decoder layers with the row-parallel all-reduces deferred (engine/models/overlap.py):
 this is the test that would have caught the old copy of the decoder reading emptied float weights under int8.
-On the CPU overlap runs its two micro-batches one after the other over the transport KESTREL_OVERLAP_FORCE names.
+On the CPU overlap runs its two micro-batches one after the other over the transport that
+CommConfig.overlap_cpu_transport names.
 Bounds: exact strategies differ from TP=1 only by the order of the bf16 sums; int8 all-reduce adds its quantization
 error (group-wise absmax, per hop). A wrong decoder (weights missing, a residual or an all-reduce dropped) moves
 logits by their own scale (std ~0.16, max ~0.95), far outside both."""
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from engine.llm import LLM
+from engine.parallel.comm.config import CommConfig
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -59,7 +61,6 @@ def test_every_strategy_with_and_without_overlap_equals_tp1(quant, tiny_model_di
 
     import engine.models.overlap as ov
 
-    monkeypatch.setenv("KESTREL_OVERLAP_MIN_TOKENS", "2")
     real = ov.overlapped_layers
     calls = {"n": 0}
 
@@ -69,8 +70,9 @@ def test_every_strategy_with_and_without_overlap_equals_tp1(quant, tiny_model_di
 
     monkeypatch.setattr(ov, "overlapped_layers", counting)
     for s in STRATEGIES:
-        monkeypatch.setenv("KESTREL_OVERLAP_FORCE", s)  # the ranks read it when they start
-        with _engine(tiny_model_dir, quant, tensor_parallel_size=2, comm_strategy="overlap") as llm:
+        comm_config = CommConfig(overlap_min_tokens=2, overlap_cpu_transport=s)  # rank 0 hands it to the worker
+        with _engine(tiny_model_dir, quant, tensor_parallel_size=2, comm_strategy="overlap",
+                     comm_config=comm_config) as llm:
             comm = llm.core.executor.comm
             assert comm.overlap and comm.describe()["active"] == s
             before = calls["n"]

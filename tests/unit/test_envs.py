@@ -54,37 +54,48 @@ def test_the_engine_reads_its_variables_through_envs():
     assert not offenders
 
 
+def _test_variables(monkeypatch):
+    """Entries of each kind of parser (int, flag, float) for the mechanism's tests: the table no longer has an int
+    or float variable of its own (the comm tuning ones became engine/parallel/comm/config.py's CommConfig)."""
+    flag = envs.ENV_VARS["KESTREL_DISABLE_CUDA"][1]
+    monkeypatch.setitem(envs.ENV_VARS, "KESTREL_TEST_INT", (256, int, "an int for the test"))
+    monkeypatch.setitem(envs.ENV_VARS, "KESTREL_TEST_FLAG", (True, flag, "a flag for the test"))
+    monkeypatch.setitem(envs.ENV_VARS, "KESTREL_TEST_FLOAT", (300.0, float, "a float for the test"))
+
+
 def test_read_at_access_time(monkeypatch):
-    monkeypatch.delenv("KESTREL_OVERLAP_MIN_TOKENS", raising=False)
-    assert envs.KESTREL_OVERLAP_MIN_TOKENS == 256
-    monkeypatch.setenv("KESTREL_OVERLAP_MIN_TOKENS", "2")
-    assert envs.KESTREL_OVERLAP_MIN_TOKENS == 2
-    monkeypatch.setenv("KESTREL_OVERLAP_MIN_TOKENS", "")  # empty: the default
-    assert envs.KESTREL_OVERLAP_MIN_TOKENS == 256
+    _test_variables(monkeypatch)
+    monkeypatch.delenv("KESTREL_TEST_INT", raising=False)
+    assert envs.KESTREL_TEST_INT == 256
+    monkeypatch.setenv("KESTREL_TEST_INT", "2")
+    assert envs.KESTREL_TEST_INT == 2
+    monkeypatch.setenv("KESTREL_TEST_INT", "")  # empty: the default
+    assert envs.KESTREL_TEST_INT == 256
     for text, value in (("1", True), ("0", False), ("", False), ("false", False), ("yes", True)):
-        monkeypatch.setenv("KESTREL_AUTO_INT8", text)
-        assert envs.KESTREL_AUTO_INT8 is value, text
-    monkeypatch.delenv("KESTREL_AUTO_INT8")
-    assert envs.KESTREL_AUTO_INT8 is True
-    monkeypatch.setenv("KESTREL_COMM_SPIN_NS", "fast")
-    with pytest.raises(ValueError, match="KESTREL_COMM_SPIN_NS"):
-        _ = envs.KESTREL_COMM_SPIN_NS
+        monkeypatch.setenv("KESTREL_TEST_FLAG", text)
+        assert envs.KESTREL_TEST_FLAG is value, text
+    monkeypatch.delenv("KESTREL_TEST_FLAG")
+    assert envs.KESTREL_TEST_FLAG is True
+    monkeypatch.setenv("KESTREL_TEST_INT", "fast")
+    with pytest.raises(ValueError, match="KESTREL_TEST_INT"):
+        _ = envs.KESTREL_TEST_INT
     with pytest.raises(AttributeError):
         _ = envs.KESTREL_NO_SUCH_THING
 
 
 def test_describe_reports_values_and_hides_the_key(monkeypatch):
+    _test_variables(monkeypatch)
     monkeypatch.setenv("KESTREL_API_KEY", "s3cret")
-    monkeypatch.setenv("KESTREL_COMM_TIMEOUT_S", "12.5")
-    monkeypatch.setenv("KESTREL_HOST_GPU_CHUNK", "many")
+    monkeypatch.setenv("KESTREL_TEST_FLOAT", "12.5")
+    monkeypatch.setenv("KESTREL_TEST_INT", "many")
     monkeypatch.delenv("KESTREL_LOG_LEVEL", raising=False)
     table = envs.describe()
     assert list(table) == list(envs.ENV_VARS)
     assert all(row["doc"] for row in table.values())
-    assert table["KESTREL_COMM_TIMEOUT_S"]["value"] == 12.5 and table["KESTREL_COMM_TIMEOUT_S"]["set"]
+    assert table["KESTREL_TEST_FLOAT"]["value"] == 12.5 and table["KESTREL_TEST_FLOAT"]["set"]
     assert table["KESTREL_LOG_LEVEL"] == {**table["KESTREL_LOG_LEVEL"], "value": "WARNING", "set": False}
     assert table["KESTREL_API_KEY"]["value"] == "<set>" and "s3cret" not in repr(table)
-    assert "error" in table["KESTREL_HOST_GPU_CHUNK"]
+    assert "error" in table["KESTREL_TEST_INT"]
     assert "KESTREL_LOG_LEVEL" not in envs.describe(only_set=True)
 
 

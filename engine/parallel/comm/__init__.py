@@ -5,18 +5,8 @@
                         pipeline on GPUs)
 - ``int8``  (int8.py)  group-wise absmax int8 reduce-scatter + all-gather
 - ``auto``  (auto.py)  start-up micro-benchmark picks per message size
-- ``overlap`` (group.py, ../overlap.py) two micro-batches, one's all-reduce on a second stream
+- ``overlap`` (group.py, engine/models/overlap.py) two micro-batches, one's all-reduce on a second stream
+
+Their tuning is one typed value, ``config.CommConfig`` (torch-free), resolved once when the engine starts and
+handed to every rank. This package's __init__ imports nothing, so the configuration imports without torch.
 """
-
-from engine.parallel.comm.base import CommStats, CommStrategy, CommTotals, pcie_mode, peer_access_allowed
-from engine.parallel.comm.group import STRATEGIES, Communicator
-
-__all__ = [
-           "STRATEGIES",
-           "CommStats",
-           "CommStrategy",
-           "CommTotals",
-           "Communicator",
-           "pcie_mode",
-           "peer_access_allowed",
-]

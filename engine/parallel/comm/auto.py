@@ -9,7 +9,7 @@ broadcast so every rank dispatches identically (the collectives must match). A m
 choice of the nearest measured size (log scale).
 
 The lossy int8 strategy is a candidate only for messages of at least ``int8_min_bytes`` (prefill) and must
-beat the best exact strategy by ``int8_margin``; KESTREL_AUTO_INT8=0 keeps auto exact.
+beat the best exact strategy by ``int8_margin``; CommConfig(auto_int8=False) keeps auto exact.
 The table (``rows``) is kept in the engine's stats for the GUI and the benchmark reports.
 """
 
@@ -24,9 +24,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from engine import envs
 from engine.parallel.comm import reference
 from engine.parallel.comm.base import CommStrategy
+from engine.parallel.comm.config import CommConfig
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ def measure(strategies: dict[str, CommStrategy], dtype: torch.dtype, sizes: list
 class AutoStrategy(CommStrategy):
     name = "auto"
 
-    def __init__(self, rank: int, world: int, device: torch.device, candidates: dict[str, CommStrategy], **kw):
+    def __init__(self, rank: int, world: int, device: torch.device, candidates: dict[str, CommStrategy],
+                 config: CommConfig | None = None, **kw):
         super().__init__(rank, world, device, **kw)
         self.candidates = candidates
         self.rows: list[dict] = []
@@ -107,9 +108,10 @@ class AutoStrategy(CommStrategy):
         self._choice: list[CommStrategy] = []
         fallback = candidates.get("host") or next(iter(candidates.values()))
         self._fallback = fallback
-        self.int8_min_bytes = envs.KESTREL_AUTO_INT8_MIN_BYTES
-        self.int8_margin = envs.KESTREL_AUTO_INT8_MARGIN
-        self.allow_int8 = envs.KESTREL_AUTO_INT8
+        config = config or CommConfig()
+        self.int8_min_bytes = config.auto_int8_min_bytes
+        self.int8_margin = config.auto_int8_margin
+        self.allow_int8 = config.auto_int8
 
     def tune(self, dtype: torch.dtype, sizes: list[int] | None = None) -> list[dict]:
         """Collective. Measures every candidate, decides on rank 0, broadcasts the table."""

@@ -13,32 +13,20 @@ Every call is counted (``CommStats``): calls, payload bytes (the size of the red
 (what this rank moves over the interconnect under the strategy's algorithm: see each strategy) and time.
 The engine reads them per step and in total (EngineStats / the GUI's interconnect plot).
 
-PCIe mode: ``pcie_mode()`` is true when NCCL_P2P_DISABLE=1 (or KESTREL_PCIE_MODE=1). The engine's own
-strategies then never use peer-to-peer access between GPUs: host memory only, as on RTX 4090 boxes. (None
-of them uses peer access in any mode today: the host strategy's transport is host memory by design; NCCL
-follows its own NCCL_P2P_DISABLE.)
+PCIe mode (``CommConfig.pcie_mode``, from NCCL_P2P_DISABLE=1 unless given): the engine's own strategies then
+never use peer-to-peer access between GPUs: host memory only, as on RTX 4090 boxes. (None of them uses peer
+access in any mode today: the host strategy's transport is host memory by design; NCCL follows its own
+NCCL_P2P_DISABLE.) On CUDA every collective is timed by a pair of CUDA events, resolved after the step.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from engine import envs
 from engine.errors import EngineDeadError
-
-
-def pcie_mode() -> bool:
-    """True when GPUs must talk through host memory only (no peer access)."""
-    return os.environ.get("NCCL_P2P_DISABLE", "0") not in ("", "0") or \
-        envs.KESTREL_PCIE_MODE
-
-
-def peer_access_allowed() -> bool:
-    return not pcie_mode()
 
 
 @dataclass
@@ -128,7 +116,7 @@ class CommStrategy:
         self.stats = stats if stats is not None else CommStats()
         self.dead_reason = dead_reason or (lambda: None)  # () -> str | None, set by the executor
         self._side_stream = None
-        self.timing_events = device.type == "cuda" and envs.KESTREL_COMM_TIMING == "events"
+        self.timing_events = device.type == "cuda"
 
     # -- public -----------------------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,11 @@ Strategy names (``--comm-strategy``): nccl (gloo on CPU), host, int8, auto, over
 batch in two micro-batches inside the forward and runs one half's all-reduce on a second CUDA stream while
 the other half computes (engine/models/overlap.py; the model asks ``TPContext.overlaps``), with auto's per-size choice for the transport. On the
 CPU there is no second stream and the ranks' cores are all busy computing, so overlap falls back to
-``host`` (logged); KESTREL_OVERLAP_FORCE=<transport> still runs the micro-batch split there, sequentially (tests).
+``host`` (logged); CommConfig(overlap_cpu_transport=<transport>) still runs the micro-batch split there,
+sequentially (tests).
+
+Every tuning choice comes from the ``CommConfig`` the Communicator is built with (engine/parallel/comm/config.py),
+resolved once on rank 0 and handed to every rank; nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from engine import envs
 from engine.config import COMM_STRATEGIES
 from engine.errors import EngineDeadError, KestrelError
-from engine.parallel.comm.base import CommStats, pcie_mode
+from engine.parallel.comm.base import CommStats
+from engine.parallel.comm.config import CommConfig
 from engine.parallel.comm.shm import Segment
 
 log = logging.getLogger(__name__)
@@ -32,32 +36,29 @@ log = logging.getLogger(__name__)
 STRATEGIES = COMM_STRATEGIES  # defined once, torch-free, in engine/config.py
 
 
-def _timeout() -> datetime.timedelta:
-    return datetime.timedelta(seconds=envs.KESTREL_COMM_TIMEOUT_S)
-
-
 class Communicator:
-    def __init__(self, rank: int, world: int, device: torch.device, strategy: str, seg: Segment | None,
-                 store_port: int | None = None, oversubscribed: bool = False, store=None):
-        if strategy not in STRATEGIES:
-            raise KestrelError(f"unknown communication strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    def __init__(self, rank: int, world: int, device: torch.device, config: CommConfig, seg: Segment | None,
+                 store_port: int | None = None, store=None):
+        if not isinstance(config, CommConfig) or not config.is_resolved:
+            raise KestrelError("a Communicator needs a resolved CommConfig (CommConfig.for_engine / .resolved)")
         self.rank, self.world, self.device = rank, world, device
-        self.requested = strategy
+        self.config = config
+        self.requested = config.strategy
         self.seg = seg
         self.store_port = store_port
         self._store = store  # rank 0 hosts the TCPStore (created by the executor before the workers start)
         self.stats = CommStats()
         self._dead_reason = None  # set by the executor: () -> str | None
-        self.pcie_mode = pcie_mode()
+        self.pcie_mode = config.pcie_mode
         self.transport = None
         if seg is not None:
             from engine.parallel.comm.host import HostTransport
 
-            self.transport = HostTransport(seg, rank, world, device, oversubscribed)
+            self.transport = HostTransport(seg, rank, world, device, config)
         self.strategies: dict = {}
         self.active = None
         self.overlap = False
-        self.overlap_min_tokens = envs.KESTREL_OVERLAP_MIN_TOKENS
+        self.overlap_min_tokens = config.overlap_min_tokens
         self.backend = None
         self._owns_dist = False
         self.table: list[dict] | None = None
@@ -87,13 +88,14 @@ class Communicator:
                 raise KestrelError("torch.distributed is already initialised in this process; a tensor-parallel "
                                    "engine needs its own process group (one TP engine per process)")
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # all ranks are local
+            timeout = datetime.timedelta(seconds=self.config.timeout_s)
             store = self._store or dist.TCPStore("127.0.0.1", self.store_port, self.world, False,
-                                                 timeout=_timeout())
+                                                 timeout=timeout)
             kw = {}
             if cuda:
                 kw["device_id"] = self.device
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world,
-                                    timeout=_timeout(), **kw)
+                                    timeout=timeout, **kw)
             self._owns_dist = True
         common = {"stats": self.stats, "dead_reason": self.dead_reason}
         s = self.strategies
@@ -103,7 +105,8 @@ class Communicator:
             s["host"] = HostStrategy(self.transport, **common)
         if self.transport is not None or dist.is_initialized():
             s["int8"] = Int8Strategy(self.rank, self.world, self.device, transport=self.transport,
-                                     backend=self.backend if dist.is_initialized() else None, **common)
+                                     backend=self.backend if dist.is_initialized() else None,
+                                     transport_name=self.config.int8_transport, **common)
         self._choose(self.requested)
 
     def _choose(self, name: str) -> None:
@@ -113,11 +116,12 @@ class Communicator:
         self.overlap = False
         self.note = ""
         if name == "overlap" and not cuda:
-            forced = envs.KESTREL_OVERLAP_FORCE
+            forced = self.config.overlap_cpu_transport
             if forced:
                 self.overlap = True
                 name = forced
-                self.note = f"overlap on CPU over {forced}: micro-batch split run sequentially (KESTREL_OVERLAP_FORCE)"
+                self.note = (f"overlap on CPU over {forced}: micro-batch split run sequentially "
+                             "(CommConfig.overlap_cpu_transport)")
             else:
                 name = "host"
                 self.note = ("overlap needs CUDA streams; on the CPU it falls back to the host strategy "
@@ -132,7 +136,8 @@ class Communicator:
         if name == "auto":
             cands = {k: v for k, v in self.strategies.items() if k != "auto"}
             self.strategies["auto"] = self.strategies.get("auto") or AutoStrategy(
-                self.rank, self.world, self.device, cands, stats=self.stats, dead_reason=self.dead_reason)
+                self.rank, self.world, self.device, cands, config=self.config, stats=self.stats,
+                dead_reason=self.dead_reason)
         if name not in self.strategies:
             raise KestrelError(f"the {name} strategy is not available here")
         self.active = self.strategies[name]
@@ -187,7 +192,7 @@ class Communicator:
     def describe(self) -> dict:
         return {"requested": self.requested, "active": getattr(self, "active_name", None),
                 "backend": self.backend, "overlap": self.overlap, "pcie_mode": self.pcie_mode, "note": self.note,
-                "host_isa": _isa()}
+                "host_isa": _isa(), "config": self.config.to_dict()}
 
     def close(self) -> None:
         for s in self.strategies.values():

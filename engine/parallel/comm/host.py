@@ -2,14 +2,14 @@
 (csrc/comm/hostar.cpp; protocol in csrc/comm/hostar.h).
 
 CPU tensors: the C++ HostComm does it all, in place, without the GIL:
-  - messages up to ``oneshot_max`` bytes (decode): one phase - every rank copies its partial into its slot,
-    raises its flag, waits for the others' flags, and sums all the slots itself (one synchronisation);
+  - messages up to ``oneshot_max`` bytes (CommConfig.host_oneshot_max; decode): one phase - every rank copies
+    its partial into its slot, raises its flag, waits for the others' flags, and sums all the slots itself (one synchronisation);
   - larger ones: reduce-scatter + all-gather in slot-sized chunks - every rank sums only its part of each
     chunk (SIMD, fp32 accumulation, OpenMP threads for large parts) and copies the others' parts back.
 
 CUDA tensors (written for the GPU machine; never peer access, so it is the PCIe-mode transport):
-  - small messages (<= ``gpu_small_max``): one kernel writes the partial into the mapped shared segment
-    (cudaHostRegister'ed, zero-copy), fences, raises per-block flags in host memory, spins on the peers'
+  - small messages (<= ``gpu_small_max``, CommConfig.host_gpu_small_max): one kernel writes the partial into
+    the mapped shared segment (cudaHostRegister'ed, zero-copy), fences, raises per-block flags in host memory, spins on the peers'
     flags and sums their partials read over PCIe (the 7.7 us probe of ../shared/anchors).
   - larger ones: chunked pipeline on two copy streams - device->host copy of chunk i+1 runs while the
     CPU reduces chunk i (reduce-scatter in the segment) and the host->device copies of chunk i-1 run, so
@@ -19,13 +19,12 @@ CUDA tensors (written for the GPU machine; never peer access, so it is the PCIe-
 from __future__ import annotations
 
 import collections
-import os
 
 import torch
 
-from engine import envs
 from engine.parallel.comm import kernels
 from engine.parallel.comm.base import CommStrategy, Handle, gather_dim
+from engine.parallel.comm.config import CommConfig
 from engine.parallel.comm.shm import MAX_BLOCKS, Segment
 
 try:
@@ -40,25 +39,21 @@ class HostTransport:
     """This rank's view of the segment's all-reduce machinery, shared by the host and int8 strategies (they
     must share one sequence counter) and by the all-gather of logits."""
 
-    def __init__(self, seg: Segment, rank: int, world: int, device: torch.device, oversubscribed: bool = False):
+    def __init__(self, seg: Segment, rank: int, world: int, device: torch.device, config: CommConfig):
         if _C is None or not getattr(_C, "has_comm", False):
             raise RuntimeError("tensor parallelism needs engine._C built with csrc/comm (pip install -e .)")
+        if not config.is_resolved:
+            raise ValueError("HostTransport needs a resolved CommConfig (CommConfig.resolved)")
         self.seg, self.rank, self.world, self.device = seg, rank, world, device
+        self.config = config
         lay = seg.layout
-        # Spin briefly, then sleep in futex_wait (the peer's flag store wakes us). Measured on the shared 2-core
-        # dev box under load: 2 KiB all-reduce p50 2.4-3.2 us with a 20 us spin, but 76-1170 us with 50 us -
-        # 1 ms spins followed by sched_yield: a yielding rank loses a time slice, its peer then waits past its
-        # own spin and yields too, and the group falls into a ping-pong of time slices. With more ranks than
-        # cores (oversubscribed) the peer needs our core: sleep almost at once.
-        spin = envs.KESTREL_COMM_SPIN_NS
-        if spin is None:
-            spin = 2_000 if oversubscribed else 20_000
-        yld = envs.KESTREL_COMM_YIELD_NS
-        self.timeout_s = envs.KESTREL_COMM_TIMEOUT_S
+        # Spin briefly (config.spin_ns: why 20 us, or 2 us oversubscribed, in config.py), then sleep in
+        # futex_wait: the peer's flag store wakes us. No sched_yield phase in between (0 ns: it lost).
+        self.timeout_s = config.timeout_s
         self.hc = _C.HostComm(seg.addr(lay.flags), seg.addr(lay.sleepers_off), seg.addr(lay.abort_off),
-                              seg.addr(lay.slots), lay.slot_bytes, lay.nslots, rank, world, spin, yld,
+                              seg.addr(lay.slots), lay.slot_bytes, lay.nslots, rank, world, config.spin_ns, 0,
                               int(self.timeout_s * 1e9))
-        self.oneshot_max = envs.KESTREL_HOST_ONESHOT_MAX
+        self.oneshot_max = config.host_oneshot_max
         # GPU state
         self.dev_base = None  # device pointer of the registered segment
         self.gpu_seq = 0
@@ -68,10 +63,7 @@ class HostTransport:
             if not kernels.cuda_native():
                 raise RuntimeError("the host strategy on CUDA needs engine._C built with nvcc")
             self.dev_base = _C.cuda_host_register(seg.base, lay.total, device.index or 0)
-            threads = envs.KESTREL_HOST_REDUCE_THREADS
-            if threads is None:
-                threads = max(1, min(8, (os.cpu_count() or 2) // max(world, 1)))
-            self.hc.set_threads(threads)
+            self.hc.set_threads(config.host_reduce_threads)
 
     def slot_view(self, seq: int, j: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
         lay = self.seg.layout
@@ -101,8 +93,8 @@ class HostStrategy(CommStrategy):
     def __init__(self, transport: HostTransport, **kw):
         super().__init__(transport.rank, transport.world, transport.device, **kw)
         self.t = transport
-        self.gpu_small_max = envs.KESTREL_HOST_GPU_SMALL_MAX
-        self.gpu_chunk = envs.KESTREL_HOST_GPU_CHUNK
+        self.gpu_small_max = transport.config.host_gpu_small_max
+        self.gpu_chunk = transport.config.host_gpu_chunk
         self._executor = None
 
     def link_bytes(self, nbytes: int) -> int:

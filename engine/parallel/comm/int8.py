@@ -9,7 +9,7 @@ Transports:
     publish, sum-and-requantise the own part of every slot, publish, dequantise every part);
   - ``dist`` (CUDA default): torch.distributed - all_to_all of packets [int8 part | scales] then all_gather of
     the requantised packets, with the fused CUDA kernels (csrc/comm/cuda_comm.cu). Stream-ordered, so it
-    overlaps on a second stream. On the CPU (tests, KESTREL_INT8_TRANSPORT=dist) the CPU kernels build the
+    overlaps on a second stream. On the CPU (tests, CommConfig(int8_transport="dist")) the CPU kernels build the
     same packets.
 Every transport gives the same bits (reference.int8_all_reduce).
 """
@@ -21,7 +21,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from engine import envs
 from engine.parallel.comm import kernels
 from engine.parallel.comm.base import CommStrategy
 from engine.parallel.comm.host import HostTransport
@@ -40,13 +39,13 @@ class Int8Strategy(CommStrategy):
     bound = "int8"
 
     def __init__(self, rank: int, world: int, device: torch.device, transport: HostTransport | None = None,
-                 dist_group=None, backend: str | None = None, **kw):
+                 dist_group=None, backend: str | None = None, transport_name: str | None = None, **kw):
         super().__init__(rank, world, device, **kw)
         self.t = transport
         self.pg = dist_group
         self.backend = backend
         default = "dist" if device.type == "cuda" else "shm"
-        self.transport = envs.KESTREL_INT8_TRANSPORT or default
+        self.transport = transport_name or default  # CommConfig.int8_transport
         if self.transport == "shm" and (transport is None or device.type == "cuda"):
             self.transport = "dist"
         if self.transport == "dist" and backend is None:
