@@ -1,7 +1,9 @@
 """The engine core: requests in, one scheduler step at a time, deltas out.
 
-add_request (template, tokenize, validate) -> step() [schedule -> runner.execute -> update:
-append tokens, detokenize, stop checks, free blocks] -> RequestDelta list.
+add_request (template, tokenize, validate) -> step() [scheduler plan -> runner.launch -> scheduler.launched ->
+runner.collect -> append tokens, detokenize, stop checks, scheduler.finish] -> RequestDelta list. The scheduler
+owns the request state (queues, blocks, computed tokens, the step launched ahead); the core is the step loop and
+the output processing.
 
 Embedding requests (``add_request(..., embed=True)``) take the same path as prompts: scheduled in prefill
 chunks beside generation, their final hidden states pooled by the runner (engine.loader.pooling says how), then
@@ -9,6 +11,7 @@ finished at once with the vector on their only delta; their blocks are freed lik
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -16,9 +19,9 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.core.kv_cache import BlockManager
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from engine.errors import InvalidRequestError, KVCacheFullError, PromptTooLongError
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.core.embedding import check_embedding_input
 from engine.outputs import RequestDelta, RequestMetrics
 from engine.sampling_params import SamplingParams
@@ -61,12 +64,11 @@ class _Tracked:
 
 @dataclass
 class _InFlight:
-    """A step launched and not yet completed (engine/runner/model_runner.py Launched)."""
+    """A step launched and not yet completed: its plan and the runner's handle (model_runner.Launched)."""
 
     sched: SchedulerOutput
     launched: object
     t0: float  # when it was scheduled
-    ahead: bool = False  # launched before the step that samples its input tokens completed
 
 
 @dataclass
@@ -134,7 +136,8 @@ class EngineCore:
         self.max_model_len = self.runner.max_model_len
         self.blocks = BlockManager(self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching,
                                    salt=str(self.checkpoint.path))
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.max_model_len)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self.requests: dict[str, _Tracked] = {}
         self._grammars = None  # GrammarCache, built on the first structured request
@@ -146,9 +149,13 @@ class EngineCore:
         self.recent_steps: deque[StepStats] = deque(maxlen=256)
         self.recent_comm_steps: deque[CommStepStats] = deque(maxlen=256)
         self.async_scheduling = async_scheduling_enabled(config.async_scheduling, self.runner)
-        self._in_flight: _InFlight | None = None
+        self._in_flight: _InFlight | None = None  # the step launched ahead (the scheduler's ``ahead``), on the device
         self._last_step_end = 0.0
-        self.num_steps_ahead = 0  # steps launched before the one that samples their input tokens completed
+
+    @property
+    def num_steps_ahead(self) -> int:
+        """Steps launched before the one that samples their input tokens completed."""
+        return self.scheduler.num_steps_ahead
 
     # -- requests -----------------------------------------------------------------------
     def tokenize_prompt(self, prompt=None, messages=None, add_special_tokens: bool = True) -> list[int]:
@@ -236,52 +243,32 @@ class EngineCore:
             sched = self.scheduler.schedule()
             if not sched.scheduled:
                 return []
-            prev = _InFlight(sched, self.runner.launch(sched, lambda: self._advance(sched)), t0)
+            prev = self._launch(sched, t0)
         self._in_flight = self._launch_ahead(prev) if self.async_scheduling else None
         deltas = self._complete(prev)
         self._drop_finished_flight()
         return deltas
 
-    def _launch_ahead(self, prev: "_InFlight") -> "_InFlight | None":
-        """Async scheduling (vLLM v1's, SGLang's overlap scheduler): while step N runs on the device, queue step
-        N+1, each of N's requests decoding the token N samples (fed to N+1 on the device), and only then wait for
-        N's tokens, so that their detokenisation, stop checks and deltas, and the next schedule, run beside N+1.
+    def _launch(self, sched: SchedulerOutput, t0: float, feed=None) -> _InFlight:
+        """Queue a plan on the device (``feed``: the step in flight whose sampled tokens are its input ids) and
+        tell the scheduler, while the device runs it."""
+        fl = _InFlight(sched, self.runner.launch(sched, feed), t0)
+        self.scheduler.launched(sched)
+        return fl
 
-        Only a pure decode continuation goes ahead: nothing waiting to be admitted (or no room for it), every
-        running request sampling in N, none with a grammar (its matcher takes N's token on the host; penalties
-        count it on the device, engine/layers/penalties.py). A
-        request that N finishes by its length leaves the batch; one that N stops (EOS, stop token or string) or
-        that is aborted meanwhile has its N+1 token dropped, as if never sampled (its blocks are freed at once:
-        later steps that reuse them queue behind N+1). Seeded requests draw the same tokens as without look-ahead.
+    def _launch_ahead(self, prev: _InFlight) -> _InFlight | None:
+        """Async scheduling: while step N (``prev``) runs on the device, queue the scheduler's plan of N+1
+        (``Scheduler.schedule_ahead``: a decode of the token N samples, fed on the device), and only then wait for
+        N's tokens, so that their detokenisation, stop checks and deltas, and the next schedule, run beside N+1.
         None where N+1 cannot go ahead (N then completes and the next step is scheduled as usual)."""
-        sc = self.scheduler
-        if prev.launched.sampled is None or prev.launched.pooled or (
-                sc.waiting and len(sc.running) < sc.max_num_seqs):
-            return None
-        sampled = {id(r) for r in prev.launched.reqs}
-        batch = []
-        for r in sc.running:
-            p = r.params
-            if id(r) not in sampled or r.grammar is not None or r.pooling is not None:
-                return None
-            n_out = len(r.output_token_ids) + 1  # with N's token
-            if n_out >= (p.max_tokens or self.max_model_len) or r.num_tokens + 1 >= self.max_model_len:
-                continue  # N's token is its last
-            batch.append(r)
-        if not batch or not all(self.blocks.allocate(r, 1) for r in batch):
-            return None  # (blocks allocated before a refusal serve the next step)
-        sched = SchedulerOutput([ScheduledRequest(r, 1, pending=1) for r in batch])
-        self.num_steps_ahead += 1
-        t0 = time.monotonic()
-        return _InFlight(sched, self.runner.launch(sched, lambda: self._advance(sched, cache=False), prev.launched),
-                         t0, ahead=True)
+        sched = self.scheduler.schedule_ahead(prev.launched.reqs, bool(prev.launched.pooled))
+        return None if sched is None else self._launch(sched, time.monotonic(), prev.launched)
 
     def _drop_finished_flight(self) -> None:
         """Forget a step in flight none of whose requests is still running (all stopped or aborted since its
         launch): nothing of it would be kept, so nothing waits for it (its device work finishes on its own,
         before any later step's on the same stream)."""
-        fl = self._in_flight
-        if fl is not None and all(r.is_finished for r in fl.launched.reqs):
+        if self._in_flight is not None and self.scheduler.drop_finished_ahead():
             self._in_flight = None
 
     def _complete(self, fl: "_InFlight") -> list[RequestDelta]:
@@ -299,36 +286,25 @@ class EngineCore:
         now = time.monotonic()
         deltas = []
         live = self.requests
-        ahead = self._in_flight is not None  # a later step is queued: register the full blocks that token fills
         for req, tok, lp in zip(reqs, tokens, lps):
             tr = live.get(req.request_id)
             if tr is None or tr.request is not req or req.is_finished:
                 continue  # finished or aborted while this step ran
             deltas.append(self._append(tr, tok, lp, now))
-            if ahead and not req.is_finished:
-                self.blocks.cache_full_blocks(req)
+        self.scheduler.update_from_output(reqs)
         for req, vec in pooled:
             delta = self._finish(self.requests[req.request_id], "stop", None, [])
             delta.embedding = vec.numpy().astype("<f4").tobytes()
             deltas.append(delta)
         start = max(fl.t0, self._last_step_end)  # steps in flight together: each counts from the one before
         self._last_step_end = now
-        self.recent_steps.append(StepStats(now, now - start, len(self.scheduler.running), len(self.scheduler.waiting),
-                                           n_prefill, n_decode, self.blocks.usage))
+        sc = self.scheduler
+        self.recent_steps.append(StepStats(now, now - start, sc.num_running, sc.num_waiting, n_prefill, n_decode,
+                                           sc.blocks.usage))
         if self.executor is not None:
             d = self.executor.comm.stats.step_delta()
             self.recent_comm_steps.append(CommStepStats(now, d.calls, d.link_bytes, d.payload_bytes, d.seconds))
         return [d for d in deltas if d is not None]
-
-    def _advance(self, sched, cache: bool = True) -> None:
-        """The step's tokens count as computed and (``cache``) its newly full blocks join the prefix cache: called
-        while the forward runs (a later step that reads those blocks is queued behind it on the device). A step
-        launched ahead computes a token not yet on the host: its blocks are registered once that token is
-        (``_complete``)."""
-        for s in sched.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
-            if cache:
-                self.blocks.cache_full_blocks(s.request)
 
     def _append(self, tr: _Tracked, tok: int, lp, now: float) -> RequestDelta | None:
         req, p = tr.request, tr.request.params
@@ -406,17 +382,8 @@ class EngineCore:
 
         self.validate_prompt(token_ids, SamplingParams(max_tokens=None))
         req = Request(f"score-{time.monotonic_ns()}", list(token_ids), SamplingParams(max_tokens=1))
-        chunks = []
-        try:
-            while req.num_computed_tokens < req.num_tokens:
-                n = min(req.num_tokens - req.num_computed_tokens, self.config.max_num_batched_tokens)
-                if not self.blocks.allocate(req, n):
-                    raise KVCacheFullError("The KV cache has no room to score this sequence now; retry when idle.")
-                chunks.append(self.runner.all_logits(SchedulerOutput([ScheduledRequest(req, n)])))
-                req.num_computed_tokens += n
-        finally:
-            self.blocks.free_request(req)
-        return torch.cat(chunks)
+        with contextlib.closing(self.scheduler.scoring_steps(req, self.config.max_num_batched_tokens)) as steps:
+            return torch.cat([self.runner.all_logits(sched) for sched in steps])
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (no-op at TP=1). Also done at garbage collection and exit."""
@@ -426,13 +393,14 @@ class EngineCore:
 
     # -- stats --------------------------------------------------------------------------
     def stats(self, recent: int = 32) -> EngineStats:
-        b = self.blocks
+        sc = self.scheduler
+        b = sc.blocks
         st = EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_running=sc.num_running, num_waiting=sc.num_waiting,
             kv_usage=b.usage, num_kv_blocks=b.num_blocks, num_free_blocks=b.num_free_blocks,
             prefix_cache_hit_rate=(b.prefix_hits / b.prefix_queries) if b.prefix_queries else 0.0,
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
-            num_preemptions=self.scheduler.num_preemptions, recent_steps=list(self.recent_steps)[-recent:])
+            num_preemptions=sc.num_preemptions, recent_steps=list(self.recent_steps)[-recent:])
         if self.executor is not None:
             c = self.executor.comm_stats()
             st.tp_size, st.comm_strategy = c["tp_size"], c["comm_strategy"]

@@ -14,6 +14,8 @@ import torch
 
 from engine import heap, ops, progress
 from engine.config import EngineConfig, ModelConfig
+from engine.kernel_config import KernelConfig
+from engine.kernel_config import resolve as resolve_kernels
 from engine.layers.attention import AttentionMetadata, SeqSpan
 from engine.layers.linear import quantized_load
 from engine.layers.penalties import PenaltyState, has_penalty
@@ -58,10 +60,14 @@ ACTIVATION_MARGIN_BYTES = 256 << 20  # allocator fragmentation, cuBLAS workspace
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, weights, max_model_len: int,
-                 checkpoint_dtype: str | None = None, tp: TPContext = SINGLE, defer_kv: bool = False):
+                 checkpoint_dtype: str | None = None, tp: TPContext = SINGLE, defer_kv: bool = False,
+                 kernel_config: KernelConfig | None = None):
         self.config = config
         self.model_config = model_config
         self.device = resolve_device(config.device)
+        # the kernel configuration (engine/kernel_config.py): rank 0's where the TP executor hands it to a worker,
+        # else resolved here once from the device's facts and the config; applied to this process's native kernels
+        self.kernel_config = ops.configure(kernel_config or resolve_kernels(ops.device_facts(self.device), config))
         self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
         # the KV cache's element type: the model's, or fp8 e4m3 (--kv-cache-dtype fp8, a GPU's)
         self.kv_cache_dtype = resolve_kv_cache_dtype(getattr(config, "kv_cache_dtype", "auto"), self.device,
@@ -400,18 +406,15 @@ class ModelRunner:
         # a one-token prefill chunk short of its prompt's end samples nothing
         return select_rows(logits, inp.logit_rows)
 
-    def execute(self, sched: ScheduledStep, while_running: Callable[[], None] | None = None
-                ) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],
-                           list[tuple[SequenceState, torch.Tensor]]]:
-        """Run one step and wait for it: ``collect(launch(sched, while_running))``."""
-        return self.collect(self.launch(sched, while_running))
+    def execute(self, sched: ScheduledStep) -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],
+                                                     list[tuple[SequenceState, torch.Tensor]]]:
+        """Run one step and wait for it: ``collect(launch(sched))``."""
+        return self.collect(self.launch(sched))
 
-    def launch(self, sched: ScheduledStep, while_running: Callable[[], None] | None = None,
-               feed: "Launched | None" = None) -> "Launched":
-        """Queue one step (forward and sampler) without waiting for it; ``collect`` waits. ``while_running`` is
-        called once the forward is queued and before anything waits for it: host work that a GPU step then hides
-        (the core advances the requests' computed tokens there, so nothing after it here reads the step's
-        ScheduledStep).
+    def launch(self, sched: ScheduledStep, feed: "Launched | None" = None) -> "Launched":
+        """Queue one step (forward and sampler) without waiting for it (no host synchronisation: the caller's host
+        work beside the device starts when this returns); ``collect`` waits. Nothing here reads the step's
+        ScheduledStep once this returns (the core then advances the requests' computed tokens).
 
         ``feed``: the step before, still in flight, whose sampled tokens are this step's input ids (a decode step
         launched ahead, engine/core/core.py): every sequence of ``sched`` sampled there, its token not yet on the
@@ -432,8 +435,6 @@ class ModelRunner:
             self.on_step(inp)
         pooled: list[tuple[SequenceState, torch.Tensor]] = []
         logits = self.run(inp, (lambda hidden: pooled.extend(self._pool(hidden, pools))) if pools else None, fed)
-        if while_running is not None:
-            while_running()
         if not reqs:
             return Launched([], None, pooled)
         gens = [self.generators.get(r.request_id) for r in reqs]

@@ -118,3 +118,74 @@ def test_admitted_request_with_one_token_left_joins_the_decodes():
     out = s.schedule()
     assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("hit", 1), ("long", 16)]
     assert hit.num_cached_tokens == 8
+
+
+def decoding(s, *reqs):
+    """Admit and prefill the requests: each then has its first output token and one token left to compute."""
+    for r in reqs:
+        s.add(r)
+    out = s.schedule()
+    s.launched(out)
+    for x in out.scheduled:
+        x.request.output_token_ids.append(7)
+    return out
+
+
+def test_schedule_ahead_plans_a_decode_of_the_token_in_flight():
+    """Look-ahead inside the scheduler: every running request that samples in step N decodes N's token in N+1
+    (pending=1, one block more where needed); the step launched ahead counts as computed but registers its blocks
+    only once N's tokens are on the host (update_from_output)."""
+    bm = BlockManager(100, 4, enable_prefix_caching=True)
+    s = Scheduler(bm, 8, max_num_batched_tokens=64, max_model_len=64)
+    a, b = mk("a", 5), mk("b", 6)
+    decoding(s, a, b)
+    n = s.schedule()
+    s.launched(n)  # step N: a and b at 6 and 7 computed tokens, the tokens N samples not yet on the host
+    ahead = s.schedule_ahead([a, b])
+    assert ahead is s.ahead and s.num_steps_ahead == 1
+    assert [(x.request, x.num_new_tokens, x.pending, x.samples) for x in ahead.scheduled] == [
+        (a, 1, 1, True), (b, 1, 1, True)]
+    s.launched(ahead)
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (7, 8) and len(b.block_ids) == 2
+    assert len(b.block_keys) == 1  # the step ahead fills b's second block with N's token, still on the device
+    b.output_token_ids.append(9)
+    a.output_token_ids.append(9)
+    s.update_from_output([a, b])
+    assert len(b.block_keys) == 2 and len(a.block_keys) == 1
+    s.finish(a)
+    assert not s.drop_finished_ahead()  # b still runs in it
+    s.finish(b)
+    assert s.drop_finished_ahead() and s.ahead is None
+
+
+def test_schedule_ahead_refuses_what_needs_the_host():
+    s = Scheduler(BlockManager(100, 4), 8, max_num_batched_tokens=64, max_model_len=64)
+    a, b = mk("a", 5), mk("b", 5)
+    decoding(s, a, b)
+    assert s.schedule_ahead([]) is None  # N samples nothing
+    assert s.schedule_ahead([a, b], pooled=True) is None  # N finished an embedding
+    assert s.schedule_ahead([a]) is None  # b does not sample in N
+    s.add(mk("w", 5))
+    assert s.schedule_ahead([a, b]) is None  # a waiting request has room: the next step admits it
+    s.waiting.clear()
+    a.grammar = object()
+    assert s.schedule_ahead([a, b]) is None  # a grammar takes N's token on the host
+    a.grammar = None
+    a.params = SamplingParams(max_tokens=2)  # N's token is a's last: a leaves the batch
+    assert [x.request for x in s.schedule_ahead([a, b]).scheduled] == [b]
+    assert s.num_steps_ahead == 1 and s.ahead is not None
+    assert s.schedule_ahead([]) is None and s.ahead is None  # each plan replaces the last
+
+
+def test_scoring_steps_borrow_blocks_and_give_them_back():
+    bm = BlockManager(6, 4, enable_prefix_caching=False)
+    s = Scheduler(bm, 8, max_num_batched_tokens=64)
+    r = mk("score", 10)
+    assert [x.scheduled[0].num_new_tokens for x in s.scoring_steps(r, 4)] == [4, 4, 2]
+    assert bm.num_free_blocks == 6 and not s.has_unfinished()
+    import pytest
+    from engine.errors import KVCacheFullError
+
+    with pytest.raises(KVCacheFullError):
+        list(s.scoring_steps(mk("long", 30), 64))
+    assert bm.num_free_blocks == 6
