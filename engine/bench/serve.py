@@ -121,9 +121,9 @@ def add_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
 
 
 def client_host() -> dict:
-    """This machine: CPU, GPUs, driver and topology (engine.bench.report.host_hardware), versions and the engine's
+    """This machine: CPU, GPUs, driver and topology (engine.host_info.host_hardware), versions and the engine's
     view (engine.bench.report.environment) when the engine's packages import."""
-    from engine.bench.report import host_hardware
+    from engine.host_info import host_hardware
 
     try:
         from engine.bench.report import environment

@@ -286,7 +286,7 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
 
     @app.get("/v1/server_info", response_model=protocol.ServerInfo, responses={401: err})
     async def server_info() -> dict:
-        from engine.bench.report import host_hardware
+        from engine.host_info import host_hardware
 
         if not hardware:
             hardware.update(await asyncio.to_thread(host_hardware))  # NVML: once, off the loop
