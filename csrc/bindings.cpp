@@ -39,7 +39,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("force_isa", &kestrel::cpu::force_isa, py::arg("name"),
         "Force the CPU ISA level ('scalar', 'avx2', 'avx512'; 'avx512bf16': avx512 with the bf16 dot product in "
         "the linear kernels) or go back to the best one ('auto'). "
-        "Raises ValueError for a level this build or CPU lacks. KESTREL_CPU_ISA sets the level at import.");
+        "Raises ValueError for a level this build or CPU lacks. engine.ops.configure sets it at engine start "
+        "(KernelConfig.cpu_isa).");
   m.def("available_isas", &kestrel::cpu::available_isas, "ISA levels usable on this CPU with this build");
   m.def("linear_isa", &kestrel::cpu::linear_isa,
         "ISA level the CPU linear kernels use now: scalar, avx2, avx512 or avx512bf16 (AVX-512 with vdpbf16ps "
@@ -48,7 +49,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_num_threads", &kestrel::cpu::set_num_threads, py::arg("n"), "Threads the CPU kernels may use");
   m.def("get_num_threads", &kestrel::cpu::get_num_threads);
   m.def("gemm_on_pool", &kestrel::cpu::gemm_on_pool,
-        "Whether the GEMM regime runs on the linear pool (else OpenMP): KESTREL_GEMM_THREADS, or OMP_WAIT_POLICY");
+        "Whether the GEMM regime runs on the linear pool (else OpenMP): set_gemm_threads, or OMP_WAIT_POLICY");
+  m.def("set_gemm_threads", &kestrel::cpu::set_gemm_threads, py::arg("mode"),
+        "Threads of the GEMM regime: 'pool', 'openmp' or 'auto' (by OMP_WAIT_POLICY); engine.ops.configure sets it at "
+        "engine start (KernelConfig.gemm_threads). Raises ValueError for another value.");
 
   m.def("rms_norm", &kestrel::cpu::rms_norm, release(), py::arg("dtype"), py::arg("out"), py::arg("out_stride"),
         py::arg("x"), py::arg("x_stride"), py::arg("weight"), py::arg("T"), py::arg("H"), py::arg("eps"));
@@ -95,7 +99,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("gguf_isas", &kestrel::cpu::gguf_isas, "GGUF kernel levels this build and CPU have");
   m.def("gguf_force_isa", &kestrel::cpu::gguf_force_isa, py::arg("name"),
         "Force the GGUF kernel level (one of gguf_isas()) or go back to 'auto' (the best one at or below the linear "
-        "kernels' level); KESTREL_GGUF_ISA sets it at import");
+        "kernels' level); engine.ops.configure sets it at engine start (KernelConfig.gguf_isa)");
 
 #ifdef KESTREL_WITH_COMM
   m.attr("has_comm") = true;
@@ -117,5 +121,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_paged_decode_attention", &kestrel::cuda::paged_decode_attention, release());
   m.def("cuda_int_mma_linear", &kestrel::cuda::int_mma_linear, release());
   m.def("cuda_int_mma_dequantize", &kestrel::cuda::int_mma_dequantize, release());
+  m.def("cuda_set_int_mma_warps", &kestrel::cuda::set_int_mma_warps, py::arg("warps"),
+        "Warps per block of cuda_int_mma_linear (1..16), or 0: by the SM count (KernelConfig.int_mma_warps)");
 #endif
 }

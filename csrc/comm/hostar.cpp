@@ -32,7 +32,7 @@ namespace kestrel::comm {
 namespace {
 
 // ----------------------------------------------------------------------------------------------------
-// ISA dispatch (the same levels as csrc/cpu; KESTREL_CPU_ISA forces one there, comm_force_isa here)
+// ISA dispatch (the same levels as csrc/cpu; force_isa forces one there, comm_force_isa here)
 
 bool has_avx2() {
 #if defined(KESTREL_X86_VARIANTS)

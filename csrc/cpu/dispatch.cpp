@@ -1,5 +1,5 @@
 // CPU dispatcher: picks the kernel table for the best ISA this CPU supports (or the one forced by
-// KESTREL_CPU_ISA / force_isa), validates arguments that would otherwise read or write out of bounds,
+// force_isa, from KernelConfig.cpu_isa at engine start), validates arguments that would otherwise read or write out of bounds,
 // and splits the work across OpenMP threads when it is large enough to pay for the fork/join.
 
 #include "ops.h"
@@ -105,35 +105,13 @@ const KernelTable* best_table() {
   return table_scalar();
 }
 
-const KernelTable* initial_table() {
-  const char* env = std::getenv("KESTREL_CPU_ISA");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return best_table();
-  if (const KernelTable* t = table_for(env)) {
-    if (linear_for(env) != nullptr) return t;
-  }
-  std::fprintf(stderr,
-               "kestrel: KESTREL_CPU_ISA=%s is not a level this build and CPU support "
-               "(scalar, avx2, avx512, avx512bf16); using the best available one\n",
-               env);
-  return best_table();
-}
-
-const LinearTable* initial_linear() {
-  const char* env = std::getenv("KESTREL_CPU_ISA");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return best_linear();
-  if (table_for(env) != nullptr) {
-    if (const LinearTable* l = linear_for(env)) return l;
-  }
-  return best_linear();  // initial_table() reports it
-}
-
 std::atomic<const KernelTable*> g_table{nullptr};
 std::atomic<const LinearTable*> g_linear{nullptr};
 
 const KernelTable& K() {
   const KernelTable* t = g_table.load(std::memory_order_acquire);
   if (t == nullptr) {
-    t = initial_table();
+    t = best_table();  // force_isa (engine.ops.configure: KernelConfig.cpu_isa) changes it
     g_table.store(t, std::memory_order_release);
   }
   return *t;
@@ -142,7 +120,7 @@ const KernelTable& K() {
 const LinearTable& KL() {
   const LinearTable* t = g_linear.load(std::memory_order_acquire);
   if (t == nullptr) {
-    t = initial_linear();
+    t = best_linear();
     g_linear.store(t, std::memory_order_release);
   }
   return *t;

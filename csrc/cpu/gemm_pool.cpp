@@ -13,6 +13,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -141,15 +143,24 @@ Pool* get_pool(int n) {
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_gemm_threads{-1};  // -1 auto (by OMP_WAIT_POLICY), 0 openmp, 1 pool: set_gemm_threads
+}  // namespace
+
+void set_gemm_threads(const std::string& mode) {
+  if (mode == "auto" || mode.empty()) g_gemm_threads.store(-1, std::memory_order_relaxed);
+  else if (mode == "pool") g_gemm_threads.store(1, std::memory_order_relaxed);
+  else if (mode == "openmp") g_gemm_threads.store(0, std::memory_order_relaxed);
+  else throw std::invalid_argument("gemm threads: expected auto, pool or openmp, not '" + mode + "'");
+}
+
 bool gemm_on_pool() {
   static const bool passive = [] {  // libgomp reads its policy once, at start-up: so does this
     const char* e = std::getenv("OMP_WAIT_POLICY");
     return e != nullptr && strcasecmp(e, "passive") == 0;
   }();
-  const char* f = std::getenv("KESTREL_GEMM_THREADS");
-  if (f != nullptr && strcasecmp(f, "pool") == 0) return true;
-  if (f != nullptr && strcasecmp(f, "openmp") == 0) return false;
-  return passive;
+  const int mode = g_gemm_threads.load(std::memory_order_relaxed);
+  return mode < 0 ? passive : mode == 1;
 }
 
 void pool_run(int threads, int64_t chunks, void (*fn)(void* ctx, int64_t chunk), void* ctx) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace kestrel::cpu {
 
@@ -37,9 +38,10 @@ void pool_for(int nt, int64_t n, const F& f) {
 // the engine's default: engine/__init__.py), every region wakes them again, and a prefill opens hundreds (on the
 // 2-core Zen 5 dev VM, whose idle vCPUs halt, the 1B Q4_0 prefill lost ~22%: 268-271 against 345 tok/s); the
 // pool's workers stay awake between calls. With spinning OpenMP workers (libgomp's default), sharing OpenMP's team
-// is faster (the workers would take this pool's cores: dispatch.cpp run_linear). KESTREL_GEMM_THREADS = pool /
-// openmp forces either (read at each call, so that a benchmark compares both in one process); auto or unset: by
-// OMP_WAIT_POLICY.
+// is faster (the workers would take this pool's cores: dispatch.cpp run_linear). set_gemm_threads("pool" / "openmp")
+// forces either (KernelConfig.gemm_threads, engine.ops.configure; a benchmark may compare both in one process);
+// "auto": by OMP_WAIT_POLICY, read once.
 bool gemm_on_pool();
+void set_gemm_threads(const std::string& mode);
 
 }  // namespace kestrel::cpu

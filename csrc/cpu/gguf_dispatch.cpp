@@ -62,7 +62,7 @@ const GGUFTable* table_for(const std::string& name) {
   return nullptr;
 }
 
-// The best level at or below the linear kernels' level (so KESTREL_CPU_ISA / force_isa("avx2") also keep these
+// The best level at or below the linear kernels' level (so force_isa("avx2") also keeps these
 // kernels off AVX-512).
 const GGUFTable* auto_table() {
   const std::string lin = linear_isa();
@@ -75,18 +75,9 @@ const GGUFTable* auto_table() {
   return gguf_table_scalar();
 }
 
-std::atomic<const GGUFTable*> g_forced{nullptr};
-std::atomic<bool> g_env_read{false};
+std::atomic<const GGUFTable*> g_forced{nullptr};  // gguf_force_isa (KernelConfig.gguf_isa); null: auto
 
 const GGUFTable& T() {
-  if (!g_env_read.load(std::memory_order_acquire)) {
-    const char* env = std::getenv("KESTREL_GGUF_ISA");
-    if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
-      const GGUFTable* t = table_for(env);
-      g_forced.store(t, std::memory_order_release);  // unknown / unavailable: auto
-    }
-    g_env_read.store(true, std::memory_order_release);
-  }
   const GGUFTable* t = g_forced.load(std::memory_order_acquire);
   return t != nullptr ? *t : *auto_table();
 }
@@ -255,7 +246,6 @@ std::vector<std::string> gguf_isas() {
 }
 
 void gguf_force_isa(const std::string& name) {
-  g_env_read.store(true, std::memory_order_release);
   if (name == "auto" || name.empty()) {
     g_forced.store(nullptr, std::memory_order_release);
     return;

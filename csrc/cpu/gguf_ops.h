@@ -22,6 +22,6 @@ void gguf_dequantize(int dtype, uintptr_t out, uintptr_t w, int64_t row_bytes, i
 bool gguf_has_kernel(int qtype);           // ggml type id
 std::string gguf_isa();                    // level in use: scalar, avx2, avxvnni or avx512vnni
 std::vector<std::string> gguf_isas();      // levels this build and CPU have
-void gguf_force_isa(const std::string& name);  // one of gguf_isas(), or "auto" (also KESTREL_GGUF_ISA at import)
+void gguf_force_isa(const std::string& name);  // one of gguf_isas(), or "auto" (engine.ops.configure: KernelConfig.gguf_isa)
 
 }  // namespace kestrel::cpu

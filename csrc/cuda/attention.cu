@@ -516,16 +516,10 @@ Plan plan(int64_t base, int64_t max_tokens, int64_t part_tokens, int device) {
   return Plan{int(splits), int(part)};
 }
 
-// Tokens per lane group per warp step in the G = 4 vector kernel (its U): 4 keeps the most loads in flight per
-// warp, 2 fits it in 128 registers (4 blocks per SM instead of 3), 1 in 96 (5). U = 2 was faster than 4 at every
-// batch and context kestrel bench gpu measured on the H200 (b64 x 512: 2,163 against 1,750 GB/s).
-// KESTREL_CUDA_DECODE_U (1, 2 or 4) overrides it (read at each launch, so a benchmark compares them in one
-// process; a CUDA graph keeps its capture's).
-int tokens_per_step() {
-  const char* e = std::getenv("KESTREL_CUDA_DECODE_U");
-  const int u = e ? std::atoi(e) : 0;
-  return u == 1 || u == 4 ? u : 2;
-}
+// Tokens per lane group per warp step in the G = 4 vector kernel (its U) is 2: it fits the kernel in 128 registers
+// (4 blocks per SM; U = 4 needs 165, 3 blocks). U = 2 was faster than 1 and 4 at every batch and context kestrel
+// bench gpu measured on the H200 (docs/benchmarks/gpu_decode_2026-12-02.md, run g: b64 x 512 2,142 GB/s against
+// 1,642 (U = 1) and 1,732 (U = 4)); the other two were deleted with their switch (issue 46).
 
 template <class T, class C>
 void launch_decode(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st, int device, const Plan& p,
@@ -553,12 +547,7 @@ void launch_decode(int vpl, dim3 grid, dim3 rgrid, int rthreads, cudaStream_t st
     constexpr int HD = decltype(hd_c)::value;
     if constexpr (HD / E <= 32) {
       if (G == 8) return run(paged_decode_vec_kernel<T, C, HD, 8, 2>);
-      if (G == 4) {
-        const int u = tokens_per_step();
-        if (u == 1) return run(paged_decode_vec_kernel<T, C, HD, 4, 1>);
-        if (u == 2) return run(paged_decode_vec_kernel<T, C, HD, 4, 2>);
-        return run(paged_decode_vec_kernel<T, C, HD, 4, 4>);
-      }
+      if (G == 4) return run(paged_decode_vec_kernel<T, C, HD, 4, 2>);
       if (G == 2) return run(paged_decode_vec_kernel<T, C, HD, 2, 4>);
       return run(paged_decode_vec_kernel<T, C, HD, 1, 4>);
     }

@@ -38,13 +38,11 @@ __device__ __forceinline__ void dependent_entry() {
   wait_for_producer();
 }
 
-// Whether launch() makes its kernels programmatic dependents on `device`: compute capability 9.0+ and
-// KESTREL_PDL=auto (read at each launch, so a benchmark compares the settings in one process; a CUDA graph keeps
-// its capture's). KESTREL_PDL=gemv keeps PDL for the Triton GEMV only, off for none.
+// Whether launch() makes its kernels programmatic dependents on `device`: compute capability 9.0+ (read once per
+// device). PDL was faster at every batch measured (docs/benchmarks/gpu_decode_2026-12-06.md: batch-1 TPOT 4.46 ms
+// with every kernel PDL against 4.55 ms plain launches); the plain-launch switch (KESTREL_PDL) was deleted (issue 46).
 inline bool pdl_launches(int device) {
   static int major[64] = {0};
-  const char* e = std::getenv("KESTREL_PDL");
-  if (e && (std::strcmp(e, "off") == 0 || std::strcmp(e, "gemv") == 0)) return false;
   if (device < 0 || device >= 64) return false;
   if (major[device] == 0) {
     int m = 0;

@@ -17,6 +17,7 @@
 // subtracting (bias + zero code) is exact. Groups of a multiple of 64 positions: the products of a group
 // accumulate in fp32 and are scaled once per group (the scale never touches the weight in bf16); groups of 16 /
 // 32 (a lane's 16 positions lie in one group): the weight is scaled in registers (one more rounding).
+#include <atomic>
 #include <type_traits>
 
 #include "common.cuh"
@@ -327,13 +328,13 @@ __global__ void int_mma_dequantize_kernel(IntArgs p) {
   }
 }
 
-// Warps per block: enough blocks x warps to put ~16 warps on every SM (KESTREL_INT_MMA_WARPS overrides), at
-// most one per U quads of K.
+// Warps per block fixed by set_int_mma_warps (KernelConfig.int_mma_warps, engine.ops.configure at engine start);
+// 0: enough blocks x warps to put ~16 warps on every SM. At most one per U quads of K.
+std::atomic<int> g_warps{0};
+
 int warps_for(int ntiles, int kq_total, int u, int device) {
-  if (const char* e = std::getenv("KESTREL_INT_MMA_WARPS")) {
-    const int w = std::atoi(e);
-    if (w >= 1 && w <= kMaxWarps) return std::min(w, std::max(1, kq_total));
-  }
+  const int fixed = g_warps.load(std::memory_order_relaxed);
+  if (fixed >= 1 && fixed <= kMaxWarps) return std::min(fixed, std::max(1, kq_total));
   const int want = (sm_count(device) * 16 + ntiles - 1) / ntiles;
   int w = 1;
   while (w < want && w < kMaxWarps) w *= 2;
@@ -352,6 +353,11 @@ void launch_gemm(IntArgs a, bool lane_groups, int device, cudaStream_t st) {
 }
 
 }  // namespace
+
+void set_int_mma_warps(int warps) {
+  if (warps < 0 || warps > kMaxWarps) throw std::invalid_argument("int_mma warps: expected 0..16");
+  g_warps.store(warps, std::memory_order_relaxed);
+}
 
 void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t q,
                     uintptr_t scales, int scale_dtype, int64_t s_stride, uintptr_t zeros, int64_t z_stride,

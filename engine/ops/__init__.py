@@ -9,10 +9,12 @@ of the pure-torch references in ``engine.ops.reference`` (which documents them).
 
 If engine._C cannot be imported (a source tree that was never built), the functions fall back to the
 references (``linear`` to torch's F.linear, which has the same semantics and is much faster than the
-fp32 reference); that is logged as a warning and ``native_available()`` returns False. Set
-KESTREL_REQUIRE_NATIVE=1 to make a missing native module an ImportError instead.
+fp32 reference); that is logged as a warning and ``native_available()`` returns False.
 
-CPU: the dispatcher picks AVX-512, AVX2 or scalar kernels at import (``cpu_isa()``); KESTREL_CPU_ISA
+Configuration: ``configure(kernel_config)`` applies an engine.kernel_config.KernelConfig (resolved from
+``device_facts(device)``) once at engine start: the kernels read no environment variable.
+
+CPU: the dispatcher picks AVX-512, AVX2 or scalar kernels at import (``cpu_isa()``); KernelConfig.cpu_isa
 forces a level ("avx512bf16": AVX-512 plus the bf16 dot product, used by ``linear``; ``linear_isa()``).
 CUDA tensors need a build with the CUDA toolkit (``engine._C.has_cuda``); ``linear`` hands them to torch.
 ``set_batch_invariant(True)`` (--deterministic) makes the CPU ``linear`` and ``paged_decode_attention`` compute
@@ -38,8 +40,10 @@ from engine.ops.int8 import Int8Weight
 from engine.ops.native import (
     available_isas,
     batch_invariant,
+    configure,
     cpu_isa,
     cuda_available,
+    device_facts,
     linear_isa,
     native_available,
     set_batch_invariant,
@@ -79,6 +83,8 @@ __all__ = [
     "VARLEN_SHORT_QUERY",
     "VarlenPlan",
     "native_available",
+    "configure",
+    "device_facts",
     "cuda_available",
     "cpu_isa",
     "available_isas",

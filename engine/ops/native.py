@@ -44,15 +44,14 @@ import warnings
 
 import torch
 
-from engine import envs
+from engine.cpu_features import cpu_flags
+from engine.kernel_config import DeviceFacts, KernelConfig
 
 log = logging.getLogger(__name__)
 
 try:
     from engine import _C as native_lib
 except ImportError as _exc:  # not built: fall back to the references, loudly
-    if envs.KESTREL_REQUIRE_NATIVE:
-        raise ImportError(f"engine._C (Kestrel's native kernels) is not importable: {_exc}") from _exc
     native_lib = None
     _msg = (
         f"engine._C is not importable ({_exc}); engine.ops runs the slow pure-torch reference kernels. "
@@ -101,24 +100,11 @@ def linear_isa() -> str:
     return native_lib.linear_isa() if native_lib is not None else "reference"
 
 
-_CPU_AMX_BF16: bool | None = None  # the cpuinfo flag, read once
-
-
 def amx_bf16() -> bool:
     """Whether large CPU linear calls in bfloat16 go to torch's oneDNN GEMM on the AMX matrix units (engine/ops/
-    gemm.py): KESTREL_CPU_AMX=auto (default) where the CPU has AMX-BF16 (Sapphire Rapids and later Xeons; Linux's
-    cpuinfo flag amx_bf16), on, or off (the native kernels at every size)."""
-    global _CPU_AMX_BF16
-    setting = envs.KESTREL_CPU_AMX
-    if setting != "auto":
-        return setting == "on"
-    if _CPU_AMX_BF16 is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                _CPU_AMX_BF16 = any(line.startswith("flags") and " amx_bf16" in line for line in f)
-        except OSError:
-            _CPU_AMX_BF16 = False
-    return _CPU_AMX_BF16
+    gemm.py): KernelConfig.cpu_amx as ``configure`` applied it; before any configure, where the CPU has AMX-BF16
+    (Sapphire Rapids and later Xeons; Linux's cpuinfo flag amx_bf16)."""
+    return mode.amx
 
 
 # ------------------------------------------------------------------------------------------------
@@ -132,10 +118,11 @@ BATCH_INVARIANT = 1 << 8  # kBatchInvariant
 class KernelMode:
     """Process-wide options of the CPU kernels; the ops read ``mode.flags`` at every call (one attribute load)."""
 
-    __slots__ = ("flags",)
+    __slots__ = ("flags", "amx")
 
     def __init__(self) -> None:
         self.flags = 0  # option bits for the CPU linear and paged_decode_attention calls
+        self.amx = "amx_bf16" in cpu_flags()  # KernelConfig.cpu_amx (configure); the CPU's flag until then
 
 
 mode = KernelMode()
@@ -152,6 +139,45 @@ def set_batch_invariant(on: bool) -> None:
 
 def batch_invariant() -> bool:
     return bool(mode.flags & BATCH_INVARIANT)
+
+
+def device_facts(device: torch.device | str) -> DeviceFacts:
+    """What engine.kernel_config.resolve needs to know of ``device`` and this machine."""
+    import os
+
+    device = torch.device(device)
+    capability = None
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        capability = tuple(torch.cuda.get_device_capability(index))
+    from engine.ops.varlen_attention import available as triton_available  # Triton importable (and not broken)
+
+    return DeviceFacts(device_type=device.type, cuda_capability=capability, cpu_flags=cpu_flags(),
+                       omp_passive=os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive",
+                       triton=device.type == "cuda" and triton_available())
+
+
+def configure(kc: KernelConfig) -> KernelConfig:
+    """Apply a resolved kernel configuration to this process, once at engine start (ModelRunner; each TP rank with
+    the executor's): the CPU kernels' ISA levels and GEMM threads, the AMX route, the integer tensor-core kernel's
+    warps (engine._C's one-time settings; no kernel reads the environment). A level this build or CPU lacks falls
+    back to the best one with a warning. Returns the configuration as applied (the levels as the native module
+    reports them are in ``cpu_isa()`` / ``gguf_isa``)."""
+    mode.amx = kc.cpu_amx == "on" if kc.cpu_amx != "auto" else "amx_bf16" in cpu_flags()
+    if native_lib is None:
+        return kc
+    for setter, value, what in ((native_lib.force_isa, kc.cpu_isa, "cpu_isa"),
+                                (native_lib.gguf_force_isa, kc.gguf_isa, "gguf_isa")):
+        try:
+            setter(value)
+        except ValueError as e:
+            log.warning("KernelConfig.%s=%s is not a level this build and CPU support (%s); using the best one",
+                        what, value, e)
+            setter("auto")
+    native_lib.set_gemm_threads(kc.gemm_threads)
+    if _HAS_CUDA:
+        native_lib.cuda_set_int_mma_warps(int(kc.int_mma_warps))
+    return kc
 
 
 def set_num_threads(n: int) -> None:

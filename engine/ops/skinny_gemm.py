@@ -8,21 +8,22 @@ The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at th
 
 Launched as a programmatic dependent (PDL, sm_90+): the kernels before it in a decode step (norms, silu_and_mul,
 decode attention: csrc/cuda/common.cuh ``launch`` / ``dependent_entry``) let it launch as they start, so its
-programs are resident and waiting (griddepcontrol.wait) when they finish, instead of launching after;
-``KESTREL_PDL=off`` turns it off. The weights do not depend on that kernel: a resident program loads its first
-weight tiles into registers before it waits (``KESTREL_GEMV_EARLY``: 0, 1 or 2 tiles, default 2), so the weight
+programs are resident and waiting (griddepcontrol.wait) when they finish, instead of launching after. The weights
+do not depend on that kernel: a resident program loads its first two weight tiles into registers before it waits, so the weight
 stream of a layer's GEMV begins under the norm, attention or activation kernel before it. Measured on the H200 (b1
 TPOT, graphs; docs/benchmarks/gpu_decode_2026-12-05.md): 4.28 / 4.35 / 4.44 ms with 2 / 1 / 0 tiles in one run;
-tiles prefetched into L2 (``prefetch.global.L2``) instead were slower (4.79 ms with three, 5.62 with seven).
+tiles prefetched into L2 (``prefetch.global.L2``) instead were slower (4.79 ms with three, 5.62 with seven). Every
+kernel PDL against plain launches: 4.46 against 4.55 ms (docs/benchmarks/gpu_decode_2026-12-06.md). The losing
+variants (plain launches, 0 or 1 early tiles: KESTREL_PDL, KESTREL_GEMV_EARLY) were deleted (issue 46).
 
 The MLP's gate_up projection takes the same kernel with the SiLU-gated activation in its epilogue
 (``skinny_silu_and_mul``, through ``ops.linear_silu_and_mul``): one kernel less per layer; H100, b1 TPOT 5.67 / 5.68
-against 5.74 / 5.73 ms in two runs (docs/benchmarks/gpu_decode_2026-12-06.md). ``KESTREL_FUSED_SILU=off`` keeps
-the GEMV, then silu_and_mul.
+against 5.74 / 5.73 ms in two runs (docs/benchmarks/gpu_decode_2026-12-06.md); the unfused path's switch
+(KESTREL_FUSED_SILU) was deleted (issue 46).
 
 When: inside ``for_graphs()`` (the decode CUDA graphs' warm-up and capture; tests and benchmarks): there a launch
 costs nothing and only the kernel's speed counts, while eagerly Triton's Python launcher costs more than cuBLAS's.
-``KESTREL_SKINNY_GEMM=off`` keeps cuBLAS there too.
+(cuBLAS inside the graphs too, KESTREL_SKINNY_GEMM=off, lost on every shape above and was deleted: issue 46.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import envs
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,13 @@ _depth = 0  # for_graphs() nesting with the kernels enabled
 
 @contextlib.contextmanager
 def for_graphs() -> Iterator[None]:
-    """Within: linear calls with one row take the GEMV kernel (unless KESTREL_SKINNY_GEMM=off)."""
+    """Within: linear calls with one row take the GEMV kernel."""
     global _depth
-    on = envs.KESTREL_SKINNY_GEMM != "off"
-    _depth += on
+    _depth += 1
     try:
         yield
     finally:
-        _depth -= on
+        _depth -= 1
 
 
 def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -74,8 +73,8 @@ def wanted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 def wanted_gated(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear_silu_and_mul`` takes the fused kernel (skinny_silu_and_mul): as ``wanted`` (no bias), an
-    even number of rows, and not KESTREL_FUSED_SILU=off."""
-    return envs.KESTREL_FUSED_SILU != "off" and weight.dim() == 2 and weight.shape[0] % 2 == 0 and wanted(
+    even number of rows."""
+    return weight.dim() == 2 and weight.shape[0] % 2 == 0 and wanted(
         x, weight, None)
 
 
@@ -109,9 +108,8 @@ def _launch(x, weight, bias, out, config, gated: bool) -> torch.Tensor:
     rows = cfg.block_n // 2 if gated else cfg.block_n  # outputs per program
     grid = (-(-(N // 2 if gated else N) // rows),)
     pdl_on = pdl(x.device)
-    early = min(max(envs.KESTREL_GEMV_EARLY, 0), 2)
     kern.gemv_kernel[grid](x, weight, bias if bias is not None else weight, out, N, K, HAS_BIAS=bias is not None,
-                           EVEN_K=K % cfg.block_k == 0, PDL=pdl_on, EARLY=early, GATED=gated,
+                           EVEN_K=K % cfg.block_k == 0, PDL=pdl_on, GATED=gated,
                            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
                            num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl_on else {}))
     return out
@@ -121,8 +119,8 @@ _SM90: dict[int, bool] = {}  # CUDA device index -> compute capability >= 9.0
 
 
 def pdl(device: torch.device) -> bool:
-    """Whether the GEMV launches as a programmatic dependent here: CUDA sm_90+, not KESTREL_PDL=off."""
-    if device.type != "cuda" or envs.KESTREL_PDL == "off":
+    """Whether the GEMV launches as a programmatic dependent here: CUDA sm_90+ (KernelConfig.pdl records it)."""
+    if device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SM90:

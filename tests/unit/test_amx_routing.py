@@ -1,6 +1,6 @@
 """Large bfloat16 CPU linear calls on torch's oneDNN GEMM where the CPU has AMX (engine/ops/gemm.py AMX_MIN_M,
 engine/ops/gguf_quant.py: GGUF weights dequantized panel by panel): which calls take that route
-(KESTREL_CPU_AMX forces it on or off, so these run on any CPU), and that it computes what the dequantized
+(KernelConfig.cpu_amx forces it on or off, so these run on any CPU), and that it computes what the dequantized
 weights times x give. Batch-invariant mode (--deterministic) never takes it."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from gguf import quants
 from engine import ops
 from engine.ops import GGUFWeight, gemm, gguf_quant, native
 from engine.ops.gguf_quant import fuse_rows
+from tests.support.kernels import use_kernels  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not ops.native_available(), reason="needs engine._C")
 
@@ -23,16 +24,15 @@ def _cpu_has_amx() -> bool:
         return any(line.startswith("flags") and " amx_bf16" in line for line in f)
 
 
-def test_the_setting_and_the_cpu_flag(monkeypatch):
-    monkeypatch.setenv("KESTREL_CPU_AMX", "off")
+def test_the_setting_and_the_cpu_flag(use_kernels):
+    use_kernels(cpu_amx="off")
     assert native.amx_bf16() is False
-    monkeypatch.setenv("KESTREL_CPU_AMX", "on")
+    use_kernels(cpu_amx="on")
     assert native.amx_bf16() is True
-    monkeypatch.setenv("KESTREL_CPU_AMX", "auto")
+    use_kernels(cpu_amx="auto")
     assert native.amx_bf16() is _cpu_has_amx()
-    monkeypatch.setenv("KESTREL_CPU_AMX", "maybe")
-    with pytest.raises(ValueError, match="KESTREL_CPU_AMX"):
-        native.amx_bf16()
+    with pytest.raises(ValueError, match="cpu_amx"):
+        use_kernels(cpu_amx="maybe")
 
 
 def _weight(qtype, n, k, seed):
@@ -65,12 +65,12 @@ def routes(monkeypatch):
     return seen
 
 
-def test_which_calls_take_the_route(monkeypatch, routes):
+def test_which_calls_take_the_route(monkeypatch, routes, use_kernels):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 256, generator=g).to(torch.bfloat16)
     q = _weight(Q.Q8_0, 96, 256, 0)
     big, small = (torch.randn(m, 256, generator=g).to(torch.bfloat16) for m in (gemm.AMX_MIN_M, 8))
-    monkeypatch.setenv("KESTREL_CPU_AMX", "on")
+    use_kernels(cpu_amx="on")
     ops.linear(big, w)
     ops.linear(big[: gguf_quant.AMX_MIN_M], q)
     assert routes == {"float": 1, "gguf": 1}
@@ -84,7 +84,7 @@ def test_which_calls_take_the_route(monkeypatch, routes):
         ops.linear(big, q)
     finally:
         ops.set_batch_invariant(False)
-    monkeypatch.setenv("KESTREL_CPU_AMX", "off")
+    use_kernels(cpu_amx="off")
     ops.linear(big, w)
     ops.linear(big, q)
     assert routes == {"float": 1, "gguf": 1}
@@ -92,10 +92,10 @@ def test_which_calls_take_the_route(monkeypatch, routes):
 
 @pytest.mark.parametrize("types", [(Q.Q4_0,), (Q.Q4_K, Q.Q6_K), (Q.Q4_1, Q.Q5_0, Q.Q8_0)],
                          ids=lambda t: "+".join(q.name for q in t))
-def test_gguf_panels_compute_the_dequantized_product(monkeypatch, types, routes):
+def test_gguf_panels_compute_the_dequantized_product(monkeypatch, types, routes, use_kernels):
     """Weights of one type or segments of several, panels smaller than a segment (so a segment spans panels),
     bias, rows of x and of out strided: the dequantized weights times x, in float32 within bfloat16 rounding."""
-    monkeypatch.setenv("KESTREL_CPU_AMX", "on")
+    use_kernels(cpu_amx="on")
     monkeypatch.setattr(gguf_quant, "_AMX_PANEL_ELEMS", 70 * 512)  # 70 rows per panel
     parts = [_weight(t, 160 + 32 * i, 512, i) for i, t in enumerate(types)]
     w = fuse_rows(parts)
@@ -108,13 +108,13 @@ def test_gguf_panels_compute_the_dequantized_product(monkeypatch, types, routes)
     assert routes["gguf"] == 1
     ref = torch.nn.functional.linear(x.float(), w.dequantize(torch.float32), bias.float())
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
-    monkeypatch.setenv("KESTREL_CPU_AMX", "off")  # the native panels: x quantized, close to the same
+    use_kernels(cpu_amx="off")  # the native panels: x quantized, close to the same
     native_out = ops.linear(x, w, bias)
     torch.testing.assert_close(native_out.float(), ref, rtol=5e-2, atol=5e-2 * ref.abs().max().item())
 
 
-def test_float_route_is_torchs_linear(monkeypatch):
-    monkeypatch.setenv("KESTREL_CPU_AMX", "on")
+def test_float_route_is_torchs_linear(monkeypatch, use_kernels):
+    use_kernels(cpu_amx="on")
     g = torch.Generator().manual_seed(2)
     w = torch.randn(200, 384, generator=g).to(torch.bfloat16)
     x = torch.randn(gemm.AMX_MIN_M + 3, 384, generator=g).to(torch.bfloat16)
@@ -123,7 +123,7 @@ def test_float_route_is_torchs_linear(monkeypatch):
 
 
 @pytest.mark.parametrize("quantization", ["gguf", "none"])
-def test_embedded_model_prefill_on_the_route_is_as_close_to_float32(monkeypatch, quantization):
+def test_embedded_model_prefill_on_the_route_is_as_close_to_float32(monkeypatch, quantization, use_kernels):
     """SmolLM2 in bfloat16, a 241-token text scored (every linear call of the prefill has 241 rows), the route on
     and off, against the float32 model: on, within 4% of the largest logit and the same argmax at >= 97% of the
     positions (measured when written: 1.6%, 100%), and no further off than the native kernels beyond the noise of
@@ -137,7 +137,7 @@ def test_embedded_model_prefill_on_the_route_is_as_close_to_float32(monkeypatch,
         truth = ref.core.score(ids).float()
     err, agree = {}, {}
     for setting in ("on", "off"):
-        monkeypatch.setenv("KESTREL_CPU_AMX", setting)
+        use_kernels(cpu_amx=setting)
         with LLM(dtype="bfloat16", kv_cache_memory_gib=0.02, quantization=quantization) as llm:
             got = llm.core.score(ids).float()
         err[setting] = ((got - truth).abs().max() / truth.abs().max()).item()

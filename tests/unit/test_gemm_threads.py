@@ -1,6 +1,7 @@
 """Where the GEMM regime's threads come from (csrc/cpu/gemm_pool.h gemm_on_pool): the float GEMM, the GGUF native
 panels and the GGUF dequantization of the prefill route run on the linear pool or in OpenMP regions
-(KESTREL_GEMM_THREADS = pool / openmp, read at each call; auto: the pool when OMP_WAIT_POLICY is passive). Both
+(KernelConfig.gemm_threads = pool / openmp through _C.set_gemm_threads, set at engine start; auto: the pool when
+OMP_WAIT_POLICY is passive). Both
 split the same work into the same kernel calls per column range, so each random case must agree bit for bit, at 2
 threads (and at 1, where neither forks)."""
 
@@ -25,13 +26,14 @@ def _two_threads_default_mode(monkeypatch):
     yield
     ops.set_num_threads(before)
     ops.set_batch_invariant(was)
+    _C.set_gemm_threads("auto")
 
 
 def _both(monkeypatch, fn):
     """fn() with the GEMM regime on the pool and in OpenMP regions (fresh outputs each time)."""
-    monkeypatch.setenv("KESTREL_GEMM_THREADS", "pool")
+    _C.set_gemm_threads("pool")
     on_pool = fn()
-    monkeypatch.setenv("KESTREL_GEMM_THREADS", "openmp")
+    _C.set_gemm_threads("openmp")
     in_openmp = fn()
     return on_pool, in_openmp
 
@@ -82,15 +84,23 @@ def test_gguf_prefill_equal_on_pool_and_openmp(monkeypatch, seed, qtype):
     assert torch.equal(pool, omp) and torch.equal(pool, w.dequantize(torch.bfloat16))
 
 
-def test_the_choice_follows_the_variable(monkeypatch):
-    """pool / openmp (any case) force the choice at each call; auto, unset or anything else: the pool exactly when
-    this process started with OMP_WAIT_POLICY=passive (the engine sets it before torch loads: engine/__init__.py)."""
+def test_the_choice_follows_the_setting():
+    """pool / openmp force the choice (set once, as engine.ops.configure does at engine start); auto: the pool
+    exactly when this process started with OMP_WAIT_POLICY=passive (the engine sets it before torch loads:
+    engine/__init__.py); anything else is refused (KernelConfig refuses it first)."""
     import os
 
+    from engine.kernel_config import KernelConfig
+
     started_passive = os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive"
-    for value, want in (("pool", True), ("PoOl", True), ("openmp", False), ("OpenMP", False),
-                        ("auto", started_passive), ("nonsense", started_passive)):
-        monkeypatch.setenv("KESTREL_GEMM_THREADS", value)
+    for value, want in (("pool", True), ("openmp", False), ("auto", started_passive)):
+        _C.set_gemm_threads(value)
         assert _C.gemm_on_pool() is want, value
-    monkeypatch.delenv("KESTREL_GEMM_THREADS")
+    with pytest.raises(ValueError):
+        _C.set_gemm_threads("nonsense")
+    with pytest.raises(ValueError, match="gemm_threads"):
+        KernelConfig(gemm_threads="nonsense")
+    ops.configure(KernelConfig(gemm_threads="openmp"))
+    assert _C.gemm_on_pool() is False
+    ops.configure(KernelConfig())
     assert _C.gemm_on_pool() is started_passive

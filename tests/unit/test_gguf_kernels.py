@@ -431,7 +431,9 @@ def test_bf16_large_m_runs_the_native_gemm_on_dequantized_panels(monkeypatch, is
     weights times x (not quantized) within bfloat16 rounding of the product; fewer rows keep the native panels."""
     from engine.ops import gguf_quant
 
-    monkeypatch.setenv("KESTREL_CPU_AMX", "off")
+    from engine.ops import native
+
+    monkeypatch.setattr(native.mode, "amx", False)  # KernelConfig.cpu_amx="off": the native GEMM, not oneDNN
     monkeypatch.setattr(gguf_quant, "_PANEL_ELEMS", 70 * 512)  # 70 rows per panel
     seen = []
     route = gguf_quant._dequantized_native_linear

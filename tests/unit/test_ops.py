@@ -460,12 +460,35 @@ def test_force_isa_rejects_unknown_levels():
     assert ops.cpu_isa() == ISAS[-1]
 
 
-def test_env_var_forces_isa_at_import():
-    env = dict(os.environ, KESTREL_CPU_ISA="scalar")
-    code = "from engine import ops; print(ops.cpu_isa())"
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "scalar"
+def test_kernel_config_forces_the_isa_levels(monkeypatch):
+    """KernelConfig.cpu_isa / gguf_isa, applied once by ops.configure (at engine start: ModelRunner), set the
+    levels (what KESTREL_CPU_ISA / KESTREL_GGUF_ISA did at import); a level this build or CPU lacks falls back to
+    the best one with a warning; auto goes back to the best."""
+    from engine.kernel_config import KernelConfig
+
+    try:
+        ops.configure(KernelConfig(cpu_isa="scalar", gguf_isa="scalar"))
+        assert ops.cpu_isa() == "scalar" and ops.gguf_isa() == "scalar"
+        monkeypatch.setattr(native_lib_of_ops(), "force_isa", _refusing(native_lib_of_ops().force_isa))
+        ops.configure(KernelConfig(cpu_isa="avx2"))  # refused by the (patched) module: the best level, a warning
+        assert ops.cpu_isa() == ISAS[-1]
+    finally:
+        monkeypatch.undo()
+        ops.configure(KernelConfig())
+    assert ops.cpu_isa() == ISAS[-1]
+
+
+def native_lib_of_ops():
+    return native.native_lib
+
+
+def _refusing(force):
+    def force_isa(name):
+        if name != "auto":
+            raise ValueError(f"{name} is not available here")
+        force(name)
+
+    return force_isa
 
 
 def test_reference_fallback_when_native_missing(monkeypatch):
