@@ -4,9 +4,11 @@ count; stop, regenerate, edit-and-resend.
 
 The context meter under the composer (app/widgets/context_meter.py) counts the next turn (the conversation, the
 draft and the reply's max tokens) with the loaded model's tokenizer and chat template, on the engine worker's loop
-(never on the GUI thread): a debounced count whose answer comes back through a queued signal. Each send goes
-through the conversation's overflow policy (app.chat_context) the same way before it reaches the engine: old
-turns are left out and max tokens clamped so that a long chat keeps working at the context limit.
+(never on the GUI thread: EngineWorker.count), a debounced count whose answer comes back through a queued signal.
+Each send is one call to the worker (EngineWorker.send): there the turn goes through the conversation's overflow
+policy (app.chat_context) and is tokenized once before it reaches the engine: old turns are left out and max
+tokens clamped so that a long chat keeps working at the context limit. The widgets are built in
+app.panels.chat_view, the conversations list in app.panels.chat_conversations, the words in app.chat_text.
 
 The model picker above the conversation (app/widgets/model_picker.py) switches the loaded model without leaving
 the chat; it is disabled while a reply streams.
@@ -22,40 +24,27 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QPainter
-from PySide6.QtWidgets import (
-    QFileDialog,
-    QHBoxLayout,
-    QInputDialog,
-    QLabel,
-    QLineEdit,
-    QListWidget,
-    QListWidgetItem,
-    QMenu,
-    QMessageBox,
-    QPlainTextEdit,
-    QPushButton,
-    QSizePolicy,
-    QSplitter,
-    QToolButton,
-    QVBoxLayout,
-    QWidget,
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QWidget
+
+from app.chat_context import Fit
+from app.chat_text import (
+    failure_reason,
+    format_stats,
+    gave_up_text,
+    interrupted_text,
+    params_problem,
+    request_messages,
+    shown,
+    title_from,
 )
-
-from app import chat_export
-from app.chat_context import DEFAULT_POLICY, Fit
 from app.context import AppContext
+from app.panels.chat_conversations import ConversationsMixin
+from app.panels.chat_view import build_view
 from app.sampling import OutputFormat, SamplingSettings
 from app.store import INTERRUPTED, NEW_TITLE, Conversation, Message
-from app.widgets.context_meter import ContextMeter
-from app.widgets.messages import Composer, MessageList, MessageWidget
-from app.widgets.model_picker import ModelPicker
-from app.widgets.output_format import OutputFormatEditor
-from app.widgets.sampling_form import SamplingForm
-from app.widgets.tool_calls import readable_tool_calls
+from app.widgets.messages import MessageWidget
 from app.workers.engine_worker import DEAD, LOADING, READY, ReplyStats
 
 try:
@@ -92,24 +81,8 @@ class _Pending:
     cancelled: bool = False  # the user left the conversation before the request started
 
 
-_output_format_key = chat_export.output_format_key
 
-
-def format_stats(stats: ReplyStats) -> str:
-    parts = []
-    if stats.ttft is not None:
-        parts.append(f"TTFT {stats.ttft:.2f} s")
-    if stats.tokens_per_s is not None:
-        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
-    parts.append(f"{stats.num_tokens} tokens")
-    note = {"abort": "stopped", "length": "max tokens reached", INTERRUPTED: "interrupted"}.get(
-        stats.finish_reason or "")
-    if note:
-        parts.append(note)
-    return " · ".join(parts)
-
-
-class ChatPanel(QWidget):
+class ChatPanel(ConversationsMixin, QWidget):
     def __init__(self, ctx: AppContext):
         super().__init__()
         self.ctx = ctx
@@ -157,168 +130,7 @@ class ChatPanel(QWidget):
     # layout
 
     def _build(self) -> None:
-        root = QHBoxLayout(self)
-        root.setContentsMargins(12, 12, 12, 12)
-        split = QSplitter(Qt.Horizontal)
-        split.setChildrenCollapsible(False)
-        self.split = split
-        root.addWidget(split)
-
-        left = QWidget()
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(0, 0, 6, 0)
-        self.new_button = QPushButton("New chat")
-        self.new_button.setObjectName("primary")
-        self.new_button.clicked.connect(self.new_conversation)
-        self.search = QLineEdit()
-        self.search.setPlaceholderText("Search conversations")
-        self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(self.refresh_conversations)
-        self.conv_list = QListWidget()
-        self.conv_list.setObjectName("conversations")
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.conv_list.setTextElideMode(Qt.ElideRight)
-        # the open conversation stands out (a style sheet's ::item rule hides the list's selection colours)
-        self.conv_list.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
-        self.conv_list.itemDoubleClicked.connect(lambda item: self.rename_conversation(item.data(Qt.UserRole)))
-        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
-        self.conv_list.customContextMenuRequested.connect(self._conversation_menu)
-        ll.addWidget(self.new_button)
-        ll.addWidget(self.search)
-        ll.addWidget(self.conv_list, 1)
-        conv_buttons = QHBoxLayout()
-        self.rename_button = QPushButton("Rename")
-        self.rename_button.clicked.connect(lambda: self.conversation and self.rename_conversation(self.conversation.id))
-        self.delete_button = QPushButton("Delete")
-        self.delete_button.setObjectName("danger")
-        self.delete_button.clicked.connect(lambda: self.conversation and self.delete_conversation(self.conversation.id))
-        conv_buttons.addWidget(self.rename_button)
-        conv_buttons.addWidget(self.delete_button)
-        ll.addLayout(conv_buttons)
-        io_buttons = QHBoxLayout()
-        self.export_button = QPushButton("Export")
-        self.export_button.setToolTip("Save this conversation as Markdown (to read) or JSON (to import again)")
-        export_menu = QMenu(self.export_button)
-        export_menu.addAction("As Markdown (.md)…", lambda: self._export_dialog("md"))
-        export_menu.addAction("As JSON (.json)…", lambda: self._export_dialog("json"))
-        self.export_button.setMenu(export_menu)
-        self.import_button = QPushButton("Import…")
-        self.import_button.setToolTip("Open a conversation exported as JSON (from Kestrel)")
-        self.import_button.clicked.connect(self._import_dialog)
-        io_buttons.addWidget(self.export_button)
-        io_buttons.addWidget(self.import_button)
-        ll.addLayout(io_buttons)
-        split.addWidget(left)
-
-        center = QWidget()
-        cl = QVBoxLayout(center)
-        cl.setContentsMargins(6, 0, 6, 0)
-        head = QHBoxLayout()
-        self.title = _TitleLabel(NEW_TITLE)
-        self.title.setObjectName("pageTitle")
-        self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # a long title gives way to the picker
-        self.title.setMinimumWidth(90)
-        head.addWidget(self.title, 1)
-        model_label = QLabel("Model:")
-        model_label.setObjectName("hint")
-        head.addWidget(model_label)
-        self.model_picker = ModelPicker(self.ctx, busy=lambda: self.pending is not None)
-        self.model_picker.problem.connect(self.notice_text)
-        model_label.setBuddy(self.model_picker)
-        self.model_picker.setMinimumWidth(170)  # a long model name gives way on a narrow window (elided)
-        head.addWidget(self.model_picker)
-        # the right column (system prompt, output format, sampling) folds away on a narrow window
-        self.settings_button = QToolButton()
-        self.settings_button.setText("Settings")
-        self.settings_button.setCheckable(True)
-        self.settings_button.setChecked(True)
-        self.settings_button.setToolTip("Show or hide the system prompt, output format and sampling settings")
-        self.settings_button.clicked.connect(self._settings_clicked)
-        head.addWidget(self.settings_button)
-        cl.addLayout(head)
-        self.messages = MessageList()
-        cl.addWidget(self.messages, 1)
-        self.editing_banner = QWidget()
-        eb = QHBoxLayout(self.editing_banner)
-        eb.setContentsMargins(0, 0, 0, 0)
-        lab = QLabel("Editing a message: sending replaces it and every reply after it.")
-        lab.setObjectName("warningBox")
-        eb.addWidget(lab, 1)
-        cancel_edit = QPushButton("Cancel edit")
-        cancel_edit.clicked.connect(self.cancel_edit)
-        eb.addWidget(cancel_edit)
-        self.editing_banner.hide()
-        cl.addWidget(self.editing_banner)
-        self.notice = QLabel()
-        self.notice.setObjectName("hint")
-        self.notice.setWordWrap(True)
-        cl.addWidget(self.notice)
-        row = QHBoxLayout()
-        self.composer = Composer()
-        self.composer.submitted.connect(self.send)
-        self.composer.textChanged.connect(self._meter_timer.start)
-        row.addWidget(self.composer, 1)
-        buttons = QVBoxLayout()
-        self.send_button = QPushButton("Send")
-        self.send_button.setObjectName("primary")
-        self.send_button.clicked.connect(lambda: self.send(self.composer.toPlainText()))
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(self.stop)
-        self.stop_button.hide()
-        self.regenerate_button = QPushButton("Regenerate")
-        self.regenerate_button.clicked.connect(self.regenerate)
-        buttons.addWidget(self.send_button)
-        buttons.addWidget(self.stop_button)
-        buttons.addWidget(self.regenerate_button)
-        buttons.addStretch(1)
-        row.addLayout(buttons)
-        cl.addLayout(row)
-        self.meter = ContextMeter()
-        self.meter.policyChanged.connect(self._overflow_changed)
-        self.meter_bar, self.meter_label, self.meter_note = self.meter.bar, self.meter.label, self.meter.note
-        self.overflow = self.meter.overflow
-        cl.addWidget(self.meter)
-        split.addWidget(center)
-
-        right = QWidget()
-        self.settings_panel = right
-        self._settings_auto = True  # shown or hidden by the width until the user chooses
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(6, 0, 0, 0)
-        sys_label = QLabel("System prompt")
-        sys_label.setObjectName("messageRole")
-        rl.addWidget(sys_label)
-        self.system_prompt = QPlainTextEdit()
-        self.system_prompt.setPlaceholderText("Optional: how the assistant should behave in this conversation")
-        self.system_prompt.setFixedHeight(110)
-        self.system_prompt.textChanged.connect(self._system_prompt_changed)
-        rl.addWidget(self.system_prompt)
-        fmt_label = QLabel("Output format")
-        fmt_label.setObjectName("messageRole")
-        rl.addWidget(fmt_label)
-        self.output_format = OutputFormatEditor()
-        self.output_format.changed.connect(self._output_format_changed)
-        rl.addWidget(self.output_format)
-        samp_label = QLabel("Sampling")
-        samp_label.setObjectName("messageRole")
-        rl.addWidget(samp_label)
-        self.sampling = SamplingForm()
-        self.sampling.set_settings(SamplingSettings())
-        self.sampling.changed.connect(self._save_timer.start)
-        self.sampling.changed.connect(self._meter_timer.start)
-        rl.addWidget(self.sampling)
-        self.defaults_button = QPushButton("Reset to defaults")
-        self.defaults_button.setToolTip("Set the sampling settings back to the loaded model's defaults")
-        self.defaults_button.clicked.connect(self.reset_sampling)
-        rl.addWidget(self.defaults_button)
-        self.defaults_note = QLabel()
-        self.defaults_note.setObjectName("hint")
-        self.defaults_note.setWordWrap(True)
-        rl.addWidget(self.defaults_note)
-        rl.addStretch(1)
-        split.addWidget(right)
-        split.setSizes([230, 720, 270])
-        split.setStretchFactor(1, 1)
+        build_view(self)
 
     def _settings_clicked(self, checked: bool) -> None:
         self._settings_auto = False  # the user's choice holds until the window crosses the width again
@@ -338,179 +150,6 @@ class ChatPanel(QWidget):
             self.show_settings(wide)
 
     # ------------------------------------------------------------------------------------------------
-    # conversations
-
-    def refresh_conversations(self) -> None:
-        self.conv_list.blockSignals(True)
-        self.conv_list.clear()
-        convs = self.store.conversations(self.search.text().strip())
-        for c in convs:
-            item = QListWidgetItem(conversation_label(c, convs))
-            item.setData(Qt.UserRole, c.id)
-            item.setToolTip(f"{c.title}\nStarted {_when(c.created)} · last change {_when(c.updated)}")
-            self.conv_list.addItem(item)
-            if self.conversation is not None and c.id == self.conversation.id:
-                item.setSelected(True)
-                self.conv_list.setCurrentItem(item)
-        self.conv_list.blockSignals(False)
-
-    def new_conversation(self) -> Conversation:
-        self._abort_pending()
-        conv = self.store.create_conversation()
-        self.search.clear()
-        self.open_conversation(conv.id)
-        self.composer.setFocus()
-        return conv
-
-    def open_conversation(self, conversation_id: int) -> None:
-        if self.conversation is not None and self.conversation.id == conversation_id and self.messages.widgets():
-            return
-        self._abort_pending()
-        self.cancel_edit()
-        self.conversation = self.store.conversation(conversation_id)
-        if self.conversation is None:
-            return
-        self.title.setText(self.conversation.title)
-        self.title.setToolTip(self.conversation.title)
-        self.system_prompt.blockSignals(True)
-        self.system_prompt.setPlainText(self.conversation.system_prompt)
-        self.system_prompt.blockSignals(False)
-        self.output_format.set_value(OutputFormat.from_dict(self.store.pref(_output_format_key(conversation_id))))
-        self.meter.set_policy(self.conversation.overflow_policy)
-        self._show_messages()
-        self.messages.set_placeholder("Start the conversation below." if not self.messages.widgets() else "")
-        self.refresh_conversations()
-        self._update_controls()
-        self.schedule_meter()
-
-    def _show_messages(self) -> None:
-        """The open conversation's messages, as stored (each reply under the model that wrote it)."""
-        self.messages.clear()
-        for m in self.store.messages(self.conversation.id):
-            w = self._message_widget(m.role, m.content, m.id, (m.model or "Assistant") if m.role == "assistant" else "")
-            if m.role == "assistant":
-                self._show_stored_reply(w, m)
-            self.messages.add(w)
-
-    def _show_stored_reply(self, w: MessageWidget, m: Message) -> None:
-        """A stored reply's text, stats, why it was interrupted, and which of its versions it is."""
-        w.set_title(m.model or "Assistant")
-        w.set_text(_shown("assistant", m.content))
-        w.set_stats(stored_stats(m))
-        w.set_error(interrupted_text(m.error) if m.finish_reason == INTERRUPTED else (m.error or ""))
-        w.set_versions(m.version, m.version_count)
-
-    def rename_conversation(self, conversation_id: int, title: str | None = None) -> None:
-        conv = self.store.conversation(conversation_id)
-        if conv is None:
-            return
-        if title is None:
-            title, ok = QInputDialog.getText(self, "Rename conversation", "Title:", text=conv.title)
-            if not ok:
-                return
-        self.store.rename_conversation(conversation_id, title)
-        if self.conversation is not None and self.conversation.id == conversation_id:
-            self.conversation = self.store.conversation(conversation_id)
-            self.title.setText(self.conversation.title)
-            self.title.setToolTip(self.conversation.title)
-        self.refresh_conversations()
-
-    def delete_conversation(self, conversation_id: int, confirm: bool = True) -> None:
-        conv = self.store.conversation(conversation_id)
-        if conv is None:
-            return
-        if confirm and QMessageBox.question(self, "Delete conversation",
-                                            f"Delete “{conv.title}” and all its messages?") != QMessageBox.Yes:
-            return
-        if self.conversation is not None and self.conversation.id == conversation_id:
-            self._abort_pending()
-            self.conversation = None
-            self.messages.clear()
-            self.title.setText(NEW_TITLE)
-            self.meter.set_policy(DEFAULT_POLICY)
-        self.store.delete_conversation(conversation_id)
-        self.refresh_conversations()
-        remaining = self.store.conversations()
-        if self.conversation is None and remaining:
-            self.open_conversation(remaining[0].id)
-        self._update_controls()
-
-    def _conversation_menu(self, pos) -> None:
-        item = self.conv_list.itemAt(pos)
-        if item is None:
-            return
-        cid = item.data(Qt.UserRole)
-        menu = QMenu(self)
-        menu.addAction("Rename…", lambda: self.rename_conversation(cid))
-        menu.addAction("Export as Markdown…", lambda: self._export_dialog("md", cid))
-        menu.addAction("Export as JSON…", lambda: self._export_dialog("json", cid))
-        menu.addAction("Delete", lambda: self.delete_conversation(cid))
-        menu.exec(self.conv_list.mapToGlobal(pos))
-
-    def export_conversation(self, conversation_id: int, path: str) -> Path:
-        """Write a conversation to ``path`` (Markdown for .md, JSON otherwise)."""
-        return chat_export.export_to_file(self.store, conversation_id, path)
-
-    def import_conversation(self, path: str) -> Conversation | None:
-        """Add the conversation exported as JSON at ``path`` and open it; a file that is not one is refused
-        (the notice says why) and nothing is added."""
-        try:
-            conv = chat_export.import_from_file(self.store, path)
-        except ValueError as e:
-            self.notice.setText(f"Not imported: {e}")
-            return None
-        self.search.clear()
-        self.open_conversation_force(conv.id)
-        self.notice.setText(f"Imported “{conv.title}” ({len(self.store.messages(conv.id))} messages).")
-        return conv
-
-    def _export_dialog(self, kind: str, conversation_id: int | None = None) -> None:
-        cid = conversation_id if conversation_id is not None else (self.conversation.id if self.conversation else None)
-        conv = self.store.conversation(cid) if cid is not None else None
-        if conv is None:
-            return
-        name = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip() or "conversation"
-        filters = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
-        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / f"{name}.{kind}"), filters)
-        if not path:
-            return
-        if not Path(path).suffix:
-            path += f".{kind}"
-        try:
-            self.export_conversation(conv.id, path)
-        except (OSError, ValueError) as e:
-            self.notice.setText(f"Not exported: {e}")
-        else:
-            self.notice.setText(f"Exported “{conv.title}” to {path}.")
-
-    def _import_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", str(Path.home()),
-                                              "Kestrel conversation (*.json);;All files (*)")
-        if path:
-            self.import_conversation(path)
-
-    def _system_prompt_changed(self) -> None:
-        if self.conversation is not None:
-            self.store.set_system_prompt(self.conversation.id, self.system_prompt.toPlainText())
-        self.schedule_meter()
-
-    def _output_format_changed(self) -> None:
-        if self.conversation is not None:
-            self.store.set_pref(_output_format_key(self.conversation.id), self.output_format.value().to_dict())
-
-    def overflow_policy(self) -> str:
-        return self.meter.policy()
-
-    def _overflow_changed(self, _policy: str) -> None:
-        if self.conversation is not None:
-            self.store.set_overflow_policy(self.conversation.id, self.overflow_policy())
-            self.conversation = self.store.conversation(self.conversation.id)
-        self.schedule_meter()
-
-    def notice_text(self, text: str) -> None:
-        self.notice.setText(text)
-
-    # ------------------------------------------------------------------------------------------------
     # sending
 
     def send(self, text: str) -> bool:
@@ -520,7 +159,7 @@ class ChatPanel(QWidget):
         if not text or self.pending is not None or not self._accepting():
             return False
         settings, output = self.sampling.settings(), self.output_format.value()
-        problem = _params_problem(settings, output)
+        problem = params_problem(settings, output)
         if problem:  # refused in place: nothing reaches the store or the engine
             self._refuse(problem)
             return False
@@ -547,7 +186,7 @@ class ChatPanel(QWidget):
         if not msgs:
             return
         settings, output = self.sampling.settings(), self.output_format.value()
-        problem = _params_problem(settings, output)
+        problem = params_problem(settings, output)
         if problem:
             self._refuse(problem)
             return
@@ -649,7 +288,7 @@ class ChatPanel(QWidget):
             msg = self.store.add_message(conv_id, "user", p.user_text)
             self.messages.add(self._message_widget("user", p.user_text, msg.id))
             if self.conversation.title == NEW_TITLE:
-                self.rename_conversation(conv_id, _title_from(p.user_text))
+                self.rename_conversation(conv_id, title_from(p.user_text))
             if self.composer.toPlainText().strip() == p.user_text:
                 self.composer.clear()
         streaming = {"finish_reason": INTERRUPTED, "error": STREAMING_REASON, "model": name if self.engine.info
@@ -731,7 +370,7 @@ class ChatPanel(QWidget):
         if p is None:
             return
         if p.dirty and p.widget is not None:
-            p.widget.set_text(_shown("assistant", p.text))
+            p.widget.set_text(shown("assistant", p.text))
             p.dirty = False
         if p.message_id is not None and len(p.text) != p.saved_len and \
                 time.monotonic() - p.saved_at >= SAVE_INTERVAL_S:
@@ -755,7 +394,7 @@ class ChatPanel(QWidget):
             self.store.update_message(p.message_id, content=p.text, ttft=stats.ttft, tokens_per_s=stats.tokens_per_s,
                                       num_tokens=stats.num_tokens, finish_reason=stats.finish_reason, error=None)
         if p.widget is not None:
-            p.widget.set_text(_shown("assistant", p.text))
+            p.widget.set_text(shown("assistant", p.text))
             p.widget.set_stats(format_stats(stats))
             p.widget.set_error("")
         self._update_controls()
@@ -771,7 +410,7 @@ class ChatPanel(QWidget):
         if p.message_id is not None:
             self._save_partial(p, reason)
         if p.widget is not None:
-            p.widget.set_text(_shown("assistant", p.text))
+            p.widget.set_text(shown("assistant", p.text))
             p.widget.set_error(interrupted_text(reason))
             p.widget.set_stats("interrupted")
         self._update_controls()
@@ -797,7 +436,7 @@ class ChatPanel(QWidget):
             if attempt:
                 self._on_restart_attempt(*attempt, "")
             else:  # engineGaveUp says why
-                self.notice.setText(_gave_up_text(getattr(self.engine, "dead_reason", "")))
+                self.notice.setText(gave_up_text(getattr(self.engine, "dead_reason", "")))
         else:
             self.notice.setText("No model is loaded: choose one above or in the Load panel to chat.")
         self.notice.setProperty("refused", False)
@@ -811,7 +450,7 @@ class ChatPanel(QWidget):
             self.notice.setText(f"{restart_text(attempt, most)}: the engine stopped; your conversation is kept.")
 
     def _on_engine_gave_up(self, reason: str) -> None:
-        self.notice.setText(_gave_up_text(reason))
+        self.notice.setText(gave_up_text(reason))
 
     def _on_engine_restarted(self, _notice: str) -> None:
         if self.engine.state != READY:
@@ -846,7 +485,7 @@ class ChatPanel(QWidget):
     # ------------------------------------------------------------------------------------------------
 
     def _message_widget(self, role: str, text: str, message_id: int | None, title: str = "") -> MessageWidget:
-        w = MessageWidget(role, _shown(role, text), title, message_id)
+        w = MessageWidget(role, shown(role, text), title, message_id)
         w.editRequested.connect(self.edit_message)
         w.regenerateRequested.connect(lambda _w: self.regenerate())
         w.versionRequested.connect(self.show_version)
@@ -907,105 +546,3 @@ class ChatPanel(QWidget):
     # for tests and the screenshot script
     def message_widgets(self) -> list[MessageWidget]:
         return self.messages.widgets()
-
-
-class _TitleLabel(QLabel):
-    """The conversation's title, elided at the right when the model picker beside it needs the room."""
-
-    def paintEvent(self, _event) -> None:
-        painter = QPainter(self)
-        rect = self.contentsRect()
-        text = self.fontMetrics().elidedText(self.text(), Qt.ElideRight, rect.width())
-        self.style().drawItemText(painter, rect, int(self.alignment()), self.palette(), self.isEnabled(), text,
-                                  self.foregroundRole())
-
-
-def stored_stats(m: Message) -> str:
-    """A stored reply's stats line (tokens only when counted: an interrupted reply may have none)."""
-    parts = []
-    if m.ttft is not None:
-        parts.append(f"TTFT {m.ttft:.2f} s")
-    if m.tokens_per_s is not None:
-        parts.append(f"{m.tokens_per_s:.1f} tok/s")
-    if m.num_tokens is not None:
-        parts.append(f"{m.num_tokens} tokens")
-    note = {"abort": "stopped", "length": "max tokens reached", INTERRUPTED: "interrupted"}.get(m.finish_reason or "")
-    if note:
-        parts.append(note)
-    return " · ".join(parts)
-
-
-def request_messages(msgs: list[Message], extra: list[dict] = ()) -> list[dict]:
-    """Stored messages (and ``extra``) as a request's messages: replies without text left out, user messages
-    that end up next to each other joined as one (the roles alternate, as chat templates require)."""
-    out: list[dict] = []
-    for m in [*({"role": m.role, "content": m.content} for m in msgs), *extra]:
-        if m["role"] == "assistant" and not m["content"]:
-            continue
-        if out and m["role"] == "user" and out[-1]["role"] == "user":
-            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{m['content']}"}
-        else:
-            out.append(dict(m))
-    return out
-
-
-def failure_reason(message: str) -> str:
-    """A failed request's message as the reason a reply was interrupted (without the engine's "retry shortly":
-    the notice follows the restart)."""
-    text = message.strip()
-    for tail in (" It is being restarted; retry shortly.", "It is being restarted; retry shortly."):
-        if text.endswith(tail):
-            text = text[: -len(tail)].rstrip()
-    return text if text.endswith((".", "!", "?")) else text + "."
-
-
-def interrupted_text(reason: str | None) -> str:
-    return f"Interrupted: {reason or 'the reply did not finish.'}  Regenerate tries again."
-
-
-def _gave_up_text(reason: str) -> str:
-    reason = (reason or "").strip()
-    if not reason:
-        return "The engine stopped. Reload the model to chat again."
-    if not reason.endswith((".", "!", "?")):
-        reason += "."
-    return f"The engine stopped and was not restarted. {reason}" + (
-        "" if "reload" in reason.lower() else " Reload the model to chat again.")
-
-
-def _when(t: float) -> str:
-    """A time as a list shows it: "Dec 7, 09:14"."""
-    return time.strftime("%b %-d, %H:%M", time.localtime(t))
-
-
-def conversation_label(c, convs) -> str:
-    """A conversation's line in the list: its title; where other conversations have the same title (several
-    chats started with one prompt), a second line says when it was started, and "(2)", "(3)" where even
-    that is the same (numbered oldest first)."""
-    same = [o for o in convs if o.title.strip().casefold() == c.title.strip().casefold()]
-    if len(same) < 2:
-        return c.title
-    when = _when(c.created)
-    twins = sorted((o for o in same if _when(o.created) == when), key=lambda o: (o.created, o.id))
-    if len(twins) > 1:
-        when += f" ({[o.id for o in twins].index(c.id) + 1})"
-    return f"{c.title}\nstarted {when}"
-
-
-def _params_problem(settings: SamplingSettings, output: OutputFormat) -> str:
-    """Why these settings cannot make a request ('' when they can)."""
-    try:
-        settings.to_params(output)
-    except ValueError as e:  # InvalidRequestError names the setting; a schema's problem says what it is
-        return f"Output format: {e}" if output.problem() else str(e)
-    return ""
-
-
-def _title_from(text: str) -> str:
-    first = text.strip().splitlines()[0]
-    return first if len(first) <= 48 else first[:47].rstrip() + "…"
-
-
-def _shown(role: str, text: str) -> str:
-    """A message's text as the message view shows it: an assistant's tool calls as readable blocks."""
-    return readable_tool_calls(text) if role == "assistant" else text
