@@ -23,7 +23,7 @@ class InvalidRequestError(KestrelError, ValueError):
 
 
 class PromptTooLongError(InvalidRequestError):
-    """``at_least``: the prompt was refused by its length in bytes before tokenizing it (engine.client), so
+    """``at_least``: the prompt was refused by its length in bytes before tokenizing it (engine.frontend.client), so
     ``prompt_len`` is a lower bound of its token count."""
 
     def __init__(self, prompt_len: int, max_len: int, max_tokens: int | None = None, at_least: bool = False):
@@ -85,7 +85,7 @@ class EngineShuttingDownError(EngineDeadError):
 
 
 class EngineRestartingError(EngineDeadError):
-    """The engine process died and is being restarted (engine.client.RestartPolicy): retry shortly."""
+    """The engine process died and is being restarted (engine.frontend.client.RestartPolicy): retry shortly."""
 
     error_type = "engine_restarting"
     retry_after = 5  # seconds, for HTTP's Retry-After

@@ -1,5 +1,5 @@
 """Start-up progress from deep inside loading (CUDA-graph capture, ...) to whoever listens. The engine process
-listens and forwards each report to its client as ipc.Progress (the GUI shows it in the Load panel's status); with
+listens and forwards each report to its client as wire.Progress (the GUI shows it in the Load panel's status); with
 no listener a report goes to the log only."""
 
 from __future__ import annotations

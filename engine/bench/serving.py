@@ -119,7 +119,7 @@ async def _main(args) -> dict:
     import httpx
 
     from engine.bench.report import environment
-    from engine.client import EngineClient
+    from engine.frontend.client import EngineClient
     from engine.config import EngineConfig
     from engine.llm import LLM
     from engine.server.serve import start_server

@@ -276,7 +276,7 @@ class FloodFilter(logging.Filter):
 
 
 FLOODED_LOGGERS = ("asyncio", "uvicorn", "uvicorn.error", "uvicorn.access", "engine.server.openai.app",
-                   "engine.server.openai.errors", "engine.server.serve", "engine.client", "engine.engine_supervisor")
+                   "engine.server.openai.errors", "engine.server.serve", "engine.frontend.client", "engine.frontend.supervisor")
 
 _filter = FloodFilter()
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from engine import envs
-from engine.client import EngineClient, RestartPolicy
+from engine.frontend.client import EngineClient, RestartPolicy
 from engine.config import EngineConfig
 from engine.errors import KestrelError
 from engine.server.args import (

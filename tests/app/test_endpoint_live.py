@@ -57,7 +57,7 @@ def test_openai_client_keeps_working_across_a_model_load(make_window, qtbot):
 
 @pytest.fixture
 def worker(qtbot):
-    from engine.client import RestartPolicy
+    from engine.frontend.client import RestartPolicy
 
     from app.workers.engine_worker import EngineWorker
 

@@ -25,7 +25,7 @@ def engine_loop():
 
 
 def test_tokens_per_second_figure(make_window, qtbot, engine_loop):
-    from engine import ipc
+    from engine import wire
     from engine.metrics import RATE_WINDOW_S
 
     w = make_window(autoload=False)
@@ -33,8 +33,8 @@ def test_tokens_per_second_figure(make_window, qtbot, engine_loop):
     srv, core, clock = engine_loop, engine_loop.core, engine_loop.clock
 
     def sample() -> float:
-        perf.add_stats(ipc.EngineStats(**{k: v for k, v in srv.call_stats().items()
-                                          if k in ipc.EngineStats.__struct_fields__}))
+        perf.add_stats(wire.EngineStats(**{k: v for k, v in srv.call_stats().items()
+                                          if k in wire.EngineStats.__struct_fields__}))
         return _shown_rate(perf)
 
     core.add("warm-up", 20)

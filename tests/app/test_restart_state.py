@@ -33,7 +33,7 @@ def window(app_env, qtbot, monkeypatch):
 
 
 def test_no_reload_while_the_engine_restarts_and_the_reason_when_it_gives_up(window, qtbot):
-    from engine.client import RestartPolicy
+    from engine.frontend.client import RestartPolicy
 
     w, gate = window
     engine, load = w.ctx.engine, w.panels["load"]

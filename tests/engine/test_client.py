@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from engine.client import EngineClient
+from engine.frontend.client import EngineClient
 from engine.config import EngineConfig
 from engine.errors import (
     CheckpointError,
@@ -318,7 +318,7 @@ def engine_children() -> set[int]:
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if "engine_process" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+            if "engine.core.process" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
                 out.add(p.pid)
         except psutil.NoSuchProcess:
             pass
@@ -333,7 +333,7 @@ def test_engine_exits_when_its_parent_dies(tmp_path):
     script = textwrap.dedent(f"""
         import asyncio, os, sys
         sys.path.insert(0, {os.getcwd()!r})
-        from engine.client import EngineClient
+        from engine.frontend.client import EngineClient
         from engine.config import EngineConfig
         async def main():
             c = await EngineClient.start(EngineConfig(), core_factory={FAKE!r})
@@ -391,7 +391,7 @@ def test_health_right_after_a_death_says_what_the_watcher_will_say():
     """The process has exited but the watcher's news has not reached the loop yet (here: the loop is held
     while the process is reaped): health() already gives the final answer, restarting or dead with the
     restart limit, never a third message of its own (a race that failed CI once)."""
-    from engine.client import RestartPolicy
+    from engine.frontend.client import RestartPolicy
     from engine.errors import EngineRestartingError
 
     async def main():

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from engine.client import RestartPolicy
+from engine.frontend.client import RestartPolicy
 from tests.server.conftest import MODEL, make_server
 
 FAKE = "tests.server.fake_engine:FakeCore"
@@ -140,7 +140,7 @@ def test_kestrel_serve_exits_when_the_engine_is_dead_for_good():
             if line.startswith("OpenAI base URL:"):
                 url = line.split()[3]
             assert time.monotonic() < deadline
-        engines = [p for p in psutil.Process(proc.pid).children() if "engine.engine_process" in " ".join(p.cmdline())]
+        engines = [p for p in psutil.Process(proc.pid).children() if "engine.core.process" in " ".join(p.cmdline())]
         assert len(engines) == 1
         assert httpx.get(url.removesuffix("/v1") + "/health").json()["status"] == "ok"
         engines[0].kill()

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from engine.client import RestartPolicy
+from engine.frontend.client import RestartPolicy
 from tests.server.conftest import MODEL, make_server
 from tests.server.test_hostile import BAD_INPUTS, CHAT, COMPLETION
 from tests.server.test_load import WORDS

@@ -60,7 +60,7 @@ def engine_server_on_fake_clock(step_s: float) -> Iterator:
     """An EngineServer (sockets unused) around a SteppedCore; ``srv.clock`` is the fake Clock."""
     import zmq
 
-    from engine.engine_process import EngineServer
+    from engine.core.process import EngineServer
 
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)

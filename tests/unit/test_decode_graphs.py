@@ -98,7 +98,7 @@ def test_batches_past_the_largest_bucket_run_eagerly(tiny_model_dir):
 
 def test_model_info_reports_captured_graphs_only(tiny_model_dir):
     """The Load panel's status names the captured graphs (ipc.ModelInfo); the eager bucketed path is not a capture."""
-    from engine.engine_process import model_info
+    from engine.core.process import model_info
 
     with LLM(str(tiny_model_dir("llama")), dtype="float32", device="cpu", kv_cache_memory_gib=0.05) as llm:
         runner = llm.core.runner

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine import ipc
+from engine import wire
 from engine.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams, StructuredOutput
 
@@ -16,9 +16,9 @@ xgrammar = pytest.importorskip("xgrammar")
 
 def test_structured_params_cross_the_process_boundary():
     so = StructuredOutput("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
-    msg = ipc.AddRequest(["c0"], [SamplingParams(max_tokens=50, structured=so), SamplingParams()],
+    msg = wire.AddRequest(["c0"], [SamplingParams(max_tokens=50, structured=so), SamplingParams()],
                          prompt_token_ids=[1, 2])
-    back = ipc.engine_decoder().decode(ipc.encoder().encode(msg))
+    back = wire.engine_decoder().decode(wire.encoder().encode(msg))
     assert back.params[0].structured == so and back.params[1].structured is None
 
 

@@ -1,9 +1,9 @@
-"""The load option --quantization as reports and the app show it (engine.ipc.ModelInfo.quantization_text): auto
+"""The load option --quantization as reports and the app show it (engine.wire.ModelInfo.quantization_text): auto
 with what it resolved to in the engine (ModelInfo.quantization_mode), any other option as it is."""
 
 from __future__ import annotations
 
-from engine.ipc import ModelInfo
+from engine.wire import ModelInfo
 
 
 def info(**kw) -> ModelInfo:

@@ -139,7 +139,7 @@ def test_engine_rate_mid_step_snapshot(server):
 
 def test_prometheus_counters_and_gauge():
     pytest.importorskip("prometheus_client")
-    from engine.ipc import EngineStats
+    from engine.wire import EngineStats
     from engine.metrics import PrometheusMetrics
 
     m = PrometheusMetrics("tiny")

@@ -11,7 +11,7 @@ traffic); CORS only for the origins given; request bodies over ``max_request_byt
 stall for ``body_timeout`` seconds 408; with ``allowed_hosts`` (a list, even empty) only loopback Host names
 and those are answered (engine.server.guard.HostCheckMiddleware). Neither the schema nor any open route shows
 the model's path.
-While the engine restarts (engine.client.RestartPolicy) or after it died, /health says so (503, "restarting"
+While the engine restarts (engine.frontend.client.RestartPolicy) or after it died, /health says so (503, "restarting"
 or "dead", with the restarts so far), /v1/models answers 503 like every generation route, and /metrics
 reports kestrel_engine_healthy 0 and kestrel_engine_restarts_total.
 """
@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import engine
-from engine.client import EngineClient
+from engine.frontend.client import EngineClient
 from engine.errors import (
     EngineDeadError,
     EngineRestartingError,

@@ -21,7 +21,7 @@ from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.server.openai.errors import ModelNotServedError, kestrel_error_parts
 
 if TYPE_CHECKING:
-    from engine.client import Delta, EngineClient, RequestStream
+    from engine.frontend.client import Delta, EngineClient, RequestStream
     from engine.metrics import PrometheusMetrics
 
 MAX_N = 128  # samples per prompt

@@ -1,5 +1,5 @@
 """POST /v1/embeddings: ``input`` as a string, a list of strings, token ids or a list of token-id lists, each
-one prefill-only engine request (engine.client.EngineClient.embed) batched with whatever else runs.
+one prefill-only engine request (engine.frontend.client.EngineClient.embed) batched with whatever else runs.
 
 The vectors come from the engine pooled and normalised as the model's sentence-transformers configuration (or
 ``--pooling``) says. ``dimensions`` keeps the first N and renormalises them to unit length (what OpenAI does for

@@ -1,10 +1,10 @@
-"""The engine's tokenizer on the client's side (engine.client.EngineClient tokenizes prompts here, not in the
+"""The engine's tokenizer on the client's side (engine.frontend.client.EngineClient tokenizes prompts here, not in the
 engine process). After loading, the engine hands over its tokenizer (``EngineServer.call_tokenizer_state``:
 tokenizer.json, special tokens, chat templates, the longest token in bytes); LocalTokenizer.build rebuilds it
 in this process. add_request then renders the chat template and tokenizes on a worker thread (the tokenizers
 library releases the GIL), so the engine's step loop never stalls on a huge prompt.
 
-Where the tokenizer allows it (engine_process.length_bound_is_certain: ``max_token_bytes``), a prompt whose
+Where the tokenizer allows it (engine.core.process.length_bound_is_certain: ``max_token_bytes``), a prompt whose
 UTF-8 length alone proves it longer than the context is refused before it is tokenized at all
 (PromptTooLongError, "at least N tokens"); else check_prompt_length applies the engine's own length rule
 (EngineCore.validate_prompt) to the ids. No torch here; engine.tokenizer is imported only when a tokenizer is

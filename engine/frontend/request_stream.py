@@ -1,4 +1,4 @@
-"""RequestStream: the deltas of one request made through engine.client.EngineClient (all its n samples), in
+"""RequestStream: the deltas of one request made through engine.frontend.client.EngineClient (all its n samples), in
 arrival order, and its RequestRecords (engine.metrics: TTFT, inter-token latencies, queue time) for the
 client's listeners: exactly one per sample, however it ends (the engine's finish reason; "abort" when
 ``abort()`` stops it here, "error" when ``_fail`` ends it), with the timings it has.
@@ -17,11 +17,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from engine.ipc import Delta
+from engine.wire import Delta
 from engine.metrics import RequestRecord
 
 if TYPE_CHECKING:
-    from engine.client import EngineClient
+    from engine.frontend.client import EngineClient
 
 __all__ = ["RequestStream"]
 

@@ -1,6 +1,6 @@
-"""The engine process: builds the EngineCore and serves it over the engine.ipc protocol.
+"""The engine process: builds the EngineCore and serves it over the engine.wire protocol.
 
-Started by engine.client.EngineClient as ``python -m engine.engine_process BOOTSTRAP_JSON`` (a fresh
+Started by engine.frontend.client.EngineClient as ``python -m engine.core.process BOOTSTRAP_JSON`` (a fresh
 interpreter, so torch's state is clean; unlike multiprocessing's spawn this starts no resource-tracker
 process that would outlive a shutdown and does not re-run the parent's __main__).
 
@@ -24,12 +24,12 @@ import time
 
 import zmq
 
-from engine import heap, ipc, progress
+from engine import heap, progress, wire
 from engine.errors import InvalidRequestError, KestrelError, as_request_error
 from engine.metrics import TokenRate
 from engine.tokenizer.grammar import token_bytes
 
-log = logging.getLogger("engine.engine_process")
+log = logging.getLogger("engine.core.process")  # literal: run as __main__ (python -m)
 
 DEFAULT_CORE_FACTORY = "engine.core.core:EngineCore"
 
@@ -70,7 +70,7 @@ def _factory(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def model_info(core, load_time: float) -> ipc.ModelInfo:
+def model_info(core, load_time: float) -> wire.ModelInfo:
     ckpt = getattr(core, "checkpoint", None)
     mc = getattr(core, "model_config", None)
     tok = getattr(core, "tokenizer", None)
@@ -80,7 +80,7 @@ def model_info(core, load_time: float) -> ipc.ModelInfo:
     path = getattr(ckpt, "path", None)
     name = getattr(ckpt, "name", None) or (path.name if path is not None else "model")
     cfg = core.config
-    return ipc.ModelInfo(
+    return wire.ModelInfo(
         name=str(name),
         path=str(path or ""),
         architecture=getattr(mc, "architecture", "") or "",
@@ -154,8 +154,8 @@ class EngineServer:
         self.core = core
         self.pull = pull
         self.push = push
-        self.enc = ipc.encoder()
-        self.dec = ipc.engine_decoder()
+        self.enc = wire.encoder()
+        self.dec = wire.engine_decoder()
         self.poller = zmq.Poller()
         self.poller.register(pull, zmq.POLLIN)
         self.running = True
@@ -190,7 +190,7 @@ class EngineServer:
             if core.has_unfinished():
                 deltas.extend(self.step())
             if deltas or accepted or errors:
-                self.push.send(self.enc.encode(ipc.StepOutput(time.monotonic(), deltas, accepted, errors)),
+                self.push.send(self.enc.encode(wire.StepOutput(time.monotonic(), deltas, accepted, errors)),
                                copy=False)
 
     def _drain(self, deltas: list, accepted: list, errors: list) -> None:
@@ -200,17 +200,17 @@ class EngineServer:
             except zmq.Again:
                 return
             msg = self.dec.decode(frame.buffer)
-            if isinstance(msg, ipc.AddRequest):
+            if isinstance(msg, wire.AddRequest):
                 self._add(msg, accepted, errors)
-            elif isinstance(msg, ipc.Abort):
+            elif isinstance(msg, wire.Abort):
                 deltas.extend(self.core.abort(msg.request_ids))
-            elif isinstance(msg, ipc.Call):
+            elif isinstance(msg, wire.Call):
                 self._call(msg)
-            elif isinstance(msg, ipc.Shutdown):
+            elif isinstance(msg, wire.Shutdown):
                 self.running = False
                 return
 
-    def _add(self, msg: ipc.AddRequest, accepted: list, errors: list) -> None:
+    def _add(self, msg: wire.AddRequest, accepted: list, errors: list) -> None:
         """Admit one request (its n children). The client normally sends token ids (it tokenizes and applies
         the chat template itself, off this loop); text or messages are tokenized here only for a client
         without a tokenizer of its own (a stand-in core's). A refused request leaves nothing behind: no
@@ -231,7 +231,7 @@ class EngineServer:
                     core.add_request(cid, msg.prompt, params, prompt_token_ids=ids)
                 added.append(cid)
         except Exception as e:  # noqa: BLE001 - every refusal goes back to the client, typed
-            info = ipc.error_to_info(as_request_error(e))
+            info = wire.error_to_info(as_request_error(e))
             e.__traceback__ = None
         ids = None
         msg.prompt_token_ids = msg.prompt = msg.messages = None
@@ -243,15 +243,15 @@ class EngineServer:
         accepted.extend((cid, n_prompt) for cid in msg.child_ids)
 
     # -- calls ------------------------------------------------------------------------------
-    def _call(self, msg: ipc.Call) -> None:
+    def _call(self, msg: wire.Call) -> None:
         try:
             fn = getattr(self, "call_" + msg.method, None)
             if fn is None:
                 raise KestrelError(f"The engine has no call {msg.method!r}.")
-            reply = ipc.Reply(msg.call_id, fn(**msg.args))
+            reply = wire.Reply(msg.call_id, fn(**msg.args))
         except Exception as e:  # noqa: BLE001 - typed back to the caller; no local keeps the exception
-            reply = ipc.Reply(msg.call_id, None,
-                              ipc.error_to_info(as_request_error(e)))
+            reply = wire.Reply(msg.call_id, None,
+                              wire.error_to_info(as_request_error(e)))
             e.__traceback__ = None
         msg.args = {}
         self.push.send(self.enc.encode(reply), copy=False)
@@ -261,7 +261,7 @@ class EngineServer:
 
     def call_stats(self, recent: int = 32) -> dict:
         """The core's EngineStats (every field, tensor-parallel traffic included) plus prefix-cache counts,
-        token rates and the time; the client reads it as ipc.EngineStats."""
+        token rates and the time; the client reads it as wire.EngineStats."""
         s = self.core.stats(recent)
         blocks = self.core.blocks
         p_rate, g_rate = self._current_rates()
@@ -299,7 +299,7 @@ class EngineServer:
 
     def call_tokenizer_state(self) -> dict | None:
         """What the client needs to tokenize and render chat templates itself, exactly as this process
-        would (engine.client.EngineClient tokenizes off this loop): the backend's tokenizer.json, the
+        would (engine.frontend.client.EngineClient tokenizes off this loop): the backend's tokenizer.json, the
         special tokens, the chat templates, the EOS ids, and ``max_token_bytes`` (the most UTF-8 bytes one
         token stands for) when that bounds the token count of a text for certain (else None). None for a
         core whose tokenizer is not an engine.tokenizer.Tokenizer (a test stand-in)."""
@@ -357,26 +357,26 @@ def main(argv: list[str] | None = None) -> int:
     push.setsockopt(zmq.LINGER, 2000)
     push.setsockopt(zmq.SNDHWM, 0)
     push.connect(boot["output"])
-    enc = ipc.encoder()
+    enc = wire.encoder()
     try:
-        push.send(enc.encode(ipc.Progress("loading", str(boot["config"].get("model") or "default model"))))
+        push.send(enc.encode(wire.Progress("loading", str(boot["config"].get("model") or "default model"))))
         from engine.config import EngineConfig
 
         config = EngineConfig(**boot["config"])
         t0 = time.monotonic()
-        progress.set_listener(lambda stage, detail: push.send(enc.encode(ipc.Progress(stage, detail))))
+        progress.set_listener(lambda stage, detail: push.send(enc.encode(wire.Progress(stage, detail))))
         core = _factory(boot.get("core_factory") or DEFAULT_CORE_FACTORY)(config)
         progress.set_listener(None)
         info = model_info(core, time.monotonic() - t0)
     except BaseException as e:
         log.debug("load failed", exc_info=True)
-        push.send(enc.encode(ipc.LoadFailed(ipc.error_to_info(e, with_traceback=not isinstance(e, KestrelError)))))
+        push.send(enc.encode(wire.LoadFailed(wire.error_to_info(e, with_traceback=not isinstance(e, KestrelError)))))
         push.close()
         ctx.term()
         return 1
     global _core
     _core = core
-    push.send(enc.encode(ipc.Ready(info)))
+    push.send(enc.encode(wire.Ready(info)))
     server = EngineServer(core, pull, push)
     code = 0
     try:
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # tell the client why before dying
         log.exception("engine loop failed")
         try:
-            push.send(enc.encode(ipc.Fatal(ipc.error_to_info(e, with_traceback=True))))
+            push.send(enc.encode(wire.Fatal(wire.error_to_info(e, with_traceback=True))))
         except Exception:
             log.debug("could not report the failure", exc_info=True)
         code = 1

@@ -1,6 +1,6 @@
 """EngineSupervisor: the engine process seen from the client's side. It starts ``python -m
-engine.engine_process BOOTSTRAP_JSON`` with the two sockets to it, watches it and takes it down again;
-engine.client.EngineClient speaks the engine.ipc protocol over those sockets and owns everything about
+engine.core.process BOOTSTRAP_JSON`` with the two sockets to it, watches it and takes it down again;
+engine.frontend.client.EngineClient speaks the engine.wire protocol over those sockets and owns everything about
 requests. No server or Qt imports here, and no torch.
 
 - spawn(): binds a PUSH socket (client -> engine, sends never wait) and a PULL socket (engine -> client) on
@@ -115,7 +115,7 @@ class EngineSupervisor:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join([root, *sys.path[1:], env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.engine_process", json.dumps(boot)],
+            [sys.executable, "-m", "engine.core.process", json.dumps(boot)],
             stdin=subprocess.PIPE, stdout=None, stderr=subprocess.PIPE, env=env, close_fds=True)
         self.exited = self.loop.create_future()
         for target, name in ((self._watch_process, "engine-watch"), (self._relay_stderr, "engine-stderr")):

@@ -29,14 +29,14 @@ API (all coroutines run on the event loop the client was started on; from anothe
 
 Errors are engine.errors types: the engine's own (InvalidRequestError, PromptTooLongError, CheckpointError
 from a failed load, ...) are rebuilt on this side with their message. A dead engine (crash, kill, OOM) is
-noticed at once (engine.engine_supervisor's thread waiting on the process); every pending and later call then
+noticed at once (engine.frontend.supervisor's thread waiting on the process); every pending and later call then
 raises EngineDeadError (EngineShuttingDownError after shutdown()) instead of hanging.
 
 Prompts are tokenized here, not in the engine process: after loading, the engine hands over its tokenizer
 (``tokenizer_state``), and add_request renders the chat template and tokenizes on a worker thread, so the
 engine's step loop never stalls on a huge prompt; a prompt longer than the context is refused here, by its
 UTF-8 length alone where that proves it (PromptTooLongError, "at least N tokens"). That tokenizer and those
-checks are engine.client_tokenizer's (LocalTokenizer, check_prompt_length).
+checks are engine.frontend.tokenizer's (LocalTokenizer, check_prompt_length).
 
 Restarts: ``EngineClient.start(..., restart=RestartPolicy())`` restarts an engine process that dies (same model,
 same options) after a back-off, up to ``max_restarts`` times within ``window_s``; meanwhile calls raise
@@ -45,10 +45,9 @@ EngineRestartingError (503, retry). ``client.state`` is "ready", "restarting", "
 restarts that succeeded. Without a policy a dead engine stays dead (EngineDeadError until reloaded).
 
 The engine process itself (starting it, its sockets, watching it, stopping it and cleaning up, also at
-interpreter exit) is engine.engine_supervisor.EngineSupervisor's, and so are RestartPolicy and the restart loop
-(Restarter); a request's deltas arrive in an engine.request_stream.RequestStream. This module is the request
-API on top: requests, calls, the reader, the client's state. RequestStream and RestartPolicy are importable
-from here too.
+interpreter exit) is supervisor.EngineSupervisor's (this package), and so are RestartPolicy and the restart loop
+(Restarter); a request's deltas arrive in a request_stream.RequestStream. This module is the request API on
+top: requests, calls, the reader, the client's state. RequestStream and RestartPolicy are importable from here too.
 
 Timings: ``Delta.time`` is the engine's time.monotonic() at the end of the step that made it (the same clock
 as this process's time.monotonic() on Linux, macOS and Windows); a sequence's final delta carries the
@@ -69,11 +68,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from engine import ipc
-from engine.client_tokenizer import LocalTokenizer, check_prompt_length
+from engine import wire
+from engine.frontend.tokenizer import LocalTokenizer, check_prompt_length
 from engine.config import EngineConfig
 from engine.core.embedding import check_embedding_input
-from engine.engine_supervisor import EngineSupervisor, Restarter, RestartPolicy, describe_exit
+from engine.frontend.supervisor import EngineSupervisor, Restarter, RestartPolicy, describe_exit
 from engine.errors import (
     EngineDeadError,
     EngineRestartingError,
@@ -81,10 +80,10 @@ from engine.errors import (
     InvalidRequestError,
     KestrelError,
 )
-from engine.ipc import Delta, EngineStats, ModelInfo
+from engine.wire import Delta, EngineStats, ModelInfo
 from engine.metrics import RequestRecord
 from engine.outputs import EmbeddingOutput
-from engine.request_stream import RequestStream
+from engine.frontend.request_stream import RequestStream
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -112,15 +111,15 @@ class EngineClient:
         self._engine: EngineSupervisor | None = None  # the process and its sockets
         self._in: zmq.Socket | None = None  # plain socket: sends never wait
         self._out: zmq.asyncio.Socket | None = None
-        self._enc = ipc.encoder()
-        self._dec = ipc.client_decoder()
+        self._enc = wire.encoder()
+        self._dec = wire.client_decoder()
         self._streams: dict[str, tuple[RequestStream, int]] = {}  # child id -> (stream, index)
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._dead: EngineDeadError | None = None
         self._closing = False
         self._closed = False
-        self._fatal: ipc.ErrorInfo | None = None
+        self._fatal: wire.ErrorInfo | None = None
         self._reader: asyncio.Task | None = None
         self._listeners: list[Callable[[RequestRecord], None]] = []
         self._recent: collections.deque[RequestRecord] = collections.deque(maxlen=512)
@@ -187,14 +186,14 @@ class EngineClient:
                     f"The engine process exited while loading the model ({describe_exit(exited.result())})."
                     + (f"\n{tail}" if tail else ""))
             msg = self._dec.decode(recv.result().buffer)
-            if isinstance(msg, ipc.Progress):
+            if isinstance(msg, wire.Progress):
                 if on_progress is not None:
                     on_progress(msg.stage, msg.detail)
-            elif isinstance(msg, ipc.Ready):
+            elif isinstance(msg, wire.Ready):
                 self.info = msg.info
                 return
-            elif isinstance(msg, ipc.LoadFailed):
-                raise ipc.error_from_info(msg.error)
+            elif isinstance(msg, wire.LoadFailed):
+                raise wire.error_from_info(msg.error)
 
     async def _load_tokenizer(self) -> None:
         """Take over the engine's tokenizer (prompts are then tokenized here, off the engine's loop); an
@@ -309,11 +308,11 @@ class EngineClient:
             self._check_free(rid, child_ids)
         elif prompt_token_ids is not None:
             check_prompt_length(len(prompt_token_ids), params, self.info.max_model_len)
-        msg = ipc.AddRequest(child_ids, children, prompt, prompt_token_ids, messages)
+        msg = wire.AddRequest(child_ids, children, prompt, prompt_token_ids, messages)
         del prompt_token_ids
         return self._send_request(rid, msg, arrival)
 
-    def _send_request(self, rid: str, msg: ipc.AddRequest, arrival: float) -> RequestStream:
+    def _send_request(self, rid: str, msg: wire.AddRequest, arrival: float) -> RequestStream:
         """Encode and send one AddRequest; its stream, registered before the engine can answer."""
         child_ids = msg.child_ids
         try:
@@ -357,7 +356,7 @@ class EngineClient:
             for i, (x, ids) in enumerate(zip(inputs, ids_of)):
                 cid = f"{rid}#{i}"
                 self._check_free(cid, [cid])
-                msg = ipc.AddRequest([cid], params, x if ids is None else None, ids, embed=True)
+                msg = wire.AddRequest([cid], params, x if ids is None else None, ids, embed=True)
                 streams.append(self._send_request(cid, msg, arrival))
             out = []
             for s in streams:
@@ -406,7 +405,7 @@ class EngineClient:
     def _abort_nowait(self, child_ids: list[str]) -> None:
         if self._dead is None and not self._closed and self._in is not None:
             try:
-                self._send_raw(self._enc.encode(ipc.Abort(child_ids)))
+                self._send_raw(self._enc.encode(wire.Abort(child_ids)))
             except KestrelError:
                 pass
 
@@ -428,7 +427,7 @@ class EngineClient:
         fut = self.loop.create_future()
         self._calls[call_id] = fut
         try:
-            self._send_raw(self._enc.encode(ipc.Call(call_id, method, args)), check=not _launching)
+            self._send_raw(self._enc.encode(wire.Call(call_id, method, args)), check=not _launching)
         except (UnicodeEncodeError, OverflowError, TypeError) as e:
             self._calls.pop(call_id, None)
             raise InvalidRequestError(f"The request cannot be sent to the engine: {e}.") from None
@@ -442,7 +441,7 @@ class EngineClient:
 
     async def stats(self, recent: int = 32) -> EngineStats:
         """Running / waiting requests, KV-cache use, prefix-cache hits, token rates, recent steps."""
-        return ipc.msgspec.convert(await self._call("stats", recent=recent), EngineStats)
+        return wire.msgspec.convert(await self._call("stats", recent=recent), EngineStats)
 
     async def ping(self) -> float:
         """Round trip to the engine loop (waits for the current step to finish); returns seconds."""
@@ -536,7 +535,7 @@ class EngineClient:
             self._set_state("dead", str(self._dead))
 
     def _dispatch(self, msg) -> None:
-        if isinstance(msg, ipc.StepOutput):
+        if isinstance(msg, wire.StepOutput):
             streams = self._streams
             for cid, n_prompt in msg.accepted:
                 entry = streams.get(cid)
@@ -545,7 +544,7 @@ class EngineClient:
             for cid, info in msg.errors:
                 entry = streams.pop(cid, None)
                 if entry is not None:
-                    entry[0]._fail(ipc.error_from_info(info))
+                    entry[0]._fail(wire.error_from_info(info))
             t = msg.time
             for d in msg.deltas:
                 entry = streams.get(d.request_id)
@@ -557,14 +556,14 @@ class EngineClient:
                     del streams[d.request_id]
                     if rec is not None:
                         self._record((rec,))
-        elif isinstance(msg, ipc.Reply):
+        elif isinstance(msg, wire.Reply):
             fut = self._calls.pop(msg.call_id, None)
             if fut is not None and not fut.done():
                 if msg.error is not None:
-                    fut.set_exception(ipc.error_from_info(msg.error))
+                    fut.set_exception(wire.error_from_info(msg.error))
                 else:
                     fut.set_result(msg.result)
-        elif isinstance(msg, ipc.Fatal):
+        elif isinstance(msg, wire.Fatal):
             self._fatal = msg.error
 
     def _on_exit(self, code: int) -> None:
@@ -607,7 +606,7 @@ class EngineClient:
 
     async def _restart(self, reason: str) -> None:
         """Start the engine again (same model and options) after a back-off, until it loads or the policy's
-        limit is reached (engine_supervisor.Restarter); requests meanwhile get EngineRestartingError."""
+        limit is reached (supervisor.Restarter); requests meanwhile get EngineRestartingError."""
         reason = await self._restarter.run(reason, dispose=self._dispose_engine,
                                            launch=lambda: self._launch(self._on_progress),
                                            on_restarting=self._on_restarting, on_dead=self._on_restarts_spent)
@@ -665,7 +664,7 @@ class EngineClient:
         engine = self._engine
         if engine is not None and engine.running and self._dead is None and self._in is not None:
             try:
-                self._in.send(self._enc.encode(ipc.Shutdown()), zmq.NOBLOCK)
+                self._in.send(self._enc.encode(wire.Shutdown()), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
             if not await engine.wait_exit(timeout):
