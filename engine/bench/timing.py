@@ -1,5 +1,5 @@
-"""Timing an EngineCore step by step, shared by `kestrel bench gpu` (engine/bench/gpu.py) and the tensor-parallel
-benchmark (engine/bench/tp.py): TTFT of one cold prompt, the decode step time of a batch (TPOT), and the helpers
+"""Timing an EngineCore step by step, shared by `kestrel bench gpu` (engine/bench/gpu.py), `kestrel bench quant`
+and the tensor-parallel benchmark (engine/bench/tp.py): TTFT of one cold prompt, the decode step time of a batch (TPOT), and the helpers
 under them (random prompts, running a set of prompts to the end). Greedy, EOS ignored, so every request runs to
 its max_tokens; the prefix cache is reset before each measurement so prompts are computed, not found."""
 
@@ -31,6 +31,30 @@ def cuda_time(fn, repeats: int, warmups: int = 1) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b) / 1e3)
     return statistics.median(times)
+
+
+def graph_time(fns, calls: int = 24) -> float:
+    """Seconds per call of ``calls`` calls cycling through fns, captured in one CUDA graph and replayed: the GPU's
+    time without the host's launch cost (which an event pair around one small eager launch would measure instead),
+    the calls spread over distinct weights so that they come from memory, not the L2 cache."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    t = cuda_time(graph.replay, 10, warmups=2) / calls
+    del graph
+    return t
+
+
+def linear_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """(N, K) of each linear layer of the shape at TP=1, and the LM head."""
+    hd = cfg.head_dim
+    return {"qkv": ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd, cfg.hidden_size),
+            "o": (cfg.hidden_size, cfg.num_attention_heads * hd), "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
+            "down": (cfg.hidden_size, cfg.intermediate_size), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ CUDA kernel), ``attention`` (token_positions_and_slots, reshape_and_cache, paged
 engine/weight_quant.py; launchers ``quant_linear_triton``, kernels ``quant_linear_kernel``; ``int_mma``: the tensor-core
 kernels of csrc/cuda/int_gemm.cu for integer weights in the "mma" layout), ``gguf_quant``
 (GGUFWeight: GGUF Q4_0 / Q4_1 / Q5_0 / Q8_0 / K-quant blocks kept quantized, gguf_linear, gguf_embedding),
-``reference`` (the pure-torch references), ``bench`` (``python -m engine.ops.bench``), ``varlen_attention`` (the
+``reference`` (the pure-torch references; their timings: ``python -m benchmarks.ops_bench``), ``varlen_attention`` (the
 paged varlen attention of steps with a prefill: a Triton kernel, ``varlen_attention_kernel``), ``skinny_gemm`` (the
 one-row Triton GEMV inside the decode CUDA graphs, reached through ``gemm.linear``). This file only re-exports their public names.
 """

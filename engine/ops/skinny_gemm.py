@@ -2,7 +2,7 @@
 copy bandwidth, faster than cuBLAS's kernels on these shapes. Measured inside CUDA graphs on the H200, Llama-3-8B
 shapes, weights read from memory (not L2): 3.63 against 3.33 TB/s (qkv 6144 x 4096), 3.00 / 2.67 (o, 4096 x 4096),
 4.21 / 4.16 (gate_up), 3.84 / 3.77 (down), 4.41 / 4.27 (LM head); at 8 and 16 rows cuBLAS was faster (3.7 against
-3.0 TB/s on down), so those stay with cuBLAS (`kestrel bench gpu`, engine/bench/decode.py, measures both).
+3.0 TB/s on down), so those stay with cuBLAS (`python -m benchmarks.gpu_lab`, benchmarks/decode.py, measures both).
 
 The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at the end (no shuffle per tile).
 

@@ -1,4 +1,4 @@
-"""kestrel bench gpu's idle accounting (engine/bench/gpu.py gpu_idle) on hand-made profiler events: kernels'
+"""The GPU lab's idle accounting (benchmarks/gpu_profile.py gpu_idle) on hand-made profiler events: kernels'
 intervals merged into busy time, the gaps between them with the host operations that began inside each."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from torch.autograd import DeviceType
 
-from engine.bench.gpu import gpu_idle
+from benchmarks.gpu_profile import gpu_idle
 
 
 def _ev(name, start, end, device=DeviceType.CUDA):

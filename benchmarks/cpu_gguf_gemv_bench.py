@@ -2,7 +2,7 @@
 (qkv 3072 x 2048, o 2048 x 2048, gate_up 11264 x 2048, down 2048 x 5632), weights out of cache (enough copies of
 each weight to pass the L3, called in turn), as in docs/benchmarks/cpu_gguf_models_2026-12-03.md:
 
-    flock /tmp/kestrel-cpu.lock .venv/bin/python docs/benchmarks/cpu_gguf_gemv_bench.py [Q4_0,Q8_0] [threads] [isa]
+    flock /tmp/kestrel-cpu.lock .venv/bin/python -m benchmarks.cpu_gguf_gemv_bench [Q4_0,Q8_0] [threads] [isa]
 
 Prints per type and shape the median us a call over 5 rounds, and the GB/s of weight bytes that makes.
 """

@@ -2,7 +2,7 @@
 stream cmd_generate reads (same SamplingParams), timed per delta; the resident set before the LLM (libraries
 imported) and after load. Then llama.cpp on the same prompt ids and threads (engine.bench.llamacpp_peer, child).
 
-usage: python docs/benchmarks/cpu_default_quantization_generate.py [extra kestrel generate flags...]   (one JSON line on stdout)"""
+usage: python -m benchmarks.cpu_default_quantization_generate [extra kestrel generate flags...]   (one JSON line on stdout)"""
 
 import json
 import sys

@@ -2,7 +2,7 @@
 sequences at 512-640-token contexts, batch 1 at 512), as the engine calls it, for Nsight Compute:
 
     ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        -k regex:paged_decode --launch-skip 3 --launch-count 3 python3 scripts/probe_decode_attention.py
+        -k regex:paged_decode --launch-skip 3 --launch-count 3 python3 -m benchmarks.probe_decode_attention
 
 Llama-3-8B shape (32 query heads, 8 KV heads, head size 128), bf16, 64-token blocks, scrambled tables."""
 

@@ -1,7 +1,7 @@
 """Per-call timings of the native kernels against their pure-torch references, at decode sizes.
 
-    python -m engine.ops.bench [--device cpu|cuda] [--dtype bf16|fp32|fp16|all] [--threads N] [--isa LEVEL]
-    python -m engine.ops.bench --prefill-rows 9 16 32 64 512 [--threads N]
+    python -m benchmarks.ops_bench [--device cpu|cuda] [--dtype bf16|fp32|fp16|all] [--threads N] [--isa LEVEL]
+    python -m benchmarks.ops_bench --prefill-rows 9 16 32 64 512 [--threads N]
 
 Prints one line per (kernel, shape, dtype): microseconds per call through the Python face (what the
 model pays) for the native kernel and for the reference, best of several repeats (these machines are
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         ops.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
     if args.prefill_rows:
-        print(f"# engine.ops bench --prefill-rows: native={ops.native_available()} linear={ops.linear_isa()} "
+        print(f"# benchmarks.ops_bench --prefill-rows: native={ops.native_available()} linear={ops.linear_isa()} "
               f"gguf={ops.gguf_isa()} amx_bf16 on this CPU={_amx_on_this_cpu()} torch={torch.__version__} "
               f"threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()}")
         prefill_rows(args.prefill_rows)
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         from engine import _C
 
         _C.force_isa(args.isa)
-    print(f"# engine.ops bench: native={ops.native_available()} isa={ops.cpu_isa()} device={args.device} "
+    print(f"# benchmarks.ops_bench: native={ops.native_available()} isa={ops.cpu_isa()} device={args.device} "
           f"torch={torch.__version__} threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()}")
     print(f"# {'kernel':48s} {'dtype':9s} {'native us':>10s} {'torch us':>10s} {'speedup':>8s}")
     dtypes = list(_DTYPES.values()) if args.dtype == "all" else [_DTYPES[args.dtype]]

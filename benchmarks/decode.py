@@ -1,6 +1,7 @@
-"""Decode-side measurements for `kestrel bench gpu` (engine/bench/gpu.py): the skinny linear kernels against cuBLAS
-on the model's own shapes, and where a decode step's time goes (the graph replay on the GPU against the whole step,
-so the host's share shows as the difference; the same step eager)."""
+"""Decode-side measurements of the developer's GPU run (benchmarks/gpu_lab.py, on top of `kestrel bench gpu`): the
+skinny linear kernels against cuBLAS on the model's own shapes, where a decode step's time goes (the graph replay on
+the GPU against the whole step, so the host's share shows as the difference; the same step eager), the decode
+variants and the paged decode attention kernel alone."""
 
 from __future__ import annotations
 
@@ -11,36 +12,12 @@ from unittest import mock
 
 import torch
 
-from engine.bench.timing import cuda_time, decode_step_times
-
-
-def graph_time(fns, calls: int = 24) -> float:
-    """Seconds per call of ``calls`` calls cycling through fns, captured in one CUDA graph and replayed: the GPU's
-    time without the host's launch cost (which an event pair around one small eager launch would measure instead),
-    the calls spread over distinct weights so that they come from memory, not the L2 cache."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    t = cuda_time(graph.replay, 10, warmups=2) / calls
-    del graph
-    return t
+from engine.bench.timing import cuda_time, decode_step_times, graph_time, linear_shapes
 
 
 def _rate(gbytes: float, weights: list, call) -> float:
     """GB/s of call(w) over the weights, graph-timed."""
     return gbytes / graph_time([lambda w=w: call(w) for w in weights])
-
-
-def linear_shapes(cfg) -> dict[str, tuple[int, int]]:
-    """(N, K) of each linear layer of the shape at TP=1, and the LM head."""
-    hd = cfg.head_dim
-    return {"qkv": ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd, cfg.hidden_size),
-            "o": (cfg.hidden_size, cfg.num_attention_heads * hd), "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
-            "down": (cfg.hidden_size, cfg.intermediate_size), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
 
 
 def skinny_candidates() -> list:

@@ -1,7 +1,7 @@
 """Per-component time of one CPU decode step (batch 1, the decode tape's replay, context ~512-580), as in
 docs/benchmarks/cpu_gguf_models_2026-12-03.md:
 
-    flock /tmp/kestrel-cpu.lock .venv/bin/python docs/benchmarks/cpu_gguf_step_profile.py MODEL.gguf [reps]
+    flock /tmp/kestrel-cpu.lock .venv/bin/python -m benchmarks.cpu_gguf_step_profile MODEL.gguf [reps]
 
 Loads MODEL with --quantization gguf on 2 threads (KV cache of one 512 + 128-token sequence, as the bench), runs a
 512-token prompt and 64 tokens (the step time the bench would see), then replays the batch-1 tape: whole replays,
