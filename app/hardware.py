@@ -5,6 +5,7 @@ exception. Runs on a worker thread (the PCIe throughput counters take ~20 ms per
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -233,3 +234,36 @@ def _nvml_message(e: Exception) -> str:
     if "NoPermission" in name:
         return "NVIDIA GPUs are present but this user may not query them (NVML: no permission)."
     return f"No NVIDIA GPU found ({name}: {e})."
+
+
+# a GPU's compute capability, for the Load panel's fp8 choices (NVML by PCI bus id where the facts lack it)
+
+def gpu_compute_capability(gpu) -> tuple[int, int] | None:
+    """A GPU's CUDA compute capability, e.g. (8, 9): from its hardware facts where they carry it, else from NVML by
+    its PCI bus id (once per GPU); None when unknown."""
+    cc = getattr(gpu, "compute_capability", None)
+    if cc:
+        return int(cc[0]), int(cc[1])
+    bus = getattr(gpu, "bus_id", "") or ""
+    return _nvml_compute_capability(bus) if bus else None
+
+
+@functools.lru_cache(maxsize=None)
+def _nvml_compute_capability(bus_id: str) -> tuple[int, int] | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no nvidia-ml-py, no driver
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return int(major), int(minor)
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
