@@ -121,7 +121,7 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
     "KESTREL_LOG_LEVEL": (
         "WARNING", _str,
         ("Logging level of the TP rank processes: read by rank 0 when it starts them, handed to each in its boot "
-         "data (engine/parallel/executor.py).")),
+         "data (engine/executor/tp_executor.py).")),
     # -- server ----------------------------------------------------------------------------------------------
     "KESTREL_API_KEY": (
         None, _str,

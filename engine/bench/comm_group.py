@@ -31,8 +31,8 @@ def run_group(world: int, target: str, kwargs: dict | None = None, strategy: str
     import torch.distributed as dist
 
     from engine.parallel.comm.config import CommConfig
+    from engine.executor.tp_executor import read_msg_fd, write_msg
     from engine.parallel.comm.shm import Layout, Segment
-    from engine.parallel.executor import write_msg, read_msg_fd
 
     comm_config = dataclasses.replace(comm or CommConfig(), strategy=strategy).resolved(
         device_type=torch.device(device).type, world=world)
@@ -101,8 +101,8 @@ def _main() -> None:
 
     from engine.parallel.comm.config import CommConfig
     from engine.parallel.comm.group import Communicator
+    from engine.executor.tp_executor import read_msg_fd, write_msg
     from engine.parallel.comm.shm import Segment
-    from engine.parallel.executor import write_msg, read_msg_fd
 
     boot = read_msg_fd(sys.stdin.fileno())
     out = os.fdopen(boot["status_fd"], "wb", buffering=0)

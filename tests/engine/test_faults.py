@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from engine.frontend.client import EngineClient, RestartPolicy
+from engine.client import EngineClient, RestartPolicy
 from engine.config import EngineConfig
 from engine.errors import CheckpointError, EngineDeadError, EngineRestartingError
 from engine.sampling_params import SamplingParams
@@ -93,7 +93,7 @@ def test_tp_worker_killed_the_engine_restarts():
         try:
             before = await text_of(client, "The capital of France is")
             workers = [p for p in psutil.Process(client.engine_pid).children(recursive=True)
-                       if "engine.parallel.worker" in " ".join(p.cmdline())]
+                       if "engine.executor.worker" in " ".join(p.cmdline())]
             assert len(workers) == 2
             stream = await client.add_request("Once upon a time", LONG)
             await stream.next_batch()

@@ -8,7 +8,7 @@ counts as an import of the submodule pkg.name when there is one, else as an impo
 that Python initialises on the way are not edges.
 
 A *package* is the unit of the layering: ``app``; ``engine`` (engine/__init__.py alone); for an engine module the
-longest member of ``LAYERS`` that covers it (``engine.parallel.comm`` beats ``engine.parallel``), else its own name.
+longest member of ``LAYERS`` that covers it (``engine.frontend.client`` is in ``engine.frontend``), else its own name.
 ``LAYERS`` lists the packages top to bottom, one line each (packages on one line are one layer).
 
 The rules (each checked by tests/unit/test_import_graph.py, each shown catching a synthetic mutation there):
@@ -54,12 +54,12 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("engine.frontend",), "the engine process seen from the client: EngineClient, request streams, the "
                            "supervisor, the client's tokenizer"),
     (("engine.core",), "the engine process's loop, EngineCore's steps, the scheduler, the KV-cache blocks, requests"),
-    (("engine.parallel",), "tensor parallelism's driving side: TPExecutor, the worker processes, the mailbox"),
+    (("engine.executor",), "tensor parallelism's driving side: TPExecutor, the worker processes, the mailbox"),
     (("engine.runner",), "one device's model, KV cache and forward pass (ModelRunner), CUDA graphs, CPU tapes"),
     (("engine.models",), "the architectures (llama and its relatives), the overlap forward, the registry"),
     (("engine.layers",), "attention, (tensor-parallel, quantized) linear, embedding, norm, rotary, the sampler"),
-    (("engine.parallel.context", "engine.parallel.comm"),
-     "tensor parallelism's plumbing under the layers: TPContext, the comm strategies"),
+    (("engine.parallel",), "tensor parallelism's plumbing under the layers: TPContext, the comm strategies, "
+                           "CommConfig"),
     (("engine.ops",), "the Python face of every kernel (engine._C or the pure-torch reference), Triton kernels"),
     (("engine._C",), "the native extension built from csrc/"),
     (("engine.loader",), "checkpoints: safetensors, GGUF, quantized formats, the embedded default model"),

@@ -61,7 +61,7 @@ ALLOWED: tuple[Allowance, ...] = (
     # crossing a process boundary travels as its name.
     Allowance("string", ("engine.core.process", "<computed>"),
               "the engine process builds its core from --core-factory (tests pass their stand-in core)"),
-    Allowance("string", ("engine.parallel.worker", "<computed>"),
+    Allowance("string", ("engine.executor.worker", "<computed>"),
               "a TP worker builds its checkpoint from the executor's tp_factory (benchmarks' random weights)"),
     Allowance("string", ("engine.bench.comm_group", "<computed>"),
               "a comm group's rank runs the target its parent names (run_group)"),

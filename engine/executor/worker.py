@@ -1,4 +1,4 @@
-"""A tensor-parallel worker process (rank >= 1): ``python -m engine.parallel.worker``.
+"""A tensor-parallel worker process (rank >= 1): ``python -m engine.executor.worker``.
 
 Reads its boot data (length-prefixed pickle) from stdin - the EngineConfig, the communication configuration
 rank 0 resolved (CommConfig: nothing of it comes from this process's environment) and the logging level - then
@@ -35,7 +35,7 @@ def _watch_stdin(fd: int, seg_holder: list) -> None:
 
 
 def _status(fd: int, **msg) -> None:
-    from engine.parallel.executor import write_msg
+    from engine.executor.tp_executor import write_msg
 
     with os.fdopen(os.dup(fd), "wb", buffering=0) as f:
         write_msg(f, msg)
@@ -61,7 +61,7 @@ def run(boot: dict, seg_holder: list) -> None:
     from engine.parallel.comm.group import Communicator
     from engine.parallel.comm.shm import Segment
     from engine.parallel.context import TPContext
-    from engine.parallel.mailbox import Mailbox, MailboxClosed, parent_alive
+    from engine.executor.mailbox import Mailbox, MailboxClosed, parent_alive
     from engine.runner.device import resolve_device
     from engine.runner.model_runner import ModelRunner
 
@@ -116,7 +116,7 @@ def run(boot: dict, seg_holder: list) -> None:
 
 
 def main() -> None:
-    from engine.parallel.executor import read_msg_fd
+    from engine.executor.tp_executor import read_msg_fd
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; rank 0 decides
     fd = sys.stdin.fileno()

@@ -4,14 +4,14 @@ Start-up (``TPExecutor(...)`` then ``attach(runner)``):
   1. rank 0 checks the TP size against the model (it must divide the attention heads, the KV heads or be a
      multiple of them, and the intermediate size), creates the group's shared segment (engine/parallel/comm/
      shm.py: nameless, handed to the workers as a file descriptor) and a TCPStore for torch.distributed;
-  2. it starts the workers: ``python -m engine.parallel.worker`` (a fresh interpreter like the engine process:
+  2. it starts the workers: ``python -m engine.executor.worker`` (a fresh interpreter like the engine process:
      no resource tracker, the parent's __main__ is not re-run), boot data pickled on their stdin, which stays
      open - a worker exits as soon as it reads end-of-file, i.e. when rank 0 dies, however it dies;
   3. every rank builds its ModelRunner reading only its slices of the checkpoint (mmap), in parallel, then
      joins torch.distributed; each worker reports the KV blocks it could hold, rank 0 takes the minimum
      (with its own), tells the workers, everybody allocates that many; auto runs its micro-benchmark;
   4. ``runner.on_step`` ships every step's StepInputs to the workers through the segment's mailbox
-     (engine/parallel/mailbox.py) before rank 0 runs it; workers loop: receive, ``runner.run(inp)``.
+     (engine/executor/mailbox.py) before rank 0 runs it; workers loop: receive, ``runner.run(inp)``.
 
 Failure: a monitor thread per worker reads its status pipe; when a worker exits unexpectedly the executor
 records why, raises the segment's abort flag (every wait in an all-reduce / the mailbox gives up within a
@@ -46,7 +46,7 @@ from engine.parallel.comm.config import CommConfig
 from engine.parallel.comm.group import Communicator
 from engine.parallel.comm.shm import Layout, Segment
 from engine.parallel.context import TPContext
-from engine.parallel.mailbox import Mailbox, MailboxClosed
+from engine.executor.mailbox import Mailbox, MailboxClosed
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class TPExecutor:
         for rank in range(1, self.size):
             r_fd, w_fd = os.pipe()
             try:
-                proc = subprocess.Popen([sys.executable, "-m", "engine.parallel.worker"], stdin=subprocess.PIPE,
+                proc = subprocess.Popen([sys.executable, "-m", "engine.executor.worker"], stdin=subprocess.PIPE,
                                         pass_fds=(st.seg.fd, w_fd), env=env, close_fds=True)
             finally:
                 os.close(w_fd)
