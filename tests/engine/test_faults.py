@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from engine.client import EngineClient, RestartPolicy
+from engine.frontend.client import EngineClient, RestartPolicy
 from engine.config import EngineConfig
 from engine.errors import CheckpointError, EngineDeadError, EngineRestartingError
 from engine.sampling_params import SamplingParams
