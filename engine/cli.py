@@ -128,7 +128,7 @@ def cmd_bench_serve(args) -> int:
 
 
 def cmd_bench_sweep(args) -> int:
-    from engine.bench.serve import main_sweep
+    from engine.bench.sweep import main_sweep
 
     return main_sweep(args)
 

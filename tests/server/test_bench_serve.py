@@ -1,4 +1,4 @@
-"""`kestrel bench serve` / `sweep` (engine/bench/load.py, engine/bench/serve.py): the metric maths on synthetic
+"""`kestrel bench serve` / `sweep` (engine/bench/load.py, serve.py, sweep.py): the metric maths on synthetic
 timings, the seeded arrival process and datasets (no server); then real runs against the embedded SmolLM2
 server (tests/server/conftest.py): metric invariants, token counts equal to what the server observed, the
 report's keys, a seeded run repeating its requests, a sweep of two points, and GET /v1/server_info."""
@@ -13,7 +13,7 @@ import statistics
 import pytest
 
 from engine.bench import load
-from engine.bench.serve import sweep_points
+from engine.bench.sweep import sweep_points
 from tests.server.conftest import MODEL, make_server
 
 FAKE = "tests.server.fake_engine:FakeCore"
