@@ -182,10 +182,7 @@ class Store:
 
     def update_message(self, message_id: int, **fields: Any) -> Message | None:
         """Change the shown version of a message (content and stats; a streaming reply is saved this way)."""
-        unknown = set(fields) - _UPDATABLE
-        if unknown:
-            raise ValueError(f"not a message field: {', '.join(sorted(unknown))}")
-        m = self.message(message_id)
+        m = self._message_to_change(message_id, fields)
         if m is None:
             return None
         values = {**m.fields(), **fields}
@@ -194,16 +191,21 @@ class Store:
 
     def add_version(self, message_id: int, content: str = "", **fields: Any) -> Message | None:
         """Add a version of a reply (Regenerate) and show it; the earlier ones are kept."""
-        unknown = set(fields) - _UPDATABLE
-        if unknown:
-            raise ValueError(f"not a message field: {', '.join(sorted(unknown))}")
-        m = self.message(message_id)
+        m = self._message_to_change(message_id, fields)
         if m is None:
             return None
         versions = list(m.versions) if m.versions else [m.fields()]
         new = {k: None for k in VERSION_FIELDS} | {"content": content, "created": time.time()} | fields
         versions.append(new)
         self._write_version(m, len(versions) - 1, new, versions)
+        return self.message(message_id)
+
+    def _message_to_change(self, message_id: int, fields: dict[str, Any]) -> Message | None:
+        """The message that ``fields`` are about to change (None: there is none); ValueError for a field a
+        version does not hold."""
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"not a message field: {', '.join(sorted(unknown))}")
         return self.message(message_id)
 
     def select_version(self, message_id: int, index: int) -> Message | None:
