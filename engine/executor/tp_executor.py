@@ -162,7 +162,11 @@ def _shutdown(state: _State, timeout: float = 5.0) -> None:
 class TPExecutor:
     def __init__(self, config, checkpoint, max_model_len: int, comm_config: CommConfig | None = None):
         """``comm_config``: the communication defaults to start from (default: the measured ones, CommConfig());
-        resolved here once, with the user's --comm-strategy, into ``self.comm_config``, which every rank gets."""
+        resolved here once, with the user's --comm-strategy, into ``self.comm_config``, which every rank gets. The
+        kernel configuration is resolved here once too (``self.kernel_config``, as rank 0's ModelRunner resolves
+        its own) and handed to every worker's ModelRunner; ``attach`` checks that rank 0's runner has the same."""
+        from engine import ops
+        from engine.runner import model_runner
         from engine.runner.device import physical_cores, resolve_device
 
         self.config = config
@@ -184,6 +188,7 @@ class TPExecutor:
                                                      oversubscribed=self.oversubscribed, base=comm_config)
         except ValueError as e:
             raise KestrelError(str(e)) from None
+        self.kernel_config = model_runner.resolve_kernels(ops.device_facts(self.device), config)
         self.log_level = envs.KESTREL_LOG_LEVEL  # the workers' logging level, read here once
         self._state = _State()
         self._finalizer = weakref.finalize(self, _shutdown, self._state)
@@ -218,7 +223,8 @@ class TPExecutor:
             "model_path": str(checkpoint.path), "factory": factory, "max_model_len": max_model_len,
             "torch_dtype": checkpoint.config.torch_dtype, "oversubscribed": self.oversubscribed,
             "threads": self.threads_per_rank, "ppid": os.getpid(),
-            "comm_config": self.comm_config.to_dict(), "log_level": self.log_level,
+            "comm_config": self.comm_config.to_dict(), "kernel_config": self.kernel_config.to_dict(),
+            "log_level": self.log_level,
         }
         env = dict(os.environ)
         if self.device.type == "cpu":
@@ -308,6 +314,9 @@ class TPExecutor:
     def attach(self, runner) -> None:
         """After rank 0's runner is built (defer_kv=True): connect, agree on the KV blocks, tune, go."""
         st = self._state
+        if runner.kernel_config != self.kernel_config:
+            raise KestrelError(f"tensor parallelism: rank 0's kernel configuration {runner.kernel_config} is not "
+                               f"the one its workers were given ({self.kernel_config})")
         t = self.startup_times
         try:
             t0 = time.perf_counter()
@@ -413,6 +422,7 @@ class TPExecutor:
         s.resolve()
         return {
             "tp_size": self.size, "comm_strategy": c.requested, "comm": c.describe(),
+            "comm_config": self.comm_config.to_dict(),
             "calls": s.total.calls, "payload_bytes": s.total.payload_bytes, "link_bytes": s.total.link_bytes,
             "seconds": s.total.seconds,
             "by_strategy": {k: dataclasses.asdict(v) for k, v in s.by_strategy.items()},

@@ -1,7 +1,8 @@
 """A tensor-parallel worker process (rank >= 1): ``python -m engine.executor.worker``.
 
-Reads its boot data (length-prefixed pickle) from stdin - the EngineConfig, the communication configuration
-rank 0 resolved (CommConfig: nothing of it comes from this process's environment) and the logging level - then
+Reads its boot data (length-prefixed pickle) from stdin - the EngineConfig, the communication and kernel
+configurations rank 0 resolved (CommConfig, KernelConfig: nothing of them comes from this process's environment)
+and the logging level - then
 watches stdin for end-of-file: rank 0's end of the pipe closes when rank 0 exits, however it exits, and the worker
 then exits at once (it also polls its parent pid while idle). Status messages go to rank 0 on the inherited ``status_fd`` pipe: "built"
 (with the KV blocks this rank could hold), "ready", "error" (before exiting with code 1).
@@ -57,6 +58,7 @@ def _load_weights(boot):
 def run(boot: dict, seg_holder: list) -> None:
     import torch
 
+    from engine.kernel_config import KernelConfig
     from engine.parallel.comm.config import CommConfig
     from engine.parallel.comm.group import Communicator
     from engine.parallel.comm.shm import Segment
@@ -82,7 +84,7 @@ def run(boot: dict, seg_holder: list) -> None:
     tp = TPContext(rank, world, comm)
     ckpt = _load_weights(boot)
     runner = ModelRunner(config, ckpt.config, ckpt.weights, boot["max_model_len"], boot["torch_dtype"], tp,
-                         defer_kv=True)
+                         defer_kv=True, kernel_config=KernelConfig.from_dict(boot["kernel_config"]))
     comm.connect()
     _status(status_fd, kind="built", num_blocks=int(runner.num_kv_blocks_that_fit()), pid=os.getpid())
     ppid = boot["ppid"]

@@ -118,6 +118,11 @@ def test_overlap_split_forward_is_token_identical(tiny_model_dir, tp1_tokens, mo
         assert comm.overlap and comm.describe()["active"] == "host"
         assert comm.describe()["config"] == llm.core.executor.comm_config.to_dict()
         assert comm.config.overlap_min_tokens == 2 and comm.config.strategy == "overlap"
+        ex = llm.core.executor  # what the worker was handed at spawn: rank 0's resolved configurations
+        sent = CommConfig.for_engine(llm.config, device_type="cpu", world=2, oversubscribed=ex.oversubscribed,
+                                     base=comm_config)
+        assert ex.comm_config == sent and ex.comm_stats()["comm_config"] == sent.to_dict()
+        assert ex.kernel_config == llm.core.runner.kernel_config
         calls = {"n": 0}
         import engine.models.overlap as ov
 
