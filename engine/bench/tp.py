@@ -197,8 +197,8 @@ def _gpu_mode(args) -> dict:
     opts = dict(dtype="bfloat16", device="cuda", max_model_len=max(lengths) + 256,
                 max_num_batched_tokens=max(max(lengths), 128 * max(batches)), kv_cache_memory_gib=args.kv_gib,
                 enable_prefix_caching=False, max_num_seqs=max(256, max(batches)))
-    out: dict = {"mode": args._child, "env": {k: os.environ.get(k) for k in
-                                              ("NCCL_P2P_DISABLE", "NCCL_NVLS_ENABLE", "KESTREL_PCIE_MODE")}}
+    out: dict = {"mode": args._child,
+                 "env": {k: os.environ.get(k) for k in ("NCCL_P2P_DISABLE", "NCCL_NVLS_ENABLE")}}
 
     def save() -> None:
         if args._json:
