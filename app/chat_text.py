@@ -83,7 +83,8 @@ def gave_up_text(reason: str) -> str:
 
 def list_time(t: float) -> str:
     """A time as a list shows it: "Dec 7, 09:14"."""
-    return time.strftime("%b %-d, %H:%M", time.localtime(t))
+    lt = time.localtime(t)  # the day without a leading zero, portably ("%-d" is glibc's: Windows refuses it)
+    return f"{time.strftime('%b', lt)} {lt.tm_mday}, {time.strftime('%H:%M', lt)}"
 
 
 def conversation_label(c, convs) -> str:

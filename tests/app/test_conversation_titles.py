@@ -32,3 +32,22 @@ def test_conversations_with_the_same_title_can_be_told_apart(make_window):
     assert tip.startswith(TITLE + "\nStarted " + when), tip
     # the second lines show (the items are two lines high, not cut to the title)
     assert chat.conv_list.visualItemRect(items[a.id]).height() > chat.conv_list.visualItemRect(items[other.id]).height()
+
+
+def test_list_times_are_formatted_portably():
+    """Issue 46: the day was formatted with "%-d", which only glibc's strftime knows (Windows raises ValueError):
+    the list's times come out the same without it, and no strftime in app/ uses a platform-only flag."""
+    import ast
+    from pathlib import Path
+
+    from app.chat_text import list_time
+
+    t = time.mktime((2026, 12, 7, 9, 14, 30, 0, 0, -1))
+    assert list_time(t) == f"{time.strftime('%b', time.localtime(t))} 7, 09:14"
+    t = time.mktime((2026, 12, 17, 21, 5, 0, 0, 0, -1))
+    assert list_time(t).endswith(" 17, 21:05")
+    app = Path(__file__).resolve().parents[2] / "app"
+    flagged = [f"{p.name}:{n.lineno}" for p in app.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and any(
+                   f in n.value for f in ("%-d", "%-m", "%-H", "%-I", "%-M", "%#d", "%#m"))]
+    assert flagged == []
