@@ -86,7 +86,7 @@ def test_dimensions_truncate_then_renormalise(api):
 
 def test_batch_invariance(api):
     """An input's embedding does not depend on what else is in the batch beyond rounding: Q4_COS on the default
-    model (see above; --deterministic makes its vectors bitwise batch-invariant: tests/unit/test_pooling.py),
+    model (see above; --deterministic makes its vectors bitwise batch-invariant: tests/engine/test_pooling.py),
     1e-5 on the float32 tiny models below."""
     alone = [api.embeddings.create(model=MODEL, input=t, encoding_format="float").data[0].embedding for t in TEXTS]
     mixed = [TEXTS[2], "filler " * 40, TEXTS[0], "x", TEXTS[1]]

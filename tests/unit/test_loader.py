@@ -148,19 +148,6 @@ def test_float_dequantize_equals_the_gguf_package():
         assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), qtype.name
 
 
-def test_gguf_blocks_load_without_importing_gguf(smollm2_gguf):
-    """--quantization gguf on the CPU reads SmolLM2 (Q4_1 blocks kept, F32 norms, a Q8_0 embedding kept) without
-    the gguf package: 1.5 MiB of the process's memory after load (docs/benchmarks/cpu_gguf_memory_2026-12-06.md)."""
-    import subprocess
-    import sys
-
-    code = ("import sys; from engine import LLM; "
-            f"llm = LLM({str(smollm2_gguf)!r}, device='cpu', quantization='gguf', num_kv_blocks=8); "
-            "assert llm.generate([[1, 2, 3]])[0].outputs[0].token_ids; "
-            "print(sorted(m for m in sys.modules if m == 'gguf' or m.startswith(('gguf.', 'yaml'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
-
 # -- tiny safetensors directories -------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """The embedded SmolLM2 Q4_1 GGUF with its linear weights kept quantized on the CPU (engine/loader/gguf.py,
 engine/layers/linear.py, engine/ops/gguf_quant.py; --quantization gguf, which the default auto picks on the CPU:
-tests/unit/test_quantization_auto.py) against the same file dequantized at load (--quantization none).
+tests/engine/test_quantization_auto.py) against the same file dequantized at load (--quantization none).
 
 - Both regimes (integer GEMV at <= 8 rows, float GEMM on dequantized panels above) quantize the activations per
   block of 32 to int8 (llama.cpp's rounding), so the logits move off the dequantized model's by that rounding.
@@ -144,7 +144,7 @@ def test_type_without_kernel_is_dequantized_and_logged(monkeypatch, caplog):
 
 
 def test_gguf_blocks_are_refused_where_they_cannot_run(tiny_model_dir):
-    """--quantization gguf asked for on float weights (or on a GPU: tests/unit/test_quantization_auto.py) is a clear
+    """--quantization gguf asked for on float weights (or on a GPU: tests/engine/test_quantization_auto.py) is a clear
     error, not a silent float load (the default, auto, picks the blocks only where they run)."""
     from engine.errors import KestrelError
 
@@ -358,3 +358,17 @@ def test_mixed_type_fused_weights_shard_as_before(mixed_gguf, tp_size):
             torch.testing.assert_close(up, up_full[:, r0:r1], rtol=1e-5, atol=1e-5)
     finally:
         gf.close()
+
+
+def test_gguf_blocks_load_without_importing_gguf(smollm2_gguf):
+    """--quantization gguf on the CPU reads SmolLM2 (Q4_1 blocks kept, F32 norms, a Q8_0 embedding kept) without
+    the gguf package: 1.5 MiB of the process's memory after load (docs/benchmarks/cpu_gguf_memory_2026-12-06.md)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from engine import LLM; "
+            f"llm = LLM({str(smollm2_gguf)!r}, device='cpu', quantization='gguf', num_kv_blocks=8); "
+            "assert llm.generate([[1, 2, 3]])[0].outputs[0].token_ids; "
+            "print(sorted(m for m in sys.modules if m == 'gguf' or m.startswith(('gguf.', 'yaml'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -55,7 +55,7 @@ def _run(model_dir, sizes: list[int] | None, max_num_seqs: int = 8):
     with LLM(str(model_dir), dtype="float32", device="cpu", enable_prefix_caching=False,
              max_num_seqs=max_num_seqs, kv_cache_memory_gib=0.05) as llm:
         runner = llm.core.runner
-        runner.tapes = None  # the plain eager step (the CPU's decode tapes: tests/unit/test_cpu_tapes.py)
+        runner.tapes = None  # the plain eager step (the CPU's decode tapes: tests/engine/test_cpu_tapes.py)
         calls = []
         if sizes is not None:
             runner.graph_sizes = sizes
