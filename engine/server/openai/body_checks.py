@@ -1,0 +1,89 @@
+"""Checks of a request body's JSON text before anything parses it: nesting depth and unpaired UTF-16 surrogates.
+
+Python's json module (FastAPI's parser) recurses once per nesting level and fails with RecursionError near 1,000
+levels, which would be a 500; a ``\\ud800`` escape without its pair parses into a str that cannot be encoded, which
+fails later (UnicodeEncodeError, another 500) wherever the text is written out. Both are client errors: 400 here,
+naming what is wrong, on every route that takes a JSON body (engine/server/openai/app.py BodyLimitMiddleware).
+
+Both checks are linear in the body and cheap when nothing is wrong: a body with fewer opening brackets than the
+depth limit cannot be too deep, and one without a surrogate escape skips the surrogate scan.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from engine.errors import InvalidRequestError
+
+MAX_JSON_DEPTH = 128  # nesting levels of objects and arrays (a tool's JSON schema needs a dozen)
+
+# A \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or a low one not preceded by a high one; the
+# backslash must itself be unescaped: preceded by an even number of backslashes.
+_HIGH = rb"\\u[dD][89abAB][0-9a-fA-F]{2}"
+_LOW = rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+_LONE_SURROGATE = re.compile(rb"(?<!\\)(?:\\\\)*(" + _HIGH + rb"(?!" + _LOW + rb")|(?<!" + _HIGH + rb")" + _LOW + rb")")
+_ANY_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def json_depth(body: bytes) -> int:
+    """The deepest nesting of objects and arrays in ``body`` (JSON text; brackets inside strings do not count). On
+    text that is not JSON the figure is meaningless but finite: the parser refuses it afterwards. Vectorised (numpy
+    releases the GIL on large arrays): ~30 ms for 10 MB, where a regular expression over 200,000 strings took ~1 s."""
+    a = np.frombuffer(body, dtype=np.uint8)
+    brackets = np.flatnonzero((a == 0x5B) | (a == 0x5D) | (a == 0x7B) | (a == 0x7D))
+    if brackets.size == 0:
+        return 0
+    quotes = np.flatnonzero(a == 0x22)
+    if quotes.size:
+        quotes = _string_quotes(a, quotes)
+    outside = np.searchsorted(quotes, brackets) % 2 == 0  # an even number of string quotes before it
+    kinds = a[brackets[outside]]
+    if kinds.size == 0:
+        return 0
+    steps = np.where((kinds == 0x5B) | (kinds == 0x7B), 1, -1).astype(np.int32)
+    return int(steps.cumsum().max())
+
+
+def _string_quotes(a: np.ndarray, quotes: np.ndarray) -> np.ndarray:
+    """The quotes that open or close strings: those after an even run of backslashes (an escaped quote follows an
+    odd one). Runs are measured only behind the quotes that follow a backslash, a step back at a time; a run past
+    64 backslashes (a hostile body) takes the whole-array measure instead."""
+    cand = quotes[(quotes > 0) & (a[np.maximum(quotes - 1, 0)] == 0x5C)]
+    if cand.size == 0:
+        return quotes
+    run = np.ones(cand.size, dtype=np.int64)
+    active = np.ones(cand.size, dtype=bool)
+    for k in range(2, 66):
+        prev = cand - k
+        active &= (prev >= 0) & (a[np.maximum(prev, 0)] == 0x5C)
+        if not active.any():
+            break
+        run += active
+    else:
+        idx = np.arange(a.size, dtype=np.int64)
+        last_other = np.maximum.accumulate(np.where(a == 0x5C, -1, idx))  # the last non-backslash at or before i
+        run = cand - 1 - last_other[cand - 1]
+    return np.setdiff1d(quotes, cand[run % 2 == 1], assume_unique=True)
+
+
+def lone_surrogate(body: bytes) -> str | None:
+    """The first unpaired surrogate escape in ``body`` (e.g. "\\ud800"), or None."""
+    if not _ANY_SURROGATE.search(body):
+        return None
+    m = _LONE_SURROGATE.search(body)
+    return m.group(1).decode("ascii") if m else None
+
+
+def check_json_body(body: bytes) -> None:
+    """InvalidRequestError (400) for a body nested deeper than MAX_JSON_DEPTH or holding an unpaired surrogate."""
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+        depth = json_depth(body)
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidRequestError(f"The request body nests objects and arrays {depth} levels deep; at most "
+                                      f"{MAX_JSON_DEPTH} are accepted.")
+    bad = lone_surrogate(body)
+    if bad is not None:
+        raise InvalidRequestError(f"The request body holds the escape {bad}: half of a UTF-16 surrogate pair "
+                                  "without its other half, which is not a character. Send text as valid Unicode.")
