@@ -139,6 +139,12 @@ def cmd_bench_gpu(args) -> int:
     return bench_gpu(args)
 
 
+def cmd_bench_tp(args) -> int:
+    from engine.bench.tp import main as bench_tp
+
+    return bench_tp(args)
+
+
 def cmd_bench_quant(args) -> int:
     from engine.bench.quant import main as bench_quant
 
@@ -181,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "against the GPU's measured limits")
     gpu_args(bg)
     bg.set_defaults(func=cmd_bench_gpu)
+    from engine.bench.tp import add_args as tp_args
+    bt = bsub.add_parser("tp", help="Tensor parallelism: TP=2 against TP=1 per comm strategy, on two GPUs (NVLink and "
+                                    "PCIe-like) or on the CPU (ranks as processes); Llama-3-8B shape, random weights")
+    tp_args(bt)
+    bt.set_defaults(func=cmd_bench_tp)
     from engine.bench.quant import add_args as quant_args
     bq = bsub.add_parser("quant", help="GPU quantization (int8 / int4 / fp8) against bf16 in one run: the kernels on "
                                        "the Llama-3-8B shapes, then the engine's memory, TPOT and TTFT per mode")

@@ -88,7 +88,7 @@ def main(args) -> int:
     import torch
 
     from engine.bench.llamacpp_peer import run_in_child
-    from engine.bench.report import environment
+    from engine.bench.report import environment, resolved_config
     from engine.llm import LLM
 
     llm = LLM.from_cli_args(args)
@@ -104,6 +104,7 @@ def main(args) -> int:
         "gen_len": args.gen_len,
         "seed": llm.config.seed,
         "environment": environment(),
+        "config": resolved_config(llm.core),  # the kernel and comm configuration the engine resolved
         "results": [],
     }
     threads = torch.get_num_threads()
@@ -182,6 +183,7 @@ def _child_main() -> int:
 
     req = json.loads(sys.stdin.read())
     from engine.bench.llamacpp_peer import resident_set
+    from engine.bench.report import resolved_config
     from engine.layers.linear import LinearBase
     from engine.llm import LLM
     from engine.ops.native import amx_bf16
@@ -209,6 +211,7 @@ def _child_main() -> int:
         "gguf_table_bytes": sum(t.gguf.nbytes for t in tables if t.gguf is not None),
         "cpu_amx": amx_bf16(),  # bfloat16 prefill on torch's oneDNN GEMM (KESTREL_CPU_AMX)
         "float_linear_layers": sum(m.gguf is None for m in linears),
+        "config": resolved_config(llm.core),
     }
     llm.close()
     sys.stdout.write("\n" + json.dumps(out) + "\n")
@@ -229,7 +232,7 @@ def _summary(result: dict | str, file_bytes: int) -> dict | str:
         model = result["rss_after_run"] - result["rss_before_load"]
         out["model_rss_mib"] = round(model / _MIB, 1)
         out["model_rss_vs_file"] = round(model / file_bytes, 3)
-    for key in ("dtype", "threads", "float_linear_layers", "n_ctx", "cpu_amx"):
+    for key in ("dtype", "threads", "float_linear_layers", "n_ctx", "cpu_amx", "config"):
         if key in result:
             out[key] = result[key]
     return out

@@ -165,6 +165,7 @@ def weight_bytes(model) -> int:
 
 def engine_modes(ckpt, args, report, save) -> dict:
     from engine.bench.gpu import kestrel_tpot, kestrel_ttft, model_numbers
+    from engine.bench.report import resolved_config
     from engine.bench.tp import make_core
 
     rng = random.Random(args.seed)
@@ -184,7 +185,8 @@ def engine_modes(ckpt, args, report, save) -> dict:
             res[mode] = {"error": f"{type(e).__name__}: {e}"}
             save()
             continue
-        r = res[mode] = {"load_s": time.perf_counter() - t0, "quantization": quant, "kv_cache_dtype": kv_dtype}
+        r = res[mode] = {"load_s": time.perf_counter() - t0, "quantization": quant, "kv_cache_dtype": kv_dtype,
+                         "config": resolved_config(core)}
         try:
             r["weight_bytes"] = weight_bytes(core.runner.model)
             r["kv_blocks"] = core.blocks.num_blocks

@@ -120,6 +120,10 @@ def served(spec: EngineConfigSpec, served_model_name: str | None = None, startup
 
 
 def record(spec: EngineConfigSpec) -> dict:
-    """What the report keeps of a configuration: its name, its own keys, the shared ones and the full config."""
-    cfg = dataclasses.asdict(spec.config())
-    return {"name": spec.name, "overrides": spec.overrides, "common": spec.common, "engine_config": cfg}
+    """What the report keeps of a configuration: its name, its own keys, the shared ones, the full config and the
+    kernel and comm configuration it resolves to on this machine (the server started here runs it)."""
+    from engine.bench.report import resolved_config
+
+    config = spec.config()
+    return {"name": spec.name, "overrides": spec.overrides, "common": spec.common,
+            "engine_config": dataclasses.asdict(config), "config": resolved_config(engine_config=config)}

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from engine.bench.report import resolved_config
 from engine.bench.timing import decode_step_times, ttft_runs
 from engine.loader.weights import WeightSource
 
@@ -209,6 +210,7 @@ def _gpu_mode(args) -> dict:
         t0 = time.perf_counter()
         core = make_core(random_checkpoint(args.shape), tensor_parallel_size=1, **opts)
         out["tp1_load_s"] = time.perf_counter() - t0
+        out["tp1_config"] = resolved_config(core)
         out["tp1"] = measure_engine(core, lengths, batches, args.repeats, args.tpot_steps)
         save()
         del core
@@ -218,6 +220,7 @@ def _gpu_mode(args) -> dict:
     t0 = time.perf_counter()
     core = make_core(random_checkpoint(args.shape), tensor_parallel_size=2, comm_strategy="auto", **opts)
     out["tp2_load_s"] = time.perf_counter() - t0
+    out["tp2_config"] = resolved_config(core)  # the kernel and comm configuration rank 0 resolved (workers get it)
     ex = core.executor
     out["tp2_startup"] = ex.startup_times
     print(f"[{args._child}] TP=2 up in {out['tp2_load_s']:.1f} s: {ex.startup_times}", flush=True)
@@ -324,6 +327,7 @@ def _cpu_main(args) -> dict:
                          comm_strategy=args.cpu_strategy, **opts)
         try:
             rep["decode"][f"{args.cpu_shape}_tp{tp}"] = res = decode_rate(core)
+            res["config"] = resolved_config(core)
             if tp > 1:
                 res["step_channel"] = core.executor.ping(200)
                 res["comm_by_strategy"] = core.stats().comm_by_strategy
@@ -337,6 +341,7 @@ def _cpu_main(args) -> dict:
                   max_model_len=1024, enable_prefix_caching=False)
         try:
             rep["decode"][f"smollm2_tp{tp}"] = res = decode_rate(llm.core)
+            res["config"] = resolved_config(llm.core)
             print(f"decode SmolLM2-135M {args.cpu_dtype} TP={tp}: {res['tok_s']:.1f} tok/s", flush=True)
         finally:
             llm.core.shutdown()

@@ -1,8 +1,11 @@
-"""`kestrel bench offline` end to end on a tiny GGUF: a report with both batch sizes, and the llama.cpp peer
-either measured (ratios present) or, without llama-cpp-python, a plain-words reason instead of a crash."""
+"""`kestrel bench offline` end to end on a tiny GGUF: a report with both batch sizes and the engine's resolved
+kernel and comm configuration, and the llama.cpp peer either measured (ratios present) or, without
+llama-cpp-python, a plain-words reason instead of a crash; the bench subcommands users run."""
 
 import importlib.util
 import json
+
+import pytest
 
 from engine.cli import main
 
@@ -25,6 +28,8 @@ def test_bench_offline_writes_a_report(tmp_path, tiny_gguf):
         assert isinstance(peer, dict), peer
         assert rows[1]["ratio_vs_llama.cpp"]["decode_tok_s"] > 0
     assert "llama.cpp" not in rows[2]  # the peer runs at batch 1 only
+    # the kernel and comm configuration the engine resolved (engine/kernel_config.py, engine/parallel/comm)
+    assert report["config"]["kernel"]["prefill_attention"] and "strategy" in report["config"]["comm"]
 
 
 def _hide_llama_cpp(tmp_path, monkeypatch):
@@ -68,6 +73,7 @@ def test_bench_offline_gguf_models_report(tmp_path, monkeypatch):
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["threads"] == 2 and r["dtype"] == "float32"
         assert r["rss_after_run_mib"] >= r["rss_before_load_mib"] > 0 and r["model_rss_vs_file"] > 0
         assert r["kv_cache_mib"] > 0
+        assert "error" not in r["config"]["kernel"] and "error" not in r["config"]["comm"]  # each child's own
     assert kept["float_linear_layers"] == 0 and kept["gguf_linear_mib"] > 0
     assert deq["float_linear_layers"] > 0 and deq["gguf_linear_mib"] == 0
     assert row["llama.cpp"].startswith("skipped: llama-cpp-python is not installed")
@@ -77,3 +83,20 @@ def test_bench_offline_gguf_models_report(tmp_path, monkeypatch):
     mtime = written[0].stat().st_mtime_ns
     assert gguf_models.model_path("llama-1b-q4_0", work) == written[0] and written[0].stat().st_mtime_ns == mtime
     assert main(["bench", "offline", "--model", row["path"], "--gguf-models", "smollm2"]) == 2
+
+
+def test_the_bench_subcommands_are_what_users_run():
+    """`kestrel bench` offers the user benchmarks (the developer's sweeps live in benchmarks/, outside the
+    package); each parses its own options."""
+    from engine.cli import build_parser, cmd_bench_gpu, cmd_bench_tp
+
+    parser = build_parser()
+    bench = next(a for a in parser._subparsers._group_actions[0].choices["bench"]._actions
+                 if a.dest == "bench_command")
+    assert set(bench.choices) == {"offline", "http-vs-offline", "serve", "sweep", "gpu", "tp", "quant"}
+    args = parser.parse_args(["bench", "tp", "--device", "cpu", "--out", "tp.json"])
+    assert args.func is cmd_bench_tp and args.device == "cpu" and args.out == "tp.json"
+    args = parser.parse_args(["bench", "gpu", "--skip", "hf"])
+    assert args.func is cmd_bench_gpu and args.skip == ["hf"]
+    with pytest.raises(SystemExit):  # a lab part is not an option of the user command
+        parser.parse_args(["bench", "gpu", "--skip", "variants"])
