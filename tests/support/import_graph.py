@@ -66,10 +66,11 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("engine.tokenizer",), "tokenizers, chat templates, the incremental detokenizer, grammars, tool parsers"),
     (("engine.wire", "engine.outputs", "engine.metrics", "engine.progress"),
      "what crosses processes: the wire types, outputs, request records and metrics, start-up progress"),
-    (("engine.config", "engine.kernel_config", "engine.weight_quant", "engine.quant_scheme", "engine.capabilities",
-      "engine.cpu_features", "engine.host_info", "engine.sampling_params", "engine.errors", "engine.envs",
-      "engine.heap"),
-     "the foundation: options, kernel configuration, quantized weights' forms, checkpoint schemes, capabilities, "
+    (("engine.constants", "engine.config", "engine.kernel_config", "engine.weight_quant", "engine.quant_scheme",
+      "engine.capabilities", "engine.cpu_features", "engine.host_info", "engine.sampling_params", "engine.errors",
+      "engine.envs", "engine.heap"),
+     "the foundation: facts defined once (constants), options, kernel configuration, quantized weights' forms, "
+     "checkpoint schemes, capabilities, "
      "CPU flags, host facts (NVML), sampling parameters, errors, KESTREL_* variables, the C heap's trim"),
 )
 
@@ -167,6 +168,7 @@ class _Facts:
     reads: tuple  # (lineno, attr, dotted receiver or None, root name, plain self/cls, on super(), text)
     names: frozenset  # every name the file defines (imports do not count)
     members: frozenset  # functions, methods, class-body names, attributes assigned on objects
+    globals: tuple  # (lineno, name) of each module-level assignment
 
 
 @functools.lru_cache(maxsize=4096)
@@ -177,7 +179,13 @@ def _facts(path: str, text: str) -> _Facts:
     imports, calls, factories, reads = [], [], [], []
     names: set[str] = set()
     members: set[str] = set()
-    stack: list[tuple[ast.AST, bool, bool]] = [(ast.parse(text, filename=path), True, False)]
+    tree = ast.parse(text, filename=path)
+    globals_ = []
+    for stmt in tree.body:
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] \
+            if isinstance(stmt, ast.AnnAssign) else []
+        globals_ += [(stmt.lineno, t.id) for t in targets if isinstance(t, ast.Name)]
+    stack: list[tuple[ast.AST, bool, bool]] = [(tree, True, False)]
     while stack:
         node, top, tc = stack.pop()
         if isinstance(node, ast.Import):
@@ -236,7 +244,7 @@ def _facts(path: str, text: str) -> _Facts:
             continue
         stack.extend((child, top, tc) for child in ast.iter_child_nodes(node))
     return _Facts(tuple(imports), tuple(calls), tuple(factories), tuple(reads), frozenset(names),
-                  frozenset(members))
+                  frozenset(members), tuple(globals_))
 
 
 def _resolve(src: Source, lineno: int, base: str, level: int) -> str:
@@ -515,7 +523,8 @@ def check(result: Scan, layers=LAYERS, allowed: Iterable[Allowance] = ()) -> lis
     """Every violation of every rule that no allowance covers."""
     found = (unplaced(result.sources, layers) + upward_imports(result.imports, layers)
              + package_cycles(result.imports, layers) + file_circles(result.imports)
-             + private_name_imports(result.imports) + result.attribute_reads + result.string_imports)
+             + private_name_imports(result.imports) + result.attribute_reads + result.string_imports
+             + facts_defined_twice(result.sources))
     return [v for v in found if not any(_covers(a, v) for a in allowed)]
 
 
@@ -532,6 +541,26 @@ def stale_allowances(result: Scan, allowed: Iterable[Allowance], layers=LAYERS) 
     """The allowances that no violation needs any more."""
     found = check(result, layers)
     return [a for a in allowed if not any(_covers(a, v) for v in found)]
+
+
+# One source for each fact: these names are assigned at module level in their module only (others import them).
+FACTS: Mapping[str, str] = {
+    "DEFAULT_MODEL_PACKAGE": "engine.constants",
+    "DEFAULT_MODEL_FILE": "engine.constants",
+    "GGUF_ARCHITECTURES": "engine.constants",
+    "FP8_BLOCK": "engine.constants",
+}
+
+
+def facts_defined_twice(sources: list[Source], facts: Mapping[str, str] = FACTS) -> list[Violation]:
+    errors = []
+    for src in sources:
+        for lineno, name in _facts(src.path, src.text).globals:
+            home = facts.get(name)
+            if home is not None and home != src.module:
+                errors.append(Violation("facts", (src.module, name), f"{src.path}:{lineno}: one source for each "
+                                        f"fact: {name} is defined in {home}; import it from there"))
+    return errors
 
 
 # --- docs/ARCHITECTURE.md section 6 -----------------------------------------------------------------------------
@@ -551,25 +580,26 @@ def package_edges(imports: Iterable[Import], layers=LAYERS) -> dict[str, set[str
 
 
 def render_section(imports: Iterable[Import], allowed: Iterable[Allowance] = (), layers=LAYERS) -> str:
-    """Section 6 of docs/ARCHITECTURE.md: the layers, what each package imports today, the rules."""
+    """Section 6 of docs/ARCHITECTURE.md: the layers, the engine packages the app imports, the rules."""
     edges = package_edges(imports, layers)
+    app_uses = sorted(edges.get("app", ()), key=lambda p: (layer_of(p, layers) or 0, p))
     lines = [
         "## 6. Dependency direction",
         "",
         f"Generated from `LAYERS` in `tests/support/import_graph.py` (regenerate: `{REGENERATE}`;",
         "`tests/unit/test_import_graph.py` fails when this section differs). The packages, top to bottom, one",
         "line each (a line naming several is one layer); a package imports its own layer or lower ones. An engine",
-        "module's package is the longest name below that covers it; the last column is what the package imports",
-        "today (inside functions too), outside its own line:",
+        "module's package is the longest name below that covers it.",
         "",
-        "| # | Package | What | Imports (today) |",
-        "|---|---|---|---|",
+        "| # | Package | What |",
+        "|---|---|---|",
     ]
     for rank, (members, what) in enumerate(layers):
-        uses = set().union(*(edges.get(m, set()) for m in members)) - set(members)
-        names = ", ".join(f"`{m}`" for m in members)
-        listed = ", ".join(f"`{b}`" for b in sorted(uses, key=lambda p: (layer_of(p, layers) or 0, p)))
-        lines.append(f"| {rank + 1} | {names} | {what} | {listed or '-'} |")
+        lines.append(f"| {rank + 1} | {', '.join(f'`{m}`' for m in members)} | {what} |")
+    lines += [
+        "",
+        "The engine packages the app imports (inside functions too): " + ", ".join(f"`{p}`" for p in app_uses) + ".",
+    ]
     lines += [
         "",
         "The rules (every import counts: module-level, inside functions, under `TYPE_CHECKING`):",
@@ -580,7 +610,9 @@ def render_section(imports: Iterable[Import], allowed: Iterable[Allowance] = (),
         "4. no import of another module's private name (`from x import _y`);",
         "5. no private attribute read across modules (`mod._y` on an imported module; `obj._y` where `_y` is",
         "   defined in another module and not in the reading one; `self` / `cls` / `super()` excepted);",
-        "6. no string import of our modules (`importlib.import_module(\"engine.x\")`, or a computed name).",
+        "6. no string import of our modules (`importlib.import_module(\"engine.x\")`, or a computed name);",
+        "7. one source for each fact: " + ", ".join(f"`{n}`" for n in FACTS) + " are assigned in",
+        "   `engine/constants.py` only (torch-free; everything else imports them).",
         "",
     ]
     allowed = list(allowed)

@@ -88,7 +88,7 @@ def test_the_scan_sees_the_graph(real):
     edges = {(i.importer, i.target) for i in real.imports}
     assert ("engine.llm", "engine.core.core") in edges  # a module-level import
     assert ("engine.core.core", "engine.runner.model_runner") in edges  # inside a function
-    assert ("engine.layers.attention", "engine.envs") in edges  # `from engine import envs, ops`: submodules
+    assert ("engine.loader.gguf", "engine.heap") in edges  # `from engine import heap`: the submodule
     lazy = {(i.importer, i.target) for i in real.imports if not i.top_level}
     assert ("engine.core.core", "engine.runner.model_runner") in lazy
 
@@ -218,6 +218,13 @@ def test_mutation_string_import_is_caught(mutate):
     # a "module:callable" string names an edge too
     found = mutate({"engine/tokenizer/mutant.py": "FACTORY = 'engine.runner.model_runner:ModelRunner'\n"})
     assert ("layers", ("engine.tokenizer", "engine.runner")) in [(v.rule, v.key) for v in found], _report(found)
+
+
+def test_mutation_fact_defined_twice_is_caught(mutate):
+    found = mutate({"app/mutant.py": "FP8_BLOCK = 128\n\ndef f():\n    DEFAULT_MODEL_FILE = 'x'  # a local: fine\n"})
+    assert [(v.rule, v.key) for v in found] == [("facts", ("app.mutant", "FP8_BLOCK"))], _report(found)
+    assert found[0].message == ("app/mutant.py:1: one source for each fact: FP8_BLOCK is defined in "
+                                "engine.constants; import it from there")
 
 
 def test_mutation_unplaced_package_is_caught(mutate):
