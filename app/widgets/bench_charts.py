@@ -148,8 +148,9 @@ def points_text(n: int) -> str:
     return f"{n} point" if n == 1 else f"{n} points"
 
 
-class LiveCharts(QWidget):
-    """TTFT (y) against TPOT (x) per request (one colour per sweep point) and output tokens/s over the run."""
+class _Charts(QWidget):
+    """Plots in a view (a GraphicsLayoutWidget, see the module's note) with a legend line under them, in the
+    theme's colours. A subclass adds its plots to ``self.view`` and names them in ``plot_items``."""
 
     def __init__(self):
         super().__init__()
@@ -161,6 +162,21 @@ class LiveCharts(QWidget):
         lay.addWidget(self.view, 1)
         self.legend = Legend()
         lay.addWidget(self.legend)
+
+    def plot_items(self) -> list[pg.PlotItem]:
+        raise NotImplementedError
+
+    def apply_theme(self, theme: themes.Theme) -> None:
+        self.theme = theme
+        style_plots(self.view, self.plot_items(), theme)
+        self.legend.apply_theme(theme)
+
+
+class LiveCharts(_Charts):
+    """TTFT (y) against TPOT (x) per request (one colour per sweep point) and output tokens/s over the run."""
+
+    def __init__(self):
+        super().__init__()
         g = bench_report.GLOSSARY
         self.p_scatter = _plot(self.view, 0, 0, "TTFT vs TPOT, per request", "TTFT (ms)", "TPOT (ms)",
                                f"TTFT: {g['TTFT']}\nTPOT: {g['TPOT']}")
@@ -174,9 +190,8 @@ class LiveCharts(QWidget):
         self.tps_y: list[float] = []
         self.apply_theme(themes.current())
 
-    def apply_theme(self, theme: themes.Theme) -> None:
-        style_plots(self.view, [self.p_scatter, self.p_tps], theme)
-        self.legend.apply_theme(theme)
+    def plot_items(self) -> list[pg.PlotItem]:
+        return [self.p_scatter, self.p_tps]
 
     def reset(self) -> None:
         """Empty the plots for a new run (the plots themselves stay; see the module's note on ``clear``)."""
@@ -230,19 +245,11 @@ class LiveCharts(QWidget):
         return n
 
 
-class ResultCharts(QWidget):
+class ResultCharts(_Charts):
     """A run's results, or several runs overlaid (one colour per run; p99 dashed beside p50 solid)."""
 
     def __init__(self):
         super().__init__()
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(2)
-        self.view = pg.GraphicsLayoutWidget()
-        self.view.ci.setContentsMargins(*VIEW_MARGINS)
-        lay.addWidget(self.view, 1)
-        self.legend = Legend()
-        lay.addWidget(self.legend)
         g = bench_report.GLOSSARY
         # titles without "vs concurrency" (the x axis says it): a title sets its plot's minimum width, and two
         # columns of the longer ones did not fit the Results tab at 1024 px (the right-hand charts were cut)
@@ -259,11 +266,6 @@ class ResultCharts(QWidget):
 
     def plot_items(self) -> list[pg.PlotItem]:
         return [self.p_tput, self.p_ttft, self.p_tpot, self.p_cdf]
-
-    def apply_theme(self, theme: themes.Theme) -> None:
-        self.theme = theme
-        style_plots(self.view, self.plot_items(), theme)
-        self.legend.apply_theme(theme)
 
     def show_runs(self, reports: list[dict]) -> None:
         """Draw ``reports``: one run in detail (a CDF per concurrency), several overlaid (each run's CDF at
