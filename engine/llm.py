@@ -8,7 +8,8 @@ from collections.abc import Iterator, Sequence
 
 from engine.config import EngineConfig
 from engine.core.core import EngineCore
-from engine.outputs import CompletionOutput, EmbeddingOutput, RequestDelta, RequestOutput
+from engine.outputs import CompletionOutput, EmbeddingOutput, RequestOutput
+from engine.wire import RequestDelta
 from engine.sampling_params import SamplingParams
 
 _ids = itertools.count()

@@ -1,45 +1,11 @@
-"""What the engine hands back: per-step deltas (streamed over IPC) and whole results (offline API)."""
+"""The offline API's whole results (LLM.generate / embed), built from the per-step RequestDeltas that the core
+emits (engine.wire: TokenLogprobs, RequestMetrics, RequestDelta, the same types the client receives)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass
-class TokenLogprobs:
-    """The logprob of one sampled token (of the model's raw distribution) and the best ones beside it."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), best first
-
-
-@dataclass
-class RequestMetrics:
-    arrival_time: float
-    queue_time: float | None = None
-    ttft: float | None = None  # seconds from arrival to the first token
-    e2e: float | None = None  # seconds from arrival to the end
-    decode_time: float | None = None  # first token to last token
-    num_preemptions: int = 0
-
-
-@dataclass
-class RequestDelta:
-    """What one request gained in one engine step."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    logprobs: list[TokenLogprobs] | None = None
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_output_tokens: int = 0
-    metrics: RequestMetrics | None = None  # set on the final delta
-    embedding: bytes | None = None  # an embedding request's pooled vector: little-endian float32
+from engine.wire import RequestDelta, RequestMetrics, TokenLogprobs
 
 
 @dataclass

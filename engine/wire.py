@@ -25,11 +25,13 @@ import msgspec
 from engine.sampling_params import SamplingParams
 
 # ------------------------------------------------------------------------------------------------
-# outputs as the client sees them (field names follow engine.outputs so the
-# engine can send its dataclasses as they are)
+# what the engine core emits: the same Structs in the core, on the wire and in the client (and the tests' fake
+# core), defined here only; engine.outputs builds the offline API's whole results from them
 
 
-class TokenLogprob(msgspec.Struct):
+class TokenLogprobs(msgspec.Struct):
+    """The logprob of one sampled token (of the model's raw distribution) and the best ones beside it."""
+
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = []  # (token id, logprob), best first
@@ -46,25 +48,26 @@ class RequestMetrics(msgspec.Struct):
     num_preemptions: int = 0
 
 
-class Delta(msgspec.Struct):
-    """What one sequence gained in one engine step (engine.outputs.RequestDelta on the wire), plus
-    ``index`` (which of the request's n samples) and ``time`` (the engine's clock at the end of the step
-    that produced it: per-token timestamps for TTFT / inter-token latency plots)."""
+class RequestDelta(msgspec.Struct, omit_defaults=True):
+    """What one sequence gained in one engine step. The core fills the fields up to ``embedding``; the client
+    sets ``index`` (which of the request's n samples) and ``time`` (the engine's clock at the end of the step
+    that produced it: per-token timestamps for TTFT / inter-token latency plots). Fields at their defaults are
+    left out on the wire."""
 
     request_id: str = ""
     token_ids: list[int] = []
     text: str = ""
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[TokenLogprobs] | None = None
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort"
-    stop_reason: int | str | None = None
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
-    metrics: RequestMetrics | None = None
+    metrics: RequestMetrics | None = None  # set on the final delta
+    embedding: bytes | None = None  # an embedding request's final delta: little-endian float32
     index: int = 0
     time: float = 0.0
-    embedding: bytes | None = None  # an embedding request's final delta: little-endian float32
 
 
 class StepStats(msgspec.Struct):
@@ -78,14 +81,18 @@ class StepStats(msgspec.Struct):
 
 
 class CommStepStats(msgspec.Struct):
+    """Tensor-parallel traffic of one step on rank 0 (recent_comm_steps parallels recent_steps)."""
+
     time: float
-    calls: int
-    link_bytes: int
-    payload_bytes: int
-    seconds: float
+    calls: int  # all-reduces / all-gathers
+    link_bytes: int  # bytes moved over the interconnect by rank 0 (the strategy's algorithm)
+    payload_bytes: int  # size of the reduced tensors
+    seconds: float  # time in communication
 
 
 class EngineStats(msgspec.Struct):
+    """EngineCore.stats(); the engine process adds the prefix-cache counts, the token rates and the time."""
+
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0  # share of KV blocks in use, 0..1
@@ -101,15 +108,15 @@ class EngineStats(msgspec.Struct):
     num_preemptions: int = 0
     recent_steps: list[StepStats] = []
     time: float = 0.0  # engine clock when taken
-    # tensor parallelism (engine.core.core.EngineStats; TP size 1: zeros)
+    # tensor parallelism (TP size 1: zeros)
     tp_size: int = 1
-    comm_strategy: str | None = None
+    comm_strategy: str | None = None  # as requested (auto, nccl, int8, host, overlap)
     comm_calls_total: int = 0
-    comm_bytes_total: int = 0  # bytes over the interconnect since start
+    comm_bytes_total: int = 0  # bytes over the interconnect (link bytes) since start: the GUI plots its rate
     comm_payload_bytes_total: int = 0
     comm_time_total: float = 0.0
-    comm_by_strategy: dict[str, Any] = {}
-    comm_table: list[Any] | None = None
+    comm_by_strategy: dict[str, Any] = {}  # name -> {calls, payload_bytes, link_bytes, seconds}
+    comm_table: list[Any] | None = None  # auto's start-up micro-benchmark (per size: latency by strategy, choice)
     recent_comm_steps: list[CommStepStats] = []
 
 
@@ -217,7 +224,7 @@ class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):
 
 class StepOutput(msgspec.Struct, tag="step", array_like=True):
     time: float
-    deltas: list[Delta] = []
+    deltas: list[RequestDelta] = []
     accepted: list[tuple[str, int]] = []  # (child id, number of prompt tokens) of requests just admitted
     errors: list[tuple[str, ErrorInfo]] = []  # (child id, why it was refused)
 

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.core.kv_cache import BlockManager
@@ -23,34 +23,12 @@ from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.core.embedding import check_embedding_input
-from engine.outputs import RequestDelta, RequestMetrics
+from engine.wire import CommStepStats, EngineStats, RequestDelta, RequestMetrics, StepStats
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 8192
-
-
-@dataclass
-class StepStats:
-    time: float
-    duration: float
-    num_running: int
-    num_waiting: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    kv_usage: float
-
-
-@dataclass
-class CommStepStats:
-    """Tensor-parallel traffic of one step on rank 0 (recent_comm_steps parallels recent_steps)."""
-
-    time: float
-    calls: int  # all-reduces / all-gathers
-    link_bytes: int  # bytes moved over the interconnect by rank 0 (the strategy's algorithm)
-    payload_bytes: int  # size of the reduced tensors
-    seconds: float  # time in communication
 
 
 @dataclass
@@ -69,30 +47,6 @@ class _InFlight:
     sched: SchedulerOutput
     launched: object
     t0: float  # when it was scheduled
-
-
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    num_kv_blocks: int
-    num_free_blocks: int
-    prefix_cache_hit_rate: float
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    num_preemptions: int
-    recent_steps: list[StepStats] = field(default_factory=list)
-    # tensor parallelism (tp_size 1: all zero / None)
-    tp_size: int = 1
-    comm_strategy: str | None = None  # as requested (auto, nccl, int8, host, overlap)
-    comm_calls_total: int = 0
-    comm_bytes_total: int = 0  # bytes over the interconnect (link bytes) since start: the GUI plots its rate
-    comm_payload_bytes_total: int = 0
-    comm_time_total: float = 0.0
-    comm_by_strategy: dict = field(default_factory=dict)  # name -> {calls, payload_bytes, link_bytes, seconds}
-    comm_table: list | None = None  # auto's start-up micro-benchmark (per size: latency by strategy, choice)
-    recent_comm_steps: list[CommStepStats] = field(default_factory=list)
 
 
 class EngineCore:
@@ -116,7 +70,7 @@ class EngineCore:
             max_len = mc.sliding_window
         self.executor = None  # tensor parallelism: rank 0 lives here, the workers in their processes
         if tp is None and config.tensor_parallel_size > 1:
-            from engine.executor.tp_executor import TPExecutor
+            from engine.parallel.executor import TPExecutor
 
             self.executor = TPExecutor(config, self.checkpoint, max_len, comm_config=comm_config)
             tp = self.executor.tp

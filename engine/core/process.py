@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+import msgspec
 import zmq
 
 from engine import heap, progress, wire
@@ -265,7 +266,7 @@ class EngineServer:
         s = self.core.stats(recent)
         blocks = self.core.blocks
         p_rate, g_rate = self._current_rates()
-        out = dict(vars(s))
+        out = msgspec.structs.asdict(s)  # shallow: recent_steps stay Structs, encoded as they are
         out.update(prefix_cache_queries=int(getattr(blocks, "prefix_queries", 0)),
                    prefix_cache_hits=int(getattr(blocks, "prefix_hits", 0)),
                    prompt_tokens_per_s=p_rate, generation_tokens_per_s=g_rate, time=time.monotonic())

@@ -49,8 +49,8 @@ interpreter exit) is supervisor.EngineSupervisor's (this package), and so are Re
 (Restarter); a request's deltas arrive in a request_stream.RequestStream. This module is the request API on
 top: requests, calls, the reader, the client's state. RequestStream and RestartPolicy are importable from here too.
 
-Timings: ``Delta.time`` is the engine's time.monotonic() at the end of the step that made it (the same clock
-as this process's time.monotonic() on Linux, macOS and Windows); a sequence's final delta carries the
+Timings: ``RequestDelta.time`` is the engine's time.monotonic() at the end of the step that made it (the same
+clock as this process's time.monotonic() on Linux, macOS and Windows); a sequence's final delta carries the
 engine's RequestMetrics (queue time, TTFT, e2e, decode time).
 """
 
@@ -65,6 +65,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -80,7 +81,7 @@ from engine.errors import (
     InvalidRequestError,
     KestrelError,
 )
-from engine.wire import Delta, EngineStats, ModelInfo
+from engine.wire import EngineStats, ModelInfo, RequestDelta
 from engine.metrics import RequestRecord
 from engine.outputs import EmbeddingOutput
 from engine.frontend.request_stream import RequestStream
@@ -88,8 +89,8 @@ from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Delta", "EngineClient", "EngineStats", "ModelInfo", "RequestRecord", "RequestStream", "RestartPolicy",
-           "fan_out"]
+__all__ = ["EngineClient", "EngineStats", "ModelInfo", "RequestDelta", "RequestRecord", "RequestStream",
+           "RestartPolicy", "fan_out"]
 
 _ids = itertools.count()
 
@@ -376,7 +377,7 @@ class EngineClient:
 
     async def generate(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
                        messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
-                       request_id: str | None = None) -> AsyncIterator[Delta]:
+                       request_id: str | None = None) -> AsyncIterator[RequestDelta]:
         """The request's deltas as they come (``d.index`` tells the sample). Leaving the loop early (break,
         cancellation, an exception) aborts the request: at once inside ``contextlib.aclosing(...)``,
         otherwise when asyncio finalizes the abandoned generator (the next loop iteration or so)."""
@@ -441,7 +442,7 @@ class EngineClient:
 
     async def stats(self, recent: int = 32) -> EngineStats:
         """Running / waiting requests, KV-cache use, prefix-cache hits, token rates, recent steps."""
-        return wire.msgspec.convert(await self._call("stats", recent=recent), EngineStats)
+        return msgspec.convert(await self._call("stats", recent=recent), EngineStats)
 
     async def ping(self) -> float:
         """Round trip to the engine loop (waits for the current step to finish); returns seconds."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from engine.wire import Delta
+from engine.wire import RequestDelta
 from engine.metrics import RequestRecord
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class RequestStream:
         self.n = len(child_ids)
         self.arrival = arrival  # time.monotonic() when the request was made
         self.num_prompt_tokens: int | None = None
-        self._items: collections.deque[Delta] = collections.deque()
+        self._items: collections.deque[RequestDelta] = collections.deque()
         self._event = asyncio.Event()
         self._accepted = asyncio.Event()
         self._error: BaseException | None = None
@@ -50,7 +50,7 @@ class RequestStream:
         self.num_prompt_tokens = num_prompt_tokens
         self._accepted.set()
 
-    def _push(self, d: Delta, index: int) -> RequestRecord | None:
+    def _push(self, d: RequestDelta, index: int) -> RequestRecord | None:
         d.index = index
         self._items.append(d)
         self._event.set()
@@ -119,7 +119,7 @@ class RequestStream:
             raise self._error
         return self.num_prompt_tokens or 0
 
-    async def next_batch(self) -> list[Delta]:
+    async def next_batch(self) -> list[RequestDelta]:
         """Every delta received so far (at least one); [] once all samples have finished. Raises
         EngineDeadError if the engine dies, or the engine's error if it refused the request."""
         while not self._items:
@@ -133,10 +133,10 @@ class RequestStream:
         self._items.clear()
         return items
 
-    def __aiter__(self) -> AsyncIterator[Delta]:
+    def __aiter__(self) -> AsyncIterator[RequestDelta]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[Delta]:
+    async def _iterate(self) -> AsyncIterator[RequestDelta]:
         while batch := await self.next_batch():
             for d in batch:
                 yield d

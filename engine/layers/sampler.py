@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from engine.layers.penalties import has_penalty, penalty_tensors_from_lists
 from engine.layers.sampling_metadata import SamplingMetadata
 from engine.ops.transfer import to_device
-from engine.outputs import TokenLogprobs
+from engine.wire import TokenLogprobs
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:

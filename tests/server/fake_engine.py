@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.errors import CheckpointError, InvalidRequestError, PromptTooLongError
+from engine.wire import EngineStats, RequestDelta, RequestMetrics  # torch-free: the engine's own types
 
 VOCAB = 256
 
@@ -58,45 +59,6 @@ class _Req:
     params: object
     out: list[int] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class RequestMetrics:  # engine.outputs' fields, without importing torch
-    arrival_time: float
-    queue_time: float | None = None
-    ttft: float | None = None
-    e2e: float | None = None
-    decode_time: float | None = None
-    num_preemptions: int = 0
-
-
-@dataclass
-class RequestDelta:
-    request_id: str
-    token_ids: list
-    text: str
-    logprobs: list | None = None
-    finished: bool = False
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_output_tokens: int = 0
-    metrics: RequestMetrics | None = None
-
-
-@dataclass
-class _Stats:
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    num_kv_blocks: int
-    num_free_blocks: int
-    prefix_cache_hit_rate: float
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    num_preemptions: int
-    recent_steps: list = field(default_factory=list)
 
 
 class FakeCore:
@@ -166,6 +128,8 @@ class FakeCore:
         return out
 
     def stats(self, recent=32):
-        return _Stats(len(self.requests), 0, 1 - self.blocks.num_free_blocks / self.blocks.num_blocks,
-                      self.blocks.num_blocks, self.blocks.num_free_blocks, 0.0, self.prompt_tokens_total,
-                      self.generation_tokens_total, 0)
+        return EngineStats(num_running=len(self.requests), num_waiting=0,
+                           kv_usage=1 - self.blocks.num_free_blocks / self.blocks.num_blocks,
+                           num_kv_blocks=self.blocks.num_blocks, num_free_blocks=self.blocks.num_free_blocks,
+                           prefix_cache_hit_rate=0.0, prompt_tokens_total=self.prompt_tokens_total,
+                           generation_tokens_total=self.generation_tokens_total, num_preemptions=0)

@@ -6,9 +6,9 @@ tested where it is measured (tests/parallel)."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import httpx
+import msgspec
 
 from tests.server.conftest import make_server
 from tests.server.fake_engine import FakeCore
@@ -20,11 +20,10 @@ TABLE = [{"bytes": 2048, "latency_us": {"host": 11.5, "nccl": 40.0}, "ok": {"hos
 
 
 class TPFakeCore(FakeCore):
-    """The fake engine with TP 2 and auto's table in its stats (as engine.core.core.EngineStats has them)."""
+    """The fake engine with TP 2 and auto's table in its stats (as engine.wire.EngineStats has them)."""
 
     def stats(self, recent=32):
-        return SimpleNamespace(**vars(super().stats(recent)), tp_size=2, comm_strategy="auto",
-                               comm_table=TABLE)
+        return msgspec.structs.replace(super().stats(recent), tp_size=2, comm_strategy="auto", comm_table=TABLE)
 
 
 def test_server_info_has_the_comm_table_at_tp_2_and_the_report_keeps_it(tmp_path):

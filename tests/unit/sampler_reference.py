@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.core.request import Request
-from engine.outputs import TokenLogprobs
+from engine.wire import TokenLogprobs
 
 
 def _penalize(logits: torch.Tensor, req: Request) -> None:

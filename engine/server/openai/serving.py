@@ -21,8 +21,9 @@ from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.server.openai.errors import ModelNotServedError, kestrel_error_parts
 
 if TYPE_CHECKING:
-    from engine.frontend.client import Delta, EngineClient, RequestStream
+    from engine.frontend.client import EngineClient, RequestStream
     from engine.metrics import PrometheusMetrics
+    from engine.wire import RequestDelta
 
 MAX_N = 128  # samples per prompt
 MAX_CHOICES = 256  # prompts x n per HTTP request
@@ -318,7 +319,7 @@ async def start_streams(client: EngineClient, prompts: list[dict], params: Sampl
     return streams
 
 
-async def batches(streams: list[RequestStream], n: int) -> AsyncIterator[list[Delta]]:
+async def batches(streams: list[RequestStream], n: int) -> AsyncIterator[list[RequestDelta]]:
     """Deltas of all streams as they come, in batches; ``d.index`` becomes the choice index
     (prompt number x n + sample)."""
     if len(streams) == 1:
@@ -372,10 +373,10 @@ def abort_all(streams: list[RequestStream]) -> None:
 class Merged:
     text: str
     logprobs: list | None
-    last: Delta  # the choice's latest delta: its finish state
+    last: RequestDelta  # the choice's latest delta: its finish state
 
 
-def merge_by_choice(batch: list[Delta]) -> dict[int, Merged]:
+def merge_by_choice(batch: list[RequestDelta]) -> dict[int, Merged]:
     """One entry per choice of a batch of deltas (texts and logprobs joined), for one SSE event each."""
     merged: dict[int, Merged] = {}
     for d in batch:
