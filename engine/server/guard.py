@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import resource
 import time
 from collections.abc import Iterable
@@ -51,14 +52,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# What a browser can send as Host (RFC 3986 reg-name / IPv4 / [IPv6], an optional numeric port): a value outside it
+# ("localhost:18700@attacker.example", "localhost:abc", "") names no host of ours and is refused, not parsed leniently.
+_HOST_VALUE = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9._~%!$&'()*+,;=-]+)(:[0-9]{1,5})?")
+
+
 def host_of(header: str) -> str:
-    """The name in a Host header, without the port, lower case: "[::1]:80" -> "::1"."""
+    """The name in a Host header, without the port, lower case: "[::1]:80" -> "::1"; "" for a value that is not
+    a host and port at all (refused by every check)."""
     h = header.strip().lower()
-    if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h[1:]
-    if h.count(":") == 1:
-        h = h.split(":", 1)[0]
-    return h.rstrip(".")
+    try:  # a bare IPv6 address ("::1", as a user may write it in --allowed-hosts)
+        return str(ipaddress.ip_address(h))
+    except ValueError:
+        pass
+    m = _HOST_VALUE.fullmatch(h)
+    if m is None:
+        return ""
+    name = m.group(1)
+    return (name[1:-1] if name.startswith("[") else name).rstrip(".")
 
 
 class HostCheckMiddleware:
@@ -225,7 +236,7 @@ _protocols: dict[tuple[type, ConnectionLimits], type] = {}
 def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (httptools when installed, else h11) with ``limits`` enforced; pass it
     as ``uvicorn.Config(http=...)``."""
-    try:
+    try:  # httptools is optional (uvicorn[standard]); uvicorn loads with the server, not this module
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
     except ImportError:
         from uvicorn.protocols.http.h11_impl import H11Protocol as base

@@ -253,7 +253,11 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
             text, special = req.prompt, req.add_special_tokens is not False
         at_least = client.prompt_lower_bound(text)
         if at_least > limit:
-            raise PromptTooLongError(at_least, limit, at_least=True)
+            err = PromptTooLongError(at_least, ctx.info.max_model_len, at_least=True)
+            err.args = (f"/tokenize counts texts of up to {S.MAX_TOKENIZE_CONTEXTS} context lengths ({limit} "
+                        f"tokens; this model's context is {ctx.info.max_model_len} tokens), and this one has at "
+                        f"least {at_least} tokens. Count a shorter text.",)
+            raise err
         if req.messages is not None:
             ids = await client.tokenize(text, add_special_tokens=False)
         else:

@@ -19,8 +19,10 @@ from engine.errors import KestrelError, PromptTooLongError
 log = logging.getLogger(__name__)
 
 _HTTP_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-               422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+               404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+               413: "invalid_request_error",
+               422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+               503: "service_unavailable"}
 
 
 class ModelNotServedError(KestrelError):

@@ -197,11 +197,10 @@ def sampling_params(ctx: ServerContext, req, *, max_tokens: int | None, max_toke
     if req.logit_bias:
         bias = {}
         for k, v in req.logit_bias.items():
-            try:
-                tid = int(k)
-            except ValueError:
-                raise InvalidRequestError(f"Invalid key in 'logit_bias': {k!r} is not a token id.",
-                                          param="logit_bias") from None
+            if not (k.isascii() and k.isdigit()):  # int() would take " 5", "5_0" (50) and "٣" (3)
+                raise InvalidRequestError(f"Invalid key in 'logit_bias': {k!r} is not a token id (ASCII digits "
+                                          "only, such as \"50256\").", param="logit_bias")
+            tid = int(k)
             if not 0 <= tid < vocab:
                 raise InvalidRequestError(f"Invalid key in 'logit_bias': token id {tid} is out of the "
                                           f"vocabulary (0..{vocab - 1}).", param="logit_bias")
