@@ -41,25 +41,6 @@ def _str(text: str) -> str:
 # name -> (default, parser, doc)
 ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
     # -- native kernels (engine/ops, csrc) ------------------------------------------------------------------
-    "KESTREL_REQUIRE_NATIVE": (
-        False, _flag,
-        ("A missing native module (engine._C) is an ImportError instead of the slow torch fallback "
-         "(engine/ops).")),
-    "KESTREL_CPU_ISA": (
-        "auto", _str,
-        ("Force the CPU kernel level: auto, scalar, avx2, avx512, avx512bf16; a level this build or CPU "
-         "lacks falls back to the best one with a warning. Read by the native module (csrc/cpu/dispatch.cpp) "
-         "when it is imported.")),
-    "KESTREL_GGUF_ISA": (
-        "auto", _str,
-        ("Force the level of the GGUF quantized-weight kernels: auto (the best one at or below the CPU linear "
-         "level), scalar, avx2, avxvnni, avx512vnni; an unavailable one means auto. Read by the native module "
-         "(csrc/cpu/gguf_dispatch.cpp) at its first GGUF call.")),
-    "KESTREL_CPU_AMX": (
-        "auto", _choice("auto", "on", "off"),
-        ("CPU linear layers of many rows (prefill) in bfloat16 on torch's oneDNN GEMM, which uses the AMX "
-         "matrix units: auto (where the CPU has AMX-BF16), on or off (the native kernels at every size, to "
-         "compare) (engine/ops/gemm.py, engine/ops/gguf_quant.py).")),
     "KESTREL_PREFILL_ATTENTION": (
         "auto", _choice("auto", "triton", "sdpa"),
         ("Attention of steps with a prefill chunk: auto (CUDA: cuDNN through SDPA for fresh prompts of one "
@@ -67,41 +48,6 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
          "Triton varlen kernel for every other step when Triton is there; CPU: SDPA), triton (the Triton kernel "
          "for every step with a prefill; on the CPU through Triton's interpreter, for tests) or sdpa (torch SDPA "
          "per chunk) (engine/layers/attention.py).")),
-    "KESTREL_SKINNY_GEMM": (
-        "auto", _choice("auto", "off"),
-        ("Linear layers of one row inside the decode CUDA graphs: auto (the Triton GEMV kernel) or off (cuBLAS) "
-         "(engine/ops/skinny_gemm.py).")),
-    "KESTREL_PDL": (
-        "auto", _choice("auto", "gemv", "off"),
-        ("Programmatic dependent launch on sm_90+ (a kernel launched while the one before it runs, waiting for its "
-         "output): auto (the one-row GEMV of the decode CUDA graphs and every CUDA kernel of csrc/cuda), gemv (the "
-         "GEMV only) or off (plain launches). Read by engine/ops/skinny_gemm.py and, at each launch, by "
-         "csrc/cuda/common.cuh (kestrel bench gpu compares the settings).")),
-    "KESTREL_GEMV_EARLY": (
-        2, int,
-        ("Weight tiles each program of the one-row GEMV loads before it waits for the kernel before it (PDL): "
-         "0, 1 or 2 (engine/ops/skinny_gemm.py; kestrel bench gpu compares them).")),
-    "KESTREL_FUSED_SILU": (
-        "auto", _choice("auto", "off"),
-        ("The MLP's SiLU-gated activation in the epilogue of the one-row gate_up GEMV inside the decode CUDA graphs: "
-         "auto (one kernel) or off (the GEMV, then silu_and_mul) (engine/ops/skinny_gemm.py; kestrel bench gpu "
-         "compares them).")),
-    "KESTREL_CUDA_DECODE_U": (
-        None, _str,
-        ("Tokens each lane group of the CUDA decode attention kernel loads per step when 4 query heads share a KV "
-         "head: 4 (more loads in flight per warp), 2 (128 registers: four blocks per SM) or 1 (five); unset: the "
-         "kernel's default. Read by csrc/cuda/attention.cu at each launch (kestrel bench gpu compares both).")),
-    "KESTREL_INT_MMA": (
-        "auto", _choice("auto", "off"),
-        ("Integer GPU weights (GPTQ / AWQ checkpoints, --quantization int8 | int4): auto (packed for the tensor-core "
-         "kernels of csrc/cuda/int_gemm.cu where engine._C has them and K and the group are multiples of 16: H100, "
-         "2026-12-07, batch-1 decode int4 1.61x / int8 1.27x bf16 where the Triton kernels gave 0.75x / 0.71x) or "
-         "off (the Triton kernels' layout). Read at load (engine/ops/int_mma.py).")),
-    "KESTREL_INT_MMA_WARPS": (
-        None, _str,
-        ("Warps per block of the tensor-core kernel for integer weights (1..16, each taking a share of K); unset: "
-         "enough to put ~16 warps on every SM. Read by csrc/cuda/int_gemm.cu at each launch (kestrel bench quant "
-         "--int-warps compares them).")),
     # -- CPU runtime ------------------------------------------------------------------------------------------
     "KESTREL_OMP_PASSIVE": (
         True, _flag,
@@ -111,17 +57,6 @@ ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
         False, _flag,
         ("Set by the engine, not the user: marks that OMP_WAIT_POLICY came from KESTREL_OMP_PASSIVE, so the "
          "bench's llama.cpp peer drops it again (engine/bench/llamacpp_peer.py).")),
-    "KESTREL_GEMM_THREADS": (
-        "auto", _choice("auto", "pool", "openmp"),
-        ("Threads of the CPU GEMM regime (prefill: the float GEMM, the GGUF panels and their dequantization): pool "
-         "(the linear kernels' own workers, as decode uses), openmp (an OpenMP region per call) or auto (the pool "
-         "when OMP_WAIT_POLICY is passive, as the engine sets it, else OpenMP). Read by csrc/cpu/gemm_pool.cpp at "
-         "each call, so a benchmark compares both in one process.")),
-    # -- tensor parallelism (its communication's tuning is a CommConfig: engine/parallel/comm/config.py) ---------
-    "KESTREL_LOG_LEVEL": (
-        "WARNING", _str,
-        ("Logging level of the TP rank processes: read by rank 0 when it starts them, handed to each in its boot "
-         "data (engine/executor/tp_executor.py).")),
     # -- server ----------------------------------------------------------------------------------------------
     "KESTREL_API_KEY": (
         None, _str,

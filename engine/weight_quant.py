@@ -10,10 +10,11 @@ Three forms, one meaning:
   parallelism, then packed.
 - ``IntWeight``: packed for the kernels (``IntCodes.pack``): per chunk of CHUNK (128) K positions, 16 int32 words
   per plane of nibbles (4 bits: the code; 8 bits: its high nibble, then its low), nibble i of word j holding
-  position 16 i + j of the chunk (engine/ops/quant_linear_kernel.py says why); K padded to whole chunks with code
+  position 16 i + j of the chunk; K padded to whole chunks with code
   0. Act-order weights are stored with their K positions sorted by group (``perm``: x is gathered as x[:, perm]
-  before the product), so every group is a contiguous run of ``group`` positions. That is the "chunk" layout of
-  the Triton kernels; the "mma" layout (``pack(layout="mma")``, for the CUDA kernels of csrc/cuda/int_gemm.cu, where
+  before the product), so every group is a contiguous run of ``group`` positions. That is the "chunk" layout: the
+  CPU's form (dequantized per call; the Triton GPU kernels that read it lost to the tensor-core ones and were
+  deleted, issue 46); the "mma" layout (``pack(layout="mma")``, for the CUDA kernels of csrc/cuda/int_gemm.cu, where
   engine._C has them: K and the group multiples of 16) puts the codes in the tensor cores' operand order instead:
   rows in tiles of 16, K in quads of 64 (both padded with code 0), per (tile, quad) 32 lanes x 4 words per plane,
   lane 4 g + t's word j holding rows g and g + 8 at positions 64 quad + 16 t + 4 j + 0..3 (``_MMA_SLOTS``: which
@@ -189,7 +190,7 @@ class IntWeight:
     group: int
     k: int
     perm: torch.Tensor | None = None  # int64 [K]: the kernels take x[:, perm]
-    layout: str = "chunk"    # "chunk" (Triton kernels) or "mma" (csrc/cuda/int_gemm.cu): the module doc
+    layout: str = "chunk"    # "chunk" (the CPU's) or "mma" (the GPU's: csrc/cuda/int_gemm.cu): the module doc
 
     @property
     def shape(self) -> torch.Size:

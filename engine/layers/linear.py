@@ -86,7 +86,14 @@ def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], para
         if isinstance(w, Fp8Weight) and torch.cuda.get_device_capability(device) < (8, 9):
             log.info("%s: fp8 weights are dequantized to %s (this GPU has no fp8 support)", slices[0][0], param.dtype)
             return None
-        packed = w.pack(w.scales.dtype, _int_layout(w)) if isinstance(w, IntCodes) else w
+        if isinstance(w, IntCodes):
+            layout = _int_layout(w, device)
+            if layout is None:
+                raise ValueError("the GPU integer kernels (csrc/cuda/int_gemm.cu) take K and the group in multiples "
+                                 "of 16" if int_mma.available() else "engine._C was built without them")
+            packed = w.pack(w.scales.dtype, layout)
+        else:
+            packed = w
     except ValueError as e:
         log.info("%s: loaded dequantized to %s (%s)", slices[0][0], param.dtype, e)
         return None
@@ -100,25 +107,40 @@ def load_checkpoint_quant(weights, slices: list[tuple[str, int, int, int]], para
 
 def quantize_for_gpu(w: torch.Tensor, mode: str) -> IntWeight | Fp8Weight | None:
     """--quantization on a GPU: int8 (symmetric, one scale per output channel), int4 (asymmetric, groups of
-    INT4_GROUP, or 64 / 32 where K needs), fp8 (e4m3, one scale per output channel). None where K does not allow."""
+    INT4_GROUP, or 64 / 32 where K needs), fp8 (e4m3, one scale per output channel). None where K does not allow
+    (an integer weight on a GPU: where the tensor-core kernels cannot take it, logged: the layer stays float)."""
     k = w.shape[1]
     if mode == "fp8":
         return Fp8Weight.quantize(w, "channel")
     if mode == "int8":
         c = quantize_int(w, 8, None, symmetric=True)
-        return c.pack(layout=_int_layout(c))
+        return _pack_for(c, w.device, mode)
     if mode == "int4":
         group = next((g for g in (INT4_GROUP, 64, 32) if k % g == 0), None)
         if group is None:
             return None
         c = quantize_int(w, 4, group, symmetric=False)
-        return c.pack(layout=_int_layout(c))
+        return _pack_for(c, w.device, mode)
     raise ValueError(f"unknown quantization {mode!r}")
 
 
-def _int_layout(c: IntCodes) -> str:
-    """The packed layout of integer codes bound for a GPU: the tensor-core kernels' where they take it."""
+def _int_layout(c: IntCodes, device: torch.device) -> str | None:
+    """The packed layout of integer codes bound for ``device``: on a GPU the tensor-core kernels' ("mma"), None
+    where they cannot take the shape (or engine._C has no CUDA kernels): the GPU has no other integer path, the
+    weight stays float. Elsewhere (the CPU, which dequantizes per call) the plain "chunk" form."""
+    if torch.device(device).type != "cuda":
+        return "chunk"
     return int_mma.layout_for(c.codes.shape[1], c.group)
+
+
+def _pack_for(c: IntCodes, device: torch.device, mode: str) -> IntWeight | None:
+    layout = _int_layout(c, device)
+    if layout is None:
+        n, k = c.codes.shape
+        log.info("--quantization %s: a [%d, %d] weight (groups of %d) stays float: the GPU integer kernels take K and "
+                 "the group in multiples of 16", mode, n, k, c.group)
+        return None
+    return c.pack(layout=layout)
 
 
 class LinearBase(torch.nn.Module):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from engine import envs
 from engine.ops.native import cuda_available, dtype_code, native_lib, raw_stream
 from engine.weight_quant import IntWeight, mma_packable
 
@@ -22,10 +21,13 @@ def available() -> bool:
     return cuda_available()
 
 
-def layout_for(k: int, group: int) -> str:
-    """The integer layout to pack a GPU weight in: "mma" where these kernels exist and take the shape (and
-    KESTREL_INT_MMA is not off), else the Triton kernels' "chunk"."""
-    return "mma" if envs.KESTREL_INT_MMA == "auto" and available() and mma_packable(k, group) else "chunk"
+def layout_for(k: int, group: int) -> str | None:
+    """The integer layout to pack a weight bound for a GPU in: "mma" where these kernels exist and take the shape;
+    None where they do not (the caller keeps the weight float: engine/layers/linear.py). The tensor-core kernels are
+    the only GPU integer path (on an H100, 2026-12-07, batch-1 decode int4 1.58x / int8 1.27x bf16 against 0.75x /
+    0.71x for the Triton kernels on the "chunk" layout, deleted with KESTREL_INT_MMA: issue 46,
+    docs/benchmarks/gpu_quant_2026-12-07.md)."""
+    return "mma" if available() and mma_packable(k, group) else None
 
 
 def linear(x: torch.Tensor, weight: IntWeight, bias: torch.Tensor | None = None,

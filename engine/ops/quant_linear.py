@@ -17,23 +17,24 @@ FP8_FUSED_MAX_M = 16
 
 def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ W^T + bias with W the weight dequantized; x [..., K] of the compute dtype. CUDA, integer weights in
-    the "mma" layout (engine._C built with CUDA): the tensor-core kernels of csrc/cuda/int_gemm.cu up to
-    SLICED_MAX_M rows, the weight dequantized by one of them for more (engine/ops/int_mma.py). Other CUDA weights:
-    up to FUSED_MAX_M rows (decode batches; fp8: up to FP8_FUSED_MAX_M, then ``torch._scaled_mm``) the Triton
-    kernel that reads the packed weight once and dequantizes it in registers (engine/ops/quant_linear_kernel.py);
-    more rows (a prefill): per-channel / per-tensor fp8 on a GPU
-    with fp8 tensor cores through ``torch._scaled_mm`` with x quantized per token, else the weight dequantized into
-    x's dtype by a kernel, then torch's GEMM. Elsewhere (CPU): dequantized by torch ops for the call."""
+    """y = x @ W^T + bias with W the weight dequantized; x [..., K] of the compute dtype. CUDA, integer weights (the
+    "mma" layout: engine/layers/linear.py packs every GPU integer weight so, or keeps it float where the kernels
+    cannot take its shape): the tensor-core kernels of csrc/cuda/int_gemm.cu up to SLICED_MAX_M rows, sliced by 16,
+    the weight dequantized by one of them for cuBLAS beyond (engine/ops/int_mma.py). fp8 weights: up to
+    FP8_FUSED_MAX_M rows the Triton kernel that reads the packed weight once and dequantizes it in registers
+    (engine/ops/quant_linear_kernel.py), more rows through ``torch._scaled_mm`` with x quantized per token on a GPU
+    with fp8 tensor cores, else the weight dequantized into x's dtype by a kernel, then torch's GEMM. Elsewhere
+    (CPU; an integer weight in another layout): dequantized by torch ops for the call."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"linear: x's last dim {x.shape[-1]} does not match the quantized weight's K {k}")
     if x.dim() != 2:
         y = quant_linear(x.reshape(-1, k), weight, bias, None if out is None else out.view(-1, n))
         return y.view(*x.shape[:-1], n) if out is None else out
-    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
+    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)) or (
+            isinstance(weight, IntWeight) and weight.layout != "mma"):
         w = weight.dequantize(x.dtype)
-    elif isinstance(weight, IntWeight) and weight.layout == "mma":
+    elif isinstance(weight, IntWeight):
         from engine.ops import int_mma
 
         if x.shape[0] <= int_mma.SLICED_MAX_M:
@@ -49,7 +50,7 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
             return kern.fused(x, weight, bias, out)
         if isinstance(weight, Fp8Weight) and kern.scaled_mm_fits(x, weight):
             return _put(kern.fp8_scaled_mm(x, weight, bias), out)
-        w = kern.dequantize(weight, x.dtype)  # in the checkpoint's order of K
+        w = kern.dequantize(weight, x.dtype)
     return _put(torch.nn.functional.linear(x, w, bias), out)
 
 

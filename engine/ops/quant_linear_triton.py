@@ -1,7 +1,7 @@
-"""Launchers of engine/ops/quant_linear_kernel.py: the fused dequantize-and-multiply of up to FUSED_MAX_M rows (one
-row of integer weights on the CUDA cores, more on the tensor cores), the dequantization of a whole weight (for the
-GEMM of a prefill), and the per-token fp8 quantization of activations with torch._scaled_mm. CUDA tensors, or CPU
-tensors under TRITON_INTERPRET=1 (the tests)."""
+"""Launchers of engine/ops/quant_linear_kernel.py, fp8 weights: the fused dequantize-and-multiply of up to
+FUSED_MAX_M rows on the tensor cores, the dequantization of a whole weight (for the GEMM of a prefill), and the
+per-token fp8 quantization of activations with torch._scaled_mm. CUDA tensors, or CPU tensors under
+TRITON_INTERPRET=1 (the tests). (Integer weights: engine/ops/int_mma.py.)"""
 
 from __future__ import annotations
 
@@ -10,40 +10,25 @@ from dataclasses import dataclass
 import torch
 
 from engine.ops.skinny_gemm import pdl as pdl_for
-from engine.weight_quant import FP8, FP8_BLOCK, Fp8Weight, IntWeight, QuantWeight
+from engine.weight_quant import FP8, FP8_BLOCK, Fp8Weight
 
 
 @dataclass(frozen=True)
 class QuantConfig:
     block_m: int
     block_n: int
-    block_k: int = 128  # fp8: at most (the launch takes the largest power of two <= this dividing the group)
+    block_k: int = 128  # at most (the launch takes the largest power of two <= this dividing the group)
     num_warps: int = 4
     num_stages: int = 4
 
 
-@dataclass(frozen=True)
-class GemvConfig:
-    """The one-row integer kernel's tiles: output rows per program, chunks of 128 positions per loop step."""
-    block_n: int = 16
-    chunks: int = 2
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-GEMV_CONFIG = GemvConfig()
 FUSED_MAX_M = 256  # rows up to which the fused kernels run (beyond, a prefill: dequantize once, then the GEMM)
 
 
-def config_for(weight: QuantWeight, m: int) -> QuantConfig:
-    if isinstance(weight, Fp8Weight):
-        if m <= 16:
-            return QuantConfig(16, 32, 256, 4, 3)
-        return QuantConfig(32, 64, 128, 4, 3) if m <= 32 else QuantConfig(64, 64, 64, 4, 3)
+def config_for(weight: Fp8Weight, m: int) -> QuantConfig:
     if m <= 16:
-        return QuantConfig(16, 32, num_warps=4, num_stages=4)
-    return QuantConfig(32, 64, num_warps=4, num_stages=3) if m <= 32 else QuantConfig(64, 64, num_warps=4,
-                                                                                     num_stages=3)
+        return QuantConfig(16, 32, 256, 4, 3)
+    return QuantConfig(32, 64, 128, 4, 3) if m <= 32 else QuantConfig(64, 64, 64, 4, 3)
 
 
 def _fp8_layout(weight: Fp8Weight) -> tuple[int, int, int, int]:
@@ -64,31 +49,24 @@ def block_k_for(group: int, most: int) -> int | None:
     return None
 
 
-def supported(weight: QuantWeight) -> bool:
-    """Whether the fused kernels take this weight: integer groups of 16 / 32 / 64, a multiple of 128 or all of K;
-    fp8 scale groups with a power-of-two factor of at least 16."""
-    if isinstance(weight, IntWeight):
-        g = weight.group
-        return (g < 128 and 128 % g == 0 and g % 16 == 0) or g % 128 == 0 or g == weight.k
+def supported(weight) -> bool:
+    """Whether the fused kernel takes this weight: fp8 scale groups with a power-of-two factor of at least 16."""
+    if not isinstance(weight, Fp8Weight):
+        return False
     bk = block_k_for(_fp8_layout(weight)[0], 128)
     return bk is not None and weight.shape[1] % bk == 0  # (a partial last block of 128 columns: dequantized)
 
 
-def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+def fused(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
           config: QuantConfig | None = None) -> torch.Tensor:
-    """x [M, K] (bf16 / fp16) @ W^T (+ bias) -> out [M, N] (rows may be strided, last dim contiguous), the weight
-    dequantized in registers: integer weights at one row on the CUDA cores (int_gemv_kernel), else on the tensor
-    cores (``config_for`` unless a config is given, which also forces the tensor-core kernel)."""
+    """x [M, K] (bf16 / fp16) @ W^T (+ bias) -> out [M, N] (rows may be strided, last dim contiguous), the fp8
+    weight dequantized in registers on the tensor cores (``config_for`` unless a config is given)."""
     from engine.ops import quant_linear_kernel as kern
 
     m, k = x.shape
     n = weight.shape[0]
-    if isinstance(weight, IntWeight) and m == 1 and config is None:
-        return int_gemv(x, weight, bias, out)
     cfg = config or config_for(weight, m)
-    if isinstance(weight, IntWeight) and weight.perm is not None:
-        x = x.index_select(1, weight.perm)
-    elif x.stride(1) != 1:
+    if x.stride(1) != 1:
         x = x.contiguous()
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -96,14 +74,6 @@ def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None
     grid = (-(-n // cfg.block_n), -(-m // cfg.block_m))
     b = bias if bias is not None else out
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, **({"launch_pdl": True} if pdl else {})}
-    if isinstance(weight, IntWeight):
-        kern.int_mm_kernel[grid](
-            x, weight.q, weight.scales, weight.zeros, b, out, m, n, k, weight.scales.shape[1], x.stride(0),
-            out.stride(0), weight.q.stride(0), weight.scales.stride(0), weight.zeros.stride(0), PLANES=weight.planes,
-            GROUP=weight.group, PER_ROW=weight.group >= k, HAS_BIAS=bias is not None, PDL=pdl,
-            IS_F16=x.dtype == torch.float16, INTERPRET=not x.is_cuda, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            **launch)
-        return out
     group, s_rows, sn, sg = _fp8_layout(weight)
     bk = block_k_for(group, cfg.block_k)
     if bk is None:
@@ -115,44 +85,13 @@ def fused(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None
     return out
 
 
-def int_gemv(x: torch.Tensor, weight: IntWeight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-             config: GemvConfig | None = None) -> torch.Tensor:
-    """x [1, K] @ W^T (+ bias) for integer weights on the CUDA cores (int_gemv_kernel) -> out [1, N]."""
-    from engine.ops import quant_linear_kernel as kern
-
-    k = x.shape[1]
-    n = weight.shape[0]
-    cfg = config or GEMV_CONFIG
-    if weight.perm is not None:
-        x = x.index_select(1, weight.perm)
-    elif x.stride(1) != 1:
-        x = x.contiguous()
-    if out is None:
-        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    pdl = pdl_for(x.device)
-    kern.int_gemv_kernel[(-(-n // cfg.block_n),)](
-        x, weight.q, weight.scales, weight.zeros, bias if bias is not None else out, out, n, k,
-        weight.scales.shape[1], weight.q.stride(0), weight.scales.stride(0), weight.zeros.stride(0),
-        PLANES=weight.planes, GROUP=weight.group, PER_ROW=weight.group >= k, HAS_BIAS=bias is not None, PDL=pdl,
-        BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"launch_pdl": True} if pdl else {}))
-    return out
-
-
-def dequantize(weight: QuantWeight, dtype: torch.dtype) -> torch.Tensor:
-    """W [N, K] in dtype, in the checkpoint's order of K (one kernel)."""
+def dequantize(weight: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in dtype (one kernel)."""
     from engine.ops import quant_linear_kernel as kern
 
     n, k = weight.shape
     w = torch.empty(n, k, dtype=dtype, device=weight.device)
     block_n = 32
-    if isinstance(weight, IntWeight):
-        perm = weight.perm
-        kern.int_dequantize_kernel[(-(-n // block_n), -(-k // 128))](
-            weight.q, weight.scales, weight.zeros, perm if perm is not None else weight.scales, w, n, k,
-            weight.q.stride(0), weight.scales.stride(0), weight.zeros.stride(0), PLANES=weight.planes,
-            GROUP=weight.group, HAS_PERM=perm is not None, BLOCK_N=block_n, num_warps=4)
-        return w
     group, s_rows, sn, sg = _fp8_layout(weight)
     bk = block_k_for(group, 128)
     if bk is None:

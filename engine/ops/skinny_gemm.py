@@ -8,10 +8,10 @@ The kernel: fp32 FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction over K at th
 
 Launched as a programmatic dependent (PDL, sm_90+): the kernels before it in a decode step (norms, silu_and_mul,
 decode attention: csrc/cuda/common.cuh ``launch`` / ``dependent_entry``) let it launch as they start, so its
-programs are resident and waiting (griddepcontrol.wait) when they finish, instead of launching after. The weights
-do not depend on that kernel: a resident program loads its first two weight tiles into registers before it waits, so the weight
-stream of a layer's GEMV begins under the norm, attention or activation kernel before it. Measured on the H200 (b1
-TPOT, graphs; docs/benchmarks/gpu_decode_2026-12-05.md): 4.28 / 4.35 / 4.44 ms with 2 / 1 / 0 tiles in one run;
+programs are resident and waiting (griddepcontrol.wait) when they finish, instead of launching after. The
+weights do not depend on that kernel: a resident program loads its first two weight tiles into registers before it
+waits, so the weight stream of a layer's GEMV begins under the norm, attention or activation kernel before it.
+Measured on the H200 (b1 TPOT, graphs; docs/benchmarks/gpu_decode_2026-12-05.md): 4.28 / 4.35 / 4.44 ms with 2 / 1 / 0 tiles in one run;
 tiles prefetched into L2 (``prefetch.global.L2``) instead were slower (4.79 ms with three, 5.62 with seven). Every
 kernel PDL against plain launches: 4.46 against 4.55 ms (docs/benchmarks/gpu_decode_2026-12-06.md). The losing
 variants (plain launches, 0 or 1 early tiles: KESTREL_PDL, KESTREL_GEMV_EARLY) were deleted (issue 46).
