@@ -21,7 +21,6 @@ in one process flip KESTREL_* variables and restore them (engine/bench/report.py
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -72,11 +71,12 @@ class LabStages(gpu.Stages):
 
     def prefill(self, core, rng, vocab, k, prefill_row, save):
         if "sdpa" not in self.skip:
-            from engine.bench.report import environ_restored
-
-            with environ_restored(["KESTREL_PREFILL_ATTENTION"]):
-                os.environ["KESTREL_PREFILL_ATTENTION"] = "sdpa"
+            chosen = core.runner.attention.name  # the model's backend, chosen at start-up
+            core.runner.use_prefill_attention("sdpa")
+            try:
                 ttft = gpu.kestrel_ttft(core, rng, vocab, self.args.ttft, self.args.repeats)
+            finally:
+                core.runner.use_prefill_attention(chosen)
             k["ttft_sdpa"] = {n: prefill_row(s, [int(n)], [int(n)]) for n, s in ttft.items()}
             save()
             print("Kestrel (SDPA) TTFT: " + ", ".join(f"{n} {r['ms']:.1f} ms ({100 * r['share_of_limit']:.0f}%)"

@@ -7,7 +7,12 @@ lower-right causal mask (chunked prefill and prefix-cache hits look the same her
 The cache write comes first, with the rotary embedding in one CUDA kernel (``RotaryEmbedding.with_cache``,
 ops.rotary_and_cache) when the caller passes its rotary.
 
-Backends, per step:
+Backends: one per model, chosen at start-up by the runner (``select_backend``: KernelConfig.prefill_attention,
+engine/kernel_config.py, on the model's device) and bound to every layer; its metadata builder
+(``AttentionBackend.build``) decides each step's route once, from the step's shape, and every layer takes it.
+``CudaAutoBackend`` (auto, CUDA with Triton) takes the routes below; ``TritonBackend`` (triton) the Triton kernel for
+every step with a prefill (on the CPU in Triton's interpreter: tests); ``SdpaBackend`` (sdpa, the CPU, no Triton)
+the CPU's routes on any device. The routes:
 - CUDA, decodes only: the split-K paged decode kernel (csrc/cuda).
 - CUDA, fresh prompts of one length (nothing cached, no decode; one prompt alone is the common case): SDPA's flash
   backend over them as a batch, on views of the step's own K/V (4-D inputs, ``enable_gqa``), which measured faster
@@ -21,8 +26,7 @@ Backends, per step:
 - CUDA, any other step with a prefill: one launch of the Triton varlen kernel (engine/ops/varlen_attention.py) for the
   step's prefill chunks, reading their prefixes from the paged cache through the block table (no gathered copy, GQA
   by indexing), and the paged decode kernel for its decodes (alone in a varlen query tile, a decode row wasted the
-  tile: mixed steps of 1,024 x (512, 256) took ~1 s). ``KESTREL_PREFILL_ATTENTION=sdpa`` (or no Triton) takes the SDPA path below instead;
-  ``=triton`` forces the kernel on the CPU too (Triton's interpreter: tests).
+  tile: mixed steps of 1,024 x (512, 256) took ~1 s).
 - CPU: the native paged decode kernel for decodes and SDPA (4-D, ``enable_gqa``) per prefill chunk (fresh prompts
   of one length as one batch); a chunk with a cached prefix gathers it from the cache first.
 
@@ -47,7 +51,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from engine import envs, ops
+from engine import ops
 from engine.ops.transfer import to_device
 
 if TYPE_CHECKING:
@@ -86,6 +90,7 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # [num_decode] view of seq_lens
     fresh_len: int = 0  # every sequence a whole new prompt of this many tokens (no decode, no cached prefix); else 0
     decode_part_tokens: int = 0  # CUDA graphs: -(the decode kernel's partitions per context) (0: sized per step)
+    route: str | None = None  # the kernels this step takes (AttentionBackend.route; None: the first layer decides)
 
     @classmethod
     def build(cls, seqs: list[SeqSpan], block_size: int, device: torch.device) -> AttentionMetadata:
@@ -190,11 +195,13 @@ class Attention(torch.nn.Module):
         self.compute_dtype: torch.dtype | None = None  # q's dtype (the model's), where the caches' differs
         self.calibrate_scales = False  # fp8: the next step with a prefill sets k_scale / v_scale (runner sets it)
         self.tma_memo: dict = {}  # the caches' TMA descriptors for the prefill kernel (ops.tma_descriptors)
+        self.backend: AttentionBackend | None = None  # the model's, bound by the runner at start-up
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                 rotary: RotaryEmbedding | None = None) -> torch.Tensor:
         """q [T, nh*hd], k and v [T, nkv*hd] (row-strided views are fine); returns [T, nh*hd]. With ``rotary``,
-        q and k are rotated (in place) at the step's positions first, together with the cache write."""
+        q and k are rotated (in place) at the step's positions first, together with the cache write; then the
+        model's backend computes the attention by the step's route."""
         T = q.shape[0]
         hd = self.head_dim
         ks, vs = self.k_scale, self.v_scale
@@ -205,39 +212,12 @@ class Attention(torch.nn.Module):
         else:
             ops.reshape_and_cache(k.view(T, self.num_kv_heads, hd), v.view(T, self.num_kv_heads, hd),
                                   self.k_cache, self.v_cache, meta.slot_mapping, ks, vs)
-        q3 = q.view(T, self.num_heads, hd)
-        nd = meta.num_decode_tokens
-        if nd == 0 and len(meta.seqs) == 1 and _resumes(q, meta, hd):
-            out = self._chunk_over_prefix(q3, k, v, meta)
-            if out is not None:
-                return out
-        if nd < T and _use_varlen(q, meta):
-            # the decodes on the paged decode kernel (a decode row alone in a varlen tile wastes the tile), the
-            # prefill chunks on the varlen kernel, into one output
-            cfg, plan = _varlen_plan(meta, q.device, hd)
-            out = None
-            if nd:
-                out = torch.empty(T, self.num_heads, hd, dtype=q.dtype, device=q.device)
-                ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
-                                           meta.decode_context_lens, self.scale, out=out[:nd], k_scale=ks,
-                                           v_scale=vs)
-            out = ops.varlen_paged_attention(q3, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
-                                             meta.query_start_loc, plan, self.scale, out=out, config=cfg,
-                                             tma_memo=self.tma_memo, k_scale=ks, v_scale=vs)
-            return out.view(T, self.num_heads * hd)
-        if meta.fresh_len:  # fresh prompts of one length: SDPA over them as one batch
-            return self._fresh_sdpa(q3, k, v, meta.fresh_len)
-        if nd == 0 and len(meta.seqs) == 1:  # one prefill chunk alone: SDPA's output (token-major) is the layer's
-            return self._prefill_sdpa(q3, k, v, meta, 0, meta.seqs[0]).reshape(T, self.num_heads * hd)
-        out = torch.empty(T, self.num_heads, hd, dtype=q.dtype, device=q.device)
-        if nd:
-            ops.paged_decode_attention(q3[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
-                                       meta.decode_context_lens, self.scale, out=out[:nd],
-                                       part_tokens=meta.decode_part_tokens, k_scale=ks, v_scale=vs)
-        for i, seg in enumerate(meta.prefills, start=nd):
-            s, n = seg.query_start, seg.query_len
-            out[s:s + n] = self._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)
-        return out.view(T, self.num_heads * hd)
+        backend = self.backend
+        if backend is None:  # a layer used alone (tests): its device's automatic choice, taken once
+            backend = self.backend = select_backend("auto", q.device, hd)
+        if meta.route is None:  # metadata built without a backend (a micro-batch half, the decode graphs, tests)
+            meta.route = backend.route(meta)
+        return backend.forward(self, q.view(T, self.num_heads, hd), k, v, meta)
 
     def _calibrate_scales(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """An fp8 cache's scales from this step's keys and values (before their write): amax / FP8_SCALE_TARGET,
@@ -286,7 +266,7 @@ class Attention(torch.nn.Module):
         H200, kestrel bench gpu 2026-12-04). Returns the variants run; none off CUDA or without the kernel."""
         kc = self.k_cache
         if (kc is None or not kc.is_cuda or not ops.varlen_attention_available()
-                or envs.KESTREL_PREFILL_ATTENTION == "sdpa"):
+                or (self.backend is not None and not self.backend.uses_varlen)):
             return []
         return self._run_kernel_variants()
 
@@ -372,16 +352,6 @@ def _capturing(q: torch.Tensor) -> bool:
     return q.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _use_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
-    choice = envs.KESTREL_PREFILL_ATTENTION
-    if choice == "sdpa" or not ops.varlen_attention_available():
-        return False
-    if choice == "triton":
-        return True
-    # auto: on CUDA, except for steps of fresh prompts of one length (SDPA's flash backend is faster there)
-    return q.is_cuda and not meta.fresh_len
-
-
 # (device, q's dtype, the caches' dtype, head size, KernelConfig) -> whether the merging kernel compiled there (its
 # first launch compiles it; a failure sends those chunks to the one-launch kernel for the process's life).
 _RESUME_COMPILES: dict[tuple, bool] = {}
@@ -393,16 +363,6 @@ RESUME_MIN_QUERY = ops.VARLEN_SHORT_QUERY + 1
 # Head sizes the merging kernel runs at: on the H200 (Triton 3.6) its TMA specialisation compiled at 128 and made
 # ptxas die with SIGSEGV at 64, where chunks keep the one launch.
 RESUME_HEAD_DIMS = (128,)
-
-
-def _resumes(q: torch.Tensor, meta: AttentionMetadata, head_dim: int) -> bool:
-    """A step of one prefill chunk of at least RESUME_MIN_QUERY tokens over a cached prefix (a chat turn after
-    the first, a prefix-cache hit, chunked prefill), on CUDA with the kernel chosen automatically: cuDNN for the
-    chunk's own keys, the Triton kernel over the prefix merging it in (``Attention._chunk_over_prefix``)."""
-    seg = meta.seqs[0]
-    return (q.is_cuda and envs.KESTREL_PREFILL_ATTENTION == "auto" and seg.context_len > seg.query_len
-            and seg.query_len >= RESUME_MIN_QUERY and head_dim in RESUME_HEAD_DIMS
-            and ops.varlen_attention_available())
 
 
 def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int
@@ -418,3 +378,129 @@ def _varlen_plan(meta: AttentionMetadata, device: torch.device, head_dim: int
         plan = ops.VarlenPlan.build(query_lens, [s.context_len for s in meta.seqs], cfg.block_m, device)
         found = meta.plans[head_dim] = (cfg, plan)
     return found
+
+
+# -- backends ------------------------------------------------------------------------------------------------------
+# A step's route: the kernels its attention takes (AttentionBackend.route, decided once per step).
+DECODE = "decode"  # the paged decode kernel on the decodes (every row of a decode-only step), SDPA per prefill chunk
+FRESH = "fresh"  # fresh prompts of one length: SDPA over them as one batch, on the step's own keys and values
+ONE_CHUNK = "one chunk"  # one prefill chunk alone: SDPA (over its prefix gathered from the cache)
+VARLEN = "varlen"  # the Triton varlen kernel on the prefill chunks, the paged decode kernel on the decodes
+RESUME = "resume"  # one long chunk over a cached prefix: cuDNN on its own keys, the Triton kernel over the prefix
+
+
+class AttentionBackend:
+    """The attention of one model: chosen once at start-up (``select_backend``, the runner: KernelConfig's
+    prefill_attention and the device), bound to every attention layer. Its metadata builder (``build``) runs once
+    per step and decides there the step's route (``route``, from the step's shape); every layer then calls
+    ``forward`` after its cache write. The backends differ only in the routes they take."""
+
+    name = ""
+    uses_varlen = False  # takes the Triton varlen kernel (start-up builds its variants: Attention.warm_up_kernels)
+
+    def __init__(self, head_dim: int):
+        self.head_dim = head_dim
+
+    def build(self, seqs: list[SeqSpan], block_size: int, device: torch.device) -> AttentionMetadata:
+        """The step's metadata (AttentionMetadata.build), its route, and the varlen kernel's plan where it runs."""
+        meta = AttentionMetadata.build(seqs, block_size, device)
+        meta.route = self.route(meta)
+        if meta.route in (VARLEN, RESUME):
+            _varlen_plan(meta, device, self.head_dim)
+        return meta
+
+    def route(self, meta: AttentionMetadata) -> str:
+        raise NotImplementedError
+
+    def forward(self, layer: Attention, q3: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+                ) -> torch.Tensor:
+        """The layer's attention of the step (its keys and values already in the cache): [T, nh*hd]."""
+        T, nh, hd = q3.shape
+        nd = meta.num_decode_tokens
+        route = meta.route
+        if route == RESUME:
+            out = layer._chunk_over_prefix(q3, k, v, meta)
+            if out is not None:
+                return out
+            route = VARLEN  # cuDNN cannot run it or the merging kernel does not compile
+        if route == VARLEN:
+            # the decodes on the paged decode kernel (a decode row alone in a varlen tile wastes the tile), the
+            # prefill chunks on the varlen kernel, into one output
+            cfg, plan = _varlen_plan(meta, q3.device, hd)
+            out = None
+            if nd:
+                out = torch.empty(T, nh, hd, dtype=q3.dtype, device=q3.device)
+                ops.paged_decode_attention(q3[:nd], layer.k_cache, layer.v_cache, meta.decode_block_tables,
+                                           meta.decode_context_lens, layer.scale, out=out[:nd], k_scale=layer.k_scale,
+                                           v_scale=layer.v_scale)
+            out = ops.varlen_paged_attention(q3, layer.k_cache, layer.v_cache, meta.block_tables, meta.seq_lens,
+                                             meta.query_start_loc, plan, layer.scale, out=out, config=cfg,
+                                             tma_memo=layer.tma_memo, k_scale=layer.k_scale, v_scale=layer.v_scale)
+            return out.view(T, nh * hd)
+        if route == FRESH:
+            return layer._fresh_sdpa(q3, k, v, meta.fresh_len)
+        if route == ONE_CHUNK:  # SDPA's output (token-major) is the layer's
+            return layer._prefill_sdpa(q3, k, v, meta, 0, meta.seqs[0]).reshape(T, nh * hd)
+        out = torch.empty(T, nh, hd, dtype=q3.dtype, device=q3.device)
+        if nd:
+            ops.paged_decode_attention(q3[:nd], layer.k_cache, layer.v_cache, meta.decode_block_tables,
+                                       meta.decode_context_lens, layer.scale, out=out[:nd],
+                                       part_tokens=meta.decode_part_tokens, k_scale=layer.k_scale,
+                                       v_scale=layer.v_scale)
+        for i, seg in enumerate(meta.prefills, start=nd):
+            s, n = seg.query_start, seg.query_len
+            out[s:s + n] = layer._prefill_sdpa(q3[s:s + n], k, v, meta, i, seg)
+        return out.view(T, nh * hd)
+
+
+class SdpaBackend(AttentionBackend):
+    """``prefill_attention=sdpa``, the CPU's, and a GPU's without Triton: the paged decode kernel for the decodes,
+    torch SDPA for the prefill chunks (fresh prompts of one length as one batch; a chunk over a cached prefix
+    gathers it from the cache first)."""
+
+    name = "sdpa"
+
+    def route(self, meta: AttentionMetadata) -> str:
+        if meta.fresh_len:
+            return FRESH
+        return ONE_CHUNK if meta.num_decode_tokens == 0 and len(meta.seqs) == 1 else DECODE
+
+
+class TritonBackend(AttentionBackend):
+    """``prefill_attention=triton``: the Triton varlen kernel for every step with a prefill (the CPU runs it in
+    Triton's interpreter: tests), the paged decode kernel for the decodes."""
+
+    name = "triton"
+    uses_varlen = True
+
+    def route(self, meta: AttentionMetadata) -> str:
+        return VARLEN if meta.num_decode_tokens < meta.num_tokens else DECODE
+
+
+class CudaAutoBackend(TritonBackend):
+    """``prefill_attention=auto`` on a GPU with Triton (the measured routes of the module's docstring): SDPA's
+    flash backend for fresh prompts of one length, cuDNN + the merging Triton kernel for one long chunk over a
+    cached prefix at the head sizes it compiles at, the Triton varlen kernel for any other step with a prefill."""
+
+    name = "auto"
+
+    def route(self, meta: AttentionMetadata) -> str:
+        if meta.num_decode_tokens == 0 and len(meta.seqs) == 1 and self.head_dim in RESUME_HEAD_DIMS:
+            seg = meta.seqs[0]
+            if seg.context_len > seg.query_len and seg.query_len >= RESUME_MIN_QUERY:
+                return RESUME
+        if meta.fresh_len:
+            return FRESH
+        return super().route(meta)
+
+
+def select_backend(prefill_attention: str, device: torch.device, head_dim: int) -> AttentionBackend:
+    """The backend of a model: KernelConfig.prefill_attention (auto, triton or sdpa) on this device. Without the
+    Triton kernel every choice is SDPA; auto takes the Triton kernel on CUDA only."""
+    if prefill_attention == "sdpa" or not ops.varlen_attention_available():
+        return SdpaBackend(head_dim)
+    if prefill_attention == "triton":
+        return TritonBackend(head_dim)
+    if prefill_attention != "auto":
+        raise ValueError(f"prefill_attention must be auto, triton or sdpa, got {prefill_attention!r}")
+    return CudaAutoBackend(head_dim) if torch.device(device).type == "cuda" else SdpaBackend(head_dim)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.layers.attention import AttentionMetadata, SeqSpan
+from engine.layers.attention import DECODE, AttentionMetadata, SeqSpan
 from engine.ops import skinny_gemm
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ class DecodeGraphs:
         meta = AttentionMetadata(positions=positions, slot_mapping=slots, num_decode_tokens=b, seqs=[],
                                  block_tables=table, seq_lens=context_lens, query_start_loc=None,
                                  decode_block_tables=table, decode_context_lens=context_lens,
-                                 decode_part_tokens=partition_tokens(b, self.num_kv_heads, self.sm_count))
+                                 decode_part_tokens=partition_tokens(b, self.num_kv_heads, self.sm_count),
+                                 route=DECODE)
         return ids, meta
 
     def bucket(self, n: int) -> int | None:

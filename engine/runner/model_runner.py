@@ -16,14 +16,14 @@ from engine import heap, ops, progress
 from engine.config import EngineConfig, ModelConfig
 from engine.kernel_config import KernelConfig
 from engine.kernel_config import resolve as resolve_kernels
-from engine.layers.attention import AttentionMetadata, SeqSpan
+from engine.layers.attention import AttentionMetadata, SeqSpan, select_backend
 from engine.layers.linear import quantized_load
 from engine.layers.penalties import PenaltyState, has_penalty
 from engine.layers.sampler import Sampled, Sampler
 from engine.layers.sampling_metadata import SamplingMetadata
 from engine.models.registry import model_class
 from engine.ops.transfer import to_device
-from engine.wire import TokenLogprobs
+from engine.outputs import TokenLogprobs
 from engine.parallel.context import SINGLE, TPContext
 from engine.runner.cpu_tape import DecodeTapes
 from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes, reserve_bytes
@@ -106,6 +106,7 @@ class ModelRunner:
             weights.compute_dtype = self.dtype
         self.model.load_weights(weights)
         self.model.eval()
+        self.use_prefill_attention(self.kernel_config.prefill_attention)
         if quantized:
             self._quantize(self.quantization)
         # decode CUDA graphs: one GPU, not --enforce-eager (tensor parallelism waits for capturable all-reduces);
@@ -125,6 +126,15 @@ class ModelRunner:
         self.penalties = PenaltyState(self.device)  # penalised requests' token counts (engine/layers/penalties.py)
         self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
         self.pooling_state: dict[str, torch.Tensor] = {}  # an embedding's pool over its chunks so far
+
+    def use_prefill_attention(self, choice: str) -> None:
+        """Bind the model's attention backend (engine/layers/attention.py ``select_backend``: KernelConfig's
+        prefill_attention on this device) to every attention layer; start-up does, and a benchmark comparing the
+        backends on one loaded model (the decode graphs take the decode kernel whatever the backend)."""
+        layers = self.model.attention_layers()
+        self.attention = select_backend(choice, self.device, layers[0].head_dim if layers else 0)
+        for attn in layers:
+            attn.backend = self.attention
 
     def _quantize(self, mode: str) -> None:
         """--quantization int8 on the CPU (its int8 kernels: groups of 32) or int8 / int4 / fp8 on a GPU (the
@@ -357,7 +367,7 @@ class ModelRunner:
         return inp, sample_reqs, pools
 
     def _tensors(self, inp: StepInputs) -> tuple[torch.Tensor, AttentionMetadata]:
-        meta = AttentionMetadata.build(inp.seqs, self.block_size, self.device)
+        meta = self.attention.build(inp.seqs, self.block_size, self.device)
         return to_device(inp.token_ids, torch.long, self.device), meta
 
     @torch.inference_mode()

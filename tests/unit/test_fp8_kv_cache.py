@@ -163,12 +163,12 @@ def test_attention_layer_over_fp8_caches(monkeypatch, backend):
     """Attention.forward with fp8 caches: a fresh prompt (its own keys), a chunk over the cached prefix (SDPA on
     the gathered, dequantized prefix; or the Triton kernel) beside a decode (the decode op on the fp8 cache),
     each against the float32 reference over the dequantized cache."""
-    from engine.layers.attention import Attention, AttentionMetadata, SeqSpan
+    from engine.layers.attention import Attention, AttentionMetadata, SeqSpan, select_backend
 
-    monkeypatch.setenv("KESTREL_PREFILL_ATTENTION", backend)
     g = torch.Generator().manual_seed(4)
     nh, nkv, hd, bs = 4, 2, 32, 16
     layer = Attention(nh, nkv, hd, 0)
+    layer.backend = select_backend(backend, torch.device("cpu"), hd)  # the model's, as the runner binds it
     layer.k_cache, layer.v_cache = _caches(8, bs, nkv, hd)
     layer.k_scale, layer.v_scale = _scale(0.05), _scale(0.03)
     layer.compute_dtype = torch.bfloat16

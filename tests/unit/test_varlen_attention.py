@@ -117,10 +117,16 @@ def test_engine_greedy_with_the_kernel_equals_sdpa(tiny_model_dir, arch, monkeyp
                "Paged attention"]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
+    from engine.kernel_config import KernelConfig, resolve
+    from engine.runner import model_runner
+
     def greedy(backend: str) -> list[list[int]]:
-        monkeypatch.setenv("KESTREL_PREFILL_ATTENTION", backend)
+        # the kernel configuration's prefill_attention, as a user's choice would set it at start-up
+        monkeypatch.setattr(model_runner, "resolve_kernels", lambda facts, config: resolve(
+            facts, config, KernelConfig(prefill_attention=backend)))
         with LLM(str(tiny_model_dir(arch)), dtype="float32", num_threads=1, max_num_batched_tokens=24,
                  enable_prefix_caching=True) as llm:
+            assert llm.core.runner.attention.name == backend
             first = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
             again = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]  # prefix-cache hits
             assert again == first
