@@ -19,6 +19,7 @@ from app import bench_report
 from app.bench_runs import read_report
 from tests.app.helpers import click_when_enabled
 from tests.server.conftest import MODEL, make_server
+from tests.support.qt_checks import coloured_pixels
 
 RUN_TIMEOUT_MS = 120_000
 
@@ -53,19 +54,6 @@ def run_sweep(panel, qtbot) -> dict:
 
 def curve_data(plot):
     return [tuple(item.getOriginalDataset()) for item in plot.listDataItems()]
-
-
-def coloured_pixels(widget) -> int:
-    """Pixels of ``widget`` as drawn that are strongly coloured (the data: dots, lines, fills); axes, grid, text
-    and the ground are grey, so an empty chart has next to none."""
-    img = widget.grab().toImage()
-    n = 0
-    for y in range(0, img.height(), 2):
-        for x in range(0, img.width(), 2):
-            c = img.pixelColor(x, y)
-            if c.hsvSaturation() > 120 and c.value() > 80:
-                n += 1
-    return n
 
 
 def assert_live_plots_drawn(panel, report: dict) -> None:

@@ -5,37 +5,14 @@ blank gaps), and at 1024x700 the cards, their Edit / Regenerate and the "When fu
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QPoint, Qt
-from PySide6.QtWidgets import QLabel
+from PySide6.QtCore import Qt
 
 from app.widgets.messages import MessageList, MessageWidget
+from tests.support.qt_checks import layout_problems, resize_window
 
 PARA = ("She was born in a small village by the sea, where the fishermen told stories of storms and distant "
         "lands. ") * 6
 LONG = "\n\n".join(f"Paragraph {i}. {PARA.strip()}" for i in range(8)) + "\n\nShe continued to inspire them all."
-
-
-def _layout_problems(cards: list[MessageWidget], spacing: int) -> list[str]:
-    """What is wrong with the cards as laid out now ([] when every text is shown whole and there are no gaps)."""
-    problems = []
-    for i, card in enumerate(cards):
-        need = card.heightForWidth(card.width())
-        if card.height() < need:
-            problems.append(f"card {i}: {card.height()} px high, its text needs {need}")
-        for label in card.findChildren(QLabel):
-            if not label.isVisible() or not label.wordWrap():
-                continue
-            need = label.heightForWidth(label.width())
-            if label.height() < need:
-                problems.append(f"card {i}: a label {label.height()} px high needs {need}")
-            bottom = label.mapTo(card, QPoint(0, label.height())).y()
-            if bottom > card.height():
-                problems.append(f"card {i}: a label ends at {bottom}, below the card's {card.height()}")
-    for a, b in zip(cards, cards[1:]):
-        gap = b.y() - (a.y() + a.height())
-        if gap != spacing:
-            problems.append(f"a gap of {gap} px between cards (spacing {spacing})")
-    return problems
 
 
 @pytest.mark.parametrize("width", [380, 520, 700, 1000, 1400, 600])
@@ -48,7 +25,7 @@ def test_long_reply_is_whole_in_a_message_list_at_any_width(qtbot, width):
              lst.add(MessageWidget("user", "Thanks"))]
     lst.resize(width, 500)
     spacing = lst.widget().layout().spacing()
-    qtbot.waitUntil(lambda: not _layout_problems(cards, spacing), timeout=5000)
+    qtbot.waitUntil(lambda: not layout_problems(cards, spacing), timeout=5000)
     assert "She continued to inspire them all." in cards[1].body.text()
 
 
@@ -66,12 +43,7 @@ def _long_conversation(window) -> int:
 
 
 def _resize(qtbot, window, size) -> None:
-    # the main window's minimum follows its sidebar (compact below 1200 px): ask again once that applied
-    for _ in range(3):
-        window.resize(*size)
-        qtbot.wait(50)
-        if window.width() == size[0]:
-            break
+    resize_window(window, size, qtbot.wait)
     assert (window.width(), window.height()) == size
 
 
@@ -89,7 +61,7 @@ def test_long_replies_shown_whole_in_the_chat_as_the_window_resizes(make_window,
     spacing = chat.messages.widget().layout().spacing()
     for size in ((1600, 1000), (1024, 700), (1300, 800), (1100, 700), (1920, 1080), (1024, 700)):
         _resize(qtbot, w, size)
-        qtbot.waitUntil(lambda: not _layout_problems(chat.message_widgets(), spacing), timeout=5000)
+        qtbot.waitUntil(lambda: not layout_problems(chat.message_widgets(), spacing), timeout=5000)
 
 
 @pytest.mark.parametrize("size", [(1024, 700), (1600, 1000)])

@@ -28,6 +28,19 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+def _load_qt_checks():
+    """tests/support/qt_checks.py by its path (shared with the app tests; pytest-free): the checkout's tests/ is not
+    on this python's path, and putting the checkout there would shadow the installed app."""
+    path = Path(__file__).resolve().parents[1] / "support" / "qt_checks.py"
+    spec = importlib.util.spec_from_file_location("kestrel_qt_checks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+qt_checks = _load_qt_checks()
+layout_problems, coloured_pixels = qt_checks.layout_problems, qt_checks.coloured_pixels
+
 OBS_PREFIX = "KESTREL-OBS "
 SIZES = ((1024, 700), (1600, 1000))
 LONG_PROMPT = ("Write a long story, at least ten paragraphs, about a kestrel that learns to fly over the "
@@ -154,12 +167,7 @@ def build_window():
 
 
 def resize(w, size: tuple[int, int]) -> None:
-    # the window's minimum follows its sidebar (folded below 1200 px): ask again once that applied
-    for _ in range(4):
-        w.resize(*size)
-        pump(60)
-        if (w.width(), w.height()) == size:
-            break
+    qt_checks.resize_window(w, size, pump)
 
 
 def wait_loaded(w, timeout: float = 300.0) -> None:
@@ -243,36 +251,6 @@ def card_obs(card) -> dict:
 def stored_obs(m) -> dict:
     return {"role": m.role, "content": m.content, "finish_reason": m.finish_reason, "error": m.error,
             "num_tokens": m.num_tokens}
-
-
-def layout_problems(cards, spacing: int) -> list[str]:
-    """What is wrong with the cards as laid out now ([] when every text is shown whole, with no gaps between
-    the cards): a card or a word-wrapped label lower than its height for its width, a label ending below its
-    card."""
-    from PySide6.QtCore import QPoint
-    from PySide6.QtWidgets import QLabel
-
-    problems = []
-    for i, card in enumerate(cards):
-        need = card.heightForWidth(card.width())
-        if card.height() < need:
-            problems.append(f"card {i}: {card.height()} px high, its text needs {need}")
-        for label in card.findChildren(QLabel):
-            if not label.isVisible() or not label.wordWrap():
-                continue
-            need = label.heightForWidth(label.width())
-            if label.height() < need:
-                problems.append(f"card {i}: a label {label.height()} px high needs {need} "
-                                f"({label.text()[:40]!r})")
-            bottom = label.mapTo(card, QPoint(0, label.height())).y()
-            if bottom > card.height():
-                problems.append(f"card {i}: a label ends at {bottom}, below the card's {card.height()}")
-    for a, b in zip(cards, cards[1:]):
-        gap = b.y() - (a.y() + a.height())
-        if gap != spacing:
-            problems.append(f"a gap of {gap} px between cards {cards.index(a)} and {cards.index(b)} "
-                            f"(spacing {spacing})")
-    return problems
 
 
 def bottom_in_view(chat, card) -> bool:
@@ -503,18 +481,6 @@ def benchmark(w) -> None:
         obs["theme"] = themes.current().name
         obs["shots_live"] = shoot(w, "benchmark-live", lambda: panel.tabs.setCurrentWidget(panel.live_tab))
         obs["shots_results"] = shoot(w, "benchmark-results", lambda: panel.tabs.setCurrentIndex(1))
-
-
-def coloured_pixels(widget) -> int:
-    """Strongly coloured pixels of the widget as drawn (dots, lines, fills); axes, grid and text are grey."""
-    img = widget.grab().toImage()
-    n = 0
-    for y in range(0, img.height(), 2):
-        for x in range(0, img.width(), 2):
-            c = img.pixelColor(x, y)
-            if c.hsvSaturation() > 120 and c.value() > 80:
-                n += 1
-    return n
 
 
 def bench_cli(w, base: str) -> None:
