@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Set up everything (first run) and run the whole test suite. Extra arguments go to pytest.
+# Set up everything (first run) and run the whole test suite (docs/TESTING.md). Extra arguments go to pytest.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$here/installer/setup.sh" --test
 cd "$here"
 export QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1
 set +e
-"${KESTREL_VENV:-$here/.venv}/bin/python" -m pytest -ra "$@"
+"${KESTREL_VENV:-$here/.venv}/bin/python" -m pytest -ra --durations=25 "$@"  # the slowest 25 close the output (docs/TESTING.md)
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

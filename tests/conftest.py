@@ -44,6 +44,14 @@ if str(ROOT) not in sys.path:
 
 import pytest  # noqa: E402
 
+SOAK_SECONDS_CI = 180.0  # tests/server/test_soak.py in every CI run; ``--soak-seconds 600`` for the full soak
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--soak-seconds", type=float, default=SOAK_SECONDS_CI,
+                     help=f"how long tests/server/test_soak.py runs its mixed traffic (default {SOAK_SECONDS_CI:.0f} s, "
+                          "as in CI; the full soak: --soak-seconds 600)")
+
 from tests.support.gguf_writer import convert_model_dir  # noqa: E402
 from tests.support.hf_reference import load_hf_model, load_hf_tokenizer  # noqa: E402
 from tests.support.smollm2 import find_smollm2_gguf, save_smollm2_tokenizer  # noqa: E402
@@ -145,9 +153,10 @@ def hf_tokenizer():
 
 @pytest.fixture(scope="session")
 def smollm2_fp32():
-    """One float32 engine on the embedded model, its GGUF blocks dequantized (``quantization="none"``: float weights,
-    whose greedy outputs the tests hold to transformers' and to batching), shared by the engine tests (loading takes
-    seconds)."""
+    """The session's one float32 engine on the embedded model, its GGUF blocks dequantized (``quantization="none"``:
+    float weights, whose greedy outputs the tests hold to transformers' and to batching), shared by the engine tests
+    and the server's offline reference (tests/server/conftest.py ``offline``): loading takes seconds. Tests that need
+    other options build their own."""
     from engine import LLM
 
     return LLM(dtype="float32", quantization="none")
