@@ -40,14 +40,6 @@ def _str(text: str) -> str:
 
 # name -> (default, parser, doc)
 ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
-    # -- native kernels (engine/ops, csrc) ------------------------------------------------------------------
-    "KESTREL_PREFILL_ATTENTION": (
-        "auto", _choice("auto", "triton", "sdpa"),
-        ("Attention of steps with a prefill chunk: auto (CUDA: cuDNN through SDPA for fresh prompts of one "
-         "length, cuDNN over a long chunk's own keys with the Triton kernel adding its cached prefix, the "
-         "Triton varlen kernel for every other step when Triton is there; CPU: SDPA), triton (the Triton kernel "
-         "for every step with a prefill; on the CPU through Triton's interpreter, for tests) or sdpa (torch SDPA "
-         "per chunk) (engine/layers/attention.py).")),
     # -- CPU runtime ------------------------------------------------------------------------------------------
     "KESTREL_OMP_PASSIVE": (
         True, _flag,
