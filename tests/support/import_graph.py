@@ -1,19 +1,19 @@
 """The packages' import graph, read with ``ast`` (no module is imported), its rules, and the Markdown of
 docs/ARCHITECTURE.md's section 6 rendered from them.
 
-Every .py under engine/ and app/ is parsed; its ``import x`` / ``from x import y`` statements are collected (those
+Every .py under engine/, app/ and benchmarks/ is parsed; its ``import x`` / ``from x import y`` statements are collected (those
 inside functions and under ``if TYPE_CHECKING:`` included, each marked), relative ones resolved, and so are
 ``importlib.import_module("engine.x")`` / ``__import__("engine.x")`` calls on our packages. ``from pkg import name``
 counts as an import of the submodule pkg.name when there is one, else as an import of pkg. The parent packages
 that Python initialises on the way are not edges.
 
-A *package* is the unit of the layering: ``app``; ``engine`` (engine/__init__.py alone); for an engine module the
+A *package* is the unit of the layering: ``benchmarks``, ``app``; ``engine`` (engine/__init__.py alone); for an engine module the
 longest member of ``LAYERS`` that covers it (``engine.frontend.client`` is in ``engine.frontend``), else its own name.
 ``LAYERS`` lists the packages top to bottom, one line each (packages on one line are one layer).
 
 The rules (each checked by tests/unit/test_import_graph.py, each shown catching a synthetic mutation there):
 
-1. layers: a package imports its own layer or lower ones, never a higher one (engine never imports app);
+1. layers: a package imports its own layer or lower ones, never a higher one (engine never imports app or benchmarks);
 2. no package cycle: the graph of packages (every import, lazy ones too) has no cycle;
 3. no file circle: the graph of files (every import, lazy and TYPE_CHECKING ones too) has no cycle;
 4. no private name across modules: ``from x import _y`` where x is another module;
@@ -38,13 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("engine", "app")
+PACKAGES = ("engine", "app", "benchmarks")
 EXTENSION_MODULES = frozenset({"engine._C"})  # compiled: importable, no .py to parse
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
 # The layers, top to bottom: one line per package (a line naming several packages makes them one layer; they may
 # import each other, though never in a circle, rule 2). A package imports its own layer or lower ones.
 LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("benchmarks",), "the developers' lab (not installed): nothing in engine/ or app/ may import it"),
     (("app",), "the PySide6 desktop app; torch-free in its own process, reaches the engine through its client"),
     (("engine.cli",), "the `kestrel` command's engine side: generate, chat, bench, serve"),
     (("engine.bench",), "the benchmarks users run (`kestrel bench ...`, the app's Benchmark panel), their reports"),
@@ -604,7 +605,7 @@ def render_section(imports: Iterable[Import], allowed: Iterable[Allowance] = (),
         "",
         "The rules (every import counts: module-level, inside functions, under `TYPE_CHECKING`):",
         "",
-        "1. layers: no import of a higher layer (so engine never imports app);",
+        "1. layers: no import of a higher layer (so engine never imports app, and neither imports benchmarks);",
         "2. no package cycle;",
         "3. no file circle (two files that import each other, directly or around a loop);",
         "4. no import of another module's private name (`from x import _y`);",
