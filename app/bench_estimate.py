@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from app.bench_report import concurrency, label
+
 # (prefill tokens/s, TPOT s at concurrency 1, TPOT growth per doubling of concurrency): a small model
 RATES = {"cpu": (1700.0, 0.015, 0.15), "cuda": (20000.0, 0.008, 0.05)}
 OVERHEAD_S = 1.0  # per point: the warm-up request, the dataset, the connection
@@ -69,8 +71,6 @@ def spec_points(spec) -> list[tuple[int, int, float, float]]:
 
 def report_points(report: dict) -> list[tuple[int, int, float, float, float]]:
     """A saved run's points as (concurrency, requests, mean input, mean output tokens, seconds it took)."""
-    from app.bench_report import concurrency
-
     out = []
     for p in report.get("points", []):
         m = p.get("metrics", {})
@@ -103,8 +103,6 @@ def estimate(spec, device: str | None, history: dict | None = None) -> Estimate:
         predicted = predict([p[:4] for p in past], dev)
         if past and predicted > 0:
             scale = sum(p[4] + OVERHEAD_S for p in past) / predicted
-            from app.bench_report import label
-
             return Estimate(guess * scale, requests, f"scaled from your run “{label(history)}”")
     what = "a GPU server" if dev == "cuda" else "a CPU server"
     return Estimate(guess, requests, f"a rough guess for a small model on {what}; a first run makes it exact")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.bench.serve import NOT_REPORTED, SETUP_FIELDS  # torch-free, httpx-free
+from engine.bench.serve import NOT_REPORTED, SETUP_FIELDS, describe_setup  # torch-free, httpx-free
 
 # (report key of a point's metrics, column title); None-safe: a metric not computed is left empty
 COLUMNS = [("output_throughput", "out tok/s"), ("request_throughput", "req/s"),
@@ -61,8 +61,6 @@ def label(report: dict) -> str:
 def setup(report: dict) -> dict[str, str]:
     """What was measured (engine.bench.serve.describe_setup): recomputed from the report, so that a report
     saved before it had a "setup" says it too, and the load options the app added are counted."""
-    from engine.bench.serve import describe_setup
-
     return describe_setup(report)
 
 

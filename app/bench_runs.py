@@ -14,6 +14,7 @@ from pathlib import Path
 
 from app import paths
 from app.bench_report import label, setup, setup_line
+from engine.bench.serve import json_safe  # as the command line writes its reports
 
 
 def runs_dir() -> Path:
@@ -24,8 +25,6 @@ def runs_dir() -> Path:
 
 def write_report(report: dict, path: str | Path) -> Path:
     path = Path(path)
-    from engine.bench.serve import json_safe  # as the command line writes its reports
-
     path.write_text(json.dumps(json_safe(report), indent=2, default=str))
     return path
 

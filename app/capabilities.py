@@ -20,6 +20,7 @@ class Capabilities:
 
 def detect() -> Capabilities:
     try:
+        # guarded: a broken engine install must not break the Load form
         from engine.capabilities import capabilities  # type: ignore[import-not-found]
     except ImportError:
         return Capabilities()

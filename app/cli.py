@@ -5,6 +5,7 @@ for the app and torch only by the engine commands that load a model. Nothing imp
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
@@ -14,6 +15,7 @@ APP_HELP = "Without a command, kestrel opens the desktop app (the GUI). Its opti
 
 def app_help() -> str:
     """The epilog of `kestrel --help`: the desktop app and its options, from app.main's own parser."""
+    # Qt's side only for the app; torch only for the engine commands that load a model
     from app.main import build_parser
 
     parser = build_parser()
@@ -42,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     from engine import cli as engine_cli
 
     if argv[0] in ("-h", "--help"):  # the engine's commands, and a word on the app
-        import argparse
-
         parser = engine_cli.build_parser()
         parser.formatter_class = argparse.RawDescriptionHelpFormatter
         parser.epilog = app_help()

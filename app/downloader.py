@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import threading
 import time
 import urllib.error
@@ -124,6 +125,7 @@ class _Meta:
 
 
 def _file_metadata(repo_id: str, filename: str, revision: str, token: str | None) -> _Meta:
+    # Hub access only when a download runs
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
@@ -249,8 +251,6 @@ def _link(blob: Path, pointer: Path) -> None:
     try:
         os.symlink(os.path.relpath(blob, pointer.parent), pointer)
     except OSError:  # no symlinks (Windows without developer mode): a copy, as huggingface_hub does
-        import shutil
-
         shutil.copyfile(blob, pointer)
 
 

@@ -86,6 +86,7 @@ class RepoDetails:
 
 
 def _api(token: str | None):
+    # Hub access only when the user searches or downloads
     from huggingface_hub import HfApi
 
     return HfApi(endpoint=hf_endpoint(), token=token or False)

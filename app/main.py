@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def create_app(argv: list[str] | None = None):
+    # Qt after qt_check's checks (a missing xcb plugin is said in words, not a crash)
     from PySide6.QtWidgets import QApplication
 
     from app import resources, theme

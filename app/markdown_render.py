@@ -33,6 +33,7 @@ class Segment:
 def _converter():
     global _md
     if _md is None:
+        # ~0.16 s: loaded with the first reply rendered, not at start-up
         import markdown
 
         md = markdown.Markdown(extensions=["fenced_code", "tables", "sane_lists"])
@@ -109,6 +110,7 @@ def highlight(code: str, language: str, style: str = "default") -> str:
         inner = html.escape(code)
         color = ""
     else:
+        # the gui extra's; loaded with the first code block
         import pygments
 
         inner = pygments.highlight(code, lexer, fmt).rstrip("\n")

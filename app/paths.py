@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from platformdirs import user_data_path
+
 APP_NAME = "kestrel"
 
 
@@ -15,8 +17,6 @@ def data_dir() -> Path:
     if override:
         path = Path(override).expanduser()
     else:
-        from platformdirs import user_data_path
-
         path = user_data_path(APP_NAME, appauthor=False)
     path.mkdir(parents=True, exist_ok=True)
     return path

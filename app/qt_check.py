@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 # shared library -> the Debian/Ubuntu package that ships it
@@ -108,8 +109,6 @@ def check_pyside() -> str | None:
     """PySide6 6.12.0 drops a reference to True on every Signal.emit(); on Python < 3.12 (where True is not
     immortal) the app aborts after some thousands of signals ("bool_dealloc: deallocating True")."""
     try:
-        from importlib.metadata import version
-
         installed = version("PySide6-Essentials")
     except Exception:  # noqa: BLE001 - PySide6 from another distribution: nothing known against it
         return None

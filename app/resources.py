@@ -15,6 +15,7 @@ def path(name: str) -> Path:
 
 @cache
 def icon(name: str):
+    # path() serves Qt-free callers: Qt only for an icon
     from PySide6.QtGui import QIcon
 
     p = ROOT / "icons" / f"{name}.svg"

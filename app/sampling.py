@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from engine.sampling_params import SamplingParams, StructuredOutput
+
 FALLBACK = {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "max_tokens": 1024}
 
 
@@ -48,8 +50,6 @@ class SamplingSettings:
     def to_params(self, output: OutputFormat | None = None):
         """The engine's SamplingParams; with ``output`` (the conversation's output format) its structured
         output too."""
-        from engine.sampling_params import SamplingParams
-
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                               max_tokens=self.max_tokens, seed=self.seed, stop=list(self.stop),
                               repetition_penalty=self.repetition_penalty,
@@ -88,8 +88,6 @@ class OutputFormat:
     def structured(self):
         """The engine's StructuredOutput for this format (None for plain text); ValueError when the schema has a
         problem."""
-        from engine.sampling_params import StructuredOutput
-
         if self.kind == "text":
             return None
         if self.kind == "json_object":

@@ -16,6 +16,7 @@ USERNAME = "huggingface-token"
 def _keyring():
     """The keyring module if it has a usable backend, else None."""
     try:
+        # ~70 ms and a system keyring's D-Bus: only when a token is read or saved
         import keyring
         from keyring.backends import fail
     except Exception:  # noqa: BLE001 - not installed, or broken on this desktop

@@ -5,12 +5,18 @@ and hands every other command line to main() here. Nothing here imports app."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+from engine.config import EngineConfig
+from engine.errors import KestrelError
+from engine.sampling_params import SamplingParams
+
+# The commands import what they run when they run (engine.llm, engine.bench.*, engine.server.*: torch, FastAPI):
+# a command line pays only for its own command, and importing this module (app.cli does) stays torch-free.
 
 
 def _engine_parser(sub, name: str, help: str) -> argparse.ArgumentParser:
-    from engine.config import EngineConfig
-
     p = sub.add_parser(name, help=help, description=help)
     EngineConfig.add_cli_args(p)
     return p
@@ -27,8 +33,6 @@ def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
 
 
 def _sampling_params(args, generation_config: dict):
-    from engine.sampling_params import SamplingParams
-
     def pick(name, default):
         v = getattr(args, name)
         return v if v is not None else generation_config.get(name, default)
@@ -62,7 +66,6 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    from engine.errors import KestrelError
     from engine.llm import LLM
 
     llm = LLM.from_cli_args(args)
@@ -164,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_chat)
     b = sub.add_parser("bench", help="Benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
+    # the bench modules' flags (torch-heavy modules: imported once a command line is parsed)
     from engine.bench.offline import add_args as offline_args
     bo = _engine_parser(bsub, "offline", "Offline prefill/decode throughput, side by side with llama.cpp")
     offline_args(bo)
@@ -205,8 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
-
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -214,8 +216,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     args._argv = list(sys.argv[1:] if argv is None else argv)  # reports record the command line
-    from engine.errors import KestrelError
-
     try:
         return args.func(args)
     except KestrelError as e:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from collections.abc import Collection
 from typing import Any
 
+from engine.errors import UnsupportedArchitectureError
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -77,8 +79,6 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        from engine.errors import UnsupportedArchitectureError
-
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else cfg.get("model_type", "<missing>")
         if arch not in SUPPORTED_ARCHITECTURES:

@@ -7,6 +7,8 @@ goes idle. About a millisecond a call."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import sys
 
 _trim = None  # the libc function, False where there is none
@@ -18,9 +20,6 @@ def trim() -> None:
         _trim = False
         if sys.platform.startswith("linux"):
             try:
-                import ctypes
-                import ctypes.util
-
                 _trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
             except (OSError, AttributeError):
                 pass  # not glibc (musl has no malloc_trim)

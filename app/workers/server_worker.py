@@ -15,8 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
@@ -140,8 +143,6 @@ class ServerWorker(QObject):
         """Another model is about to replace the served one: answer 503 (retry) until it is loaded."""
         if self._switch is None:
             return
-        from pathlib import Path
-
         self._switch.pause(self._opts)
         if self._tracking is not None:
             self._tracking.close()
@@ -234,8 +235,6 @@ async def _loading(scope, receive, send) -> None:
         return
     headers = {"Retry-After": "2"}
     if scope.get("path") == "/health":
-        import json
-
         from starlette.responses import Response
 
         body = json.dumps({"status": "loading", "reason": PAUSED_MESSAGE, "restarts": 0})
@@ -266,8 +265,6 @@ async def _serve(server, sock) -> None:
 
 
 def _listen(host: str, port: int, backlog: int = 128):
-    import socket
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -298,8 +295,6 @@ def _task_error(task: asyncio.Task) -> str:
 
 def _lan_address() -> str:
     """This machine's address on the local network (for the URL shown when LAN access is on)."""
-    import socket
-
     with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect(("192.0.2.1", 9))  # no packet is sent; this picks the outgoing interface
         return s.getsockname()[0]

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.config import ModelConfig
 from engine.errors import CheckpointError, KestrelError, UnsupportedArchitectureError
+from engine.loader.gguf import GGUFWeights, gguf_hf_config, gguf_quantization
+from engine.loader.gguf_file import GGUFFile
+from engine.loader.quantized import QuantizedWeights, parse_scheme
 from engine.loader.resolve import default_model_path, resolve_model
+from engine.loader.safetensors import SafetensorsWeights, read_json
 from engine.loader.weights import WeightSource, expected_shapes, validate_weights
-
-if TYPE_CHECKING:
-    from engine.tokenizer import Tokenizer
+from engine.tokenizer import Tokenizer
 
 __all__ = [
     "Checkpoint",
@@ -40,7 +42,7 @@ class Checkpoint:
     hf_config: dict[str, Any]  # config.json, or its equivalent built from GGUF metadata
     generation_config: dict[str, Any]  # generation_config.json (temperature, top_p, ...) or {}
     weights: WeightSource
-    tokenizer: "Tokenizer"
+    tokenizer: Tokenizer
     quantization: str | None = None  # GGUF: "Q4_1", "Q4_K_M", ...; "GPTQ int4 g128", "FP8 block 128x128", ...
 
     @property
@@ -72,9 +74,6 @@ def _config_from_hf(hf_config: dict[str, Any], path: Path) -> ModelConfig:
 
 
 def _load_safetensors_dir(path: Path, validate: bool) -> Checkpoint:
-    from engine.loader.safetensors import SafetensorsWeights, read_json
-    from engine.tokenizer import Tokenizer
-
     config_file = path / "config.json"
     if not config_file.is_file():
         raise CheckpointError(path, "has no config.json")
@@ -82,8 +81,6 @@ def _load_safetensors_dir(path: Path, validate: bool) -> Checkpoint:
     qc = hf_config.get("quantization_config")
     scheme = None
     if isinstance(qc, dict) and qc.get("quant_method"):  # GPTQ / AWQ / FP8: engine/loader/quantized.py
-        from engine.loader.quantized import QuantizedWeights, parse_scheme
-
         scheme = parse_scheme(qc, config_file)
     config = _config_from_hf(hf_config, config_file)
     gen_file = path / "generation_config.json"
@@ -103,10 +100,6 @@ def _load_safetensors_dir(path: Path, validate: bool) -> Checkpoint:
 
 
 def _load_gguf(path: Path, validate: bool) -> Checkpoint:
-    from engine.loader.gguf import GGUFWeights, gguf_hf_config, gguf_quantization
-    from engine.loader.gguf_file import GGUFFile
-    from engine.tokenizer import Tokenizer
-
     gf = GGUFFile(path)
     try:
         hf_config = gguf_hf_config(gf)

@@ -29,6 +29,7 @@ class _TemplateDict:
 
 @lru_cache(maxsize=32)
 def _compile_template(template: str):
+    # ~50 ms: the GUI process imports the tokenizer package, jinja2 loads with the first template
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment

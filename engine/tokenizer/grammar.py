@@ -34,6 +34,7 @@ from typing import Any
 
 from engine.errors import InvalidRequestError
 from engine.sampling_params import StructuredOutput
+from engine.tokenizer.gguf_vocab import bytes_to_unicode
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,6 @@ def token_bytes(tokenizer) -> list[bytes]:
     """The UTF-8 bytes each token id stands for (OpenAI's logprobs ``bytes``, the grammar's vocabulary), for
     byte-level BPE (GPT-2 / Llama 3 / Qwen / SmolLM), SentencePiece byte fallback (<0xNN>, '▁') and anything else
     through decode()."""
-    from engine.tokenizer.gguf_vocab import bytes_to_unicode
-
     inverse = {c: b for b, c in bytes_to_unicode().items()}
     vocab_size = len(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(vocab_size)))
@@ -78,7 +77,7 @@ class GrammarCache:
     """The tokenizer's grammar vocabulary (built once) and its compiled grammars (cached by their text)."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids) -> None:
-        import xgrammar as xgr
+        import xgrammar as xgr  # the server extra's; a grammar is built only for a structured request
 
         self._xgr = xgr
         stops = sorted(set(stop_token_ids))
@@ -138,7 +137,7 @@ def bitmask_width(vocab_size: int) -> int:
 
 def fill_bitmask(grammars: list[Any]):
     """One int32 row of allowed-token bits per grammar (bit t % 32 of word t // 32), on the CPU."""
-    import torch
+    import torch  # this module stays torch-free for the server's request checks (parse_spec)
 
     mask = torch.empty((len(grammars), bitmask_width(grammars[0].vocab_size)), dtype=torch.int32)
     for i, g in enumerate(grammars):
