@@ -40,7 +40,6 @@ from pathlib import Path
 
 import torch
 
-from engine import envs
 from engine.errors import EngineDeadError, KestrelError, ModelLoadError
 from engine.parallel.comm.config import CommConfig
 from engine.parallel.comm.group import Communicator
@@ -189,7 +188,8 @@ class TPExecutor:
         except ValueError as e:
             raise KestrelError(str(e)) from None
         self.kernel_config = model_runner.resolve_kernels(ops.device_facts(self.device), config)
-        self.log_level = envs.KESTREL_LOG_LEVEL  # the workers' logging level, read here once
+        # the workers log at the engine process's level (engine/core/process.py sets it from its client)
+        self.log_level = logging.getLogger("engine").getEffectiveLevel()
         self._state = _State()
         self._finalizer = weakref.finalize(self, _shutdown, self._state)
         self.startup_times: dict[str, float] = {}
