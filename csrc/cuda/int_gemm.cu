@@ -354,6 +354,8 @@ void launch_gemm(IntArgs a, bool lane_groups, int device, cudaStream_t st) {
 
 }  // namespace
 
+#include "int_gemm_wide.cuh"
+
 void set_int_mma_warps(int warps) {
   if (warps < 0 || warps > kMaxWarps) throw std::invalid_argument("int_mma warps: expected 0..16");
   g_warps.store(warps, std::memory_order_relaxed);
@@ -362,8 +364,12 @@ void set_int_mma_warps(int warps) {
 void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t q,
                     uintptr_t scales, int scale_dtype, int64_t s_stride, uintptr_t zeros, int64_t z_stride,
                     uintptr_t bias, int64_t M, int64_t N, int64_t K, int64_t bits, int64_t group, int device,
-                    uintptr_t stream) {
-  if (M < 1 || M > 16) throw std::invalid_argument("int_mma_linear: M must be 1..16");
+                    uintptr_t stream, int64_t tiles_per_block, int64_t k_groups) {
+  // A group of whole quads (or one group for all of K) is scaled after the products; 16 / 32: in the weight.
+  const bool lane_groups = group % 64 != 0 && group < K;
+  if (M < 1 || M > (lane_groups ? 16 : 64))
+    throw std::invalid_argument(lane_groups ? "int_mma_linear: M must be 1..16 for groups of 16 / 32"
+                                            : "int_mma_linear: M must be 1..64");
   if (bits != 4 && bits != 8) throw std::invalid_argument("int_mma_linear: bits must be 4 or 8");
   if (K % 16 || group % 16 || group <= 0) throw std::invalid_argument("int_mma_linear: K and group: multiples of 16");
   if (x % 16 || x_stride % 8) throw std::invalid_argument("int_mma_linear: x must be 16-byte aligned rows");
@@ -373,12 +379,13 @@ void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, i
             reinterpret_cast<const uint4*>(q), reinterpret_cast<const void*>(scales), scale_dtype, s_stride,
             reinterpret_cast<const uint8_t*>(zeros), z_stride, reinterpret_cast<const void*>(bias), int(M), int(N),
             int(K), int(group), int((K + 63) / 64), 0};
-  // A group of whole quads (or one group for all of K) is scaled after the products; 16 / 32: in the weight.
-  const bool lane_groups = group % 64 != 0 && group < K;
   auto st = reinterpret_cast<cudaStream_t>(stream);
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    if (bits == 4) {
+    if (!lane_groups) {  // x shared by the tiles of a block (int_gemm_wide.cuh)
+      if (bits == 4) wide::linear<T, 4>(a, int(tiles_per_block), int(k_groups), device, st);
+      else wide::linear<T, 8>(a, int(tiles_per_block), int(k_groups), device, st);
+    } else if (bits == 4) {
       if (M <= 8) launch_gemm<T, 4, 1, 4>(a, lane_groups, device, st);
       else launch_gemm<T, 4, 2, 2>(a, lane_groups, device, st);
     } else {

@@ -57,13 +57,13 @@ void paged_decode_attention(int dtype, uintptr_t out, int64_t out_s0, int64_t ou
                             int cache_dtype, uintptr_t k_scale, uintptr_t v_scale, int device, uintptr_t stream);
 
 // Integer weights in the "mma" layout (csrc/cuda/int_gemm.cu; engine/weight_quant.py IntCodes.pack): out[M, N] =
-// x[M, K] @ W^T (+ bias, null for none) for M = 1..16 on the tensor cores, x bfloat16 / float16 (dtype 1 / 2) with
+// x[M, K] @ W^T (+ bias, null for none) for M = 1..64 (1..16 for groups of 16 / 32) on the tensor cores, x bfloat16 / float16 (dtype 1 / 2) with
 // 16-byte aligned rows; scales [N, G] of scale_dtype (0 fp32, 1 bf16, 2 fp16), zeros uint8 [N, G]; K and the group
 // multiples of 16. int_mma_dequantize writes W [N, K] (dtype 0 / 1 / 2) for the GEMM of a prefill.
 void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t q,
                     uintptr_t scales, int scale_dtype, int64_t s_stride, uintptr_t zeros, int64_t z_stride,
                     uintptr_t bias, int64_t M, int64_t N, int64_t K, int64_t bits, int64_t group, int device,
-                    uintptr_t stream);
+                    uintptr_t stream, int64_t tiles_per_block, int64_t k_groups);  // 0, 0: the measured choice
 void int_mma_dequantize(int dtype, uintptr_t out, int64_t out_stride, uintptr_t q, uintptr_t scales,
                         int scale_dtype, int64_t s_stride, uintptr_t zeros, int64_t z_stride, int64_t N, int64_t K,
                         int64_t bits, int64_t group, int device, uintptr_t stream);

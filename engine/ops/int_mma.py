@@ -1,10 +1,9 @@
 """Launchers of csrc/cuda/int_gemm.cu: integer weights in the "mma" layout (engine/weight_quant.py) on the tensor
-cores. ``linear`` multiplies up to SLICED_MAX_M rows (decode batches: one kernel per 16 rows, each reading the
-packed weight once); ``dequantize`` writes the whole weight for the GEMM of a prefill. (Kernels taking 32 and 64
-rows at once were measured on an H100, 2026-12-07, and removed: at 64 rows the four linears of a Llama-3-8B
-layer took 393 us against 396 us in four 16-row launches, and their weight rounded in bf16 after scaling moved
-the tiny model's int4 argmax agreement with the float32 reference from above 0.9 to 0.87.) Reached through
-engine/ops/quant_linear.py. ``available()`` says whether engine._C has the kernels (built with CUDA)."""
+cores. ``linear`` multiplies up to SLICED_MAX_M rows (decode batches) in one launch of the kernel whose blocks share
+x between their output tiles (csrc/cuda/int_gemm_wide.cuh: on an H100, 2026-12-07, batch-64 linears 2.2-2.8x faster
+than the per-tile kernel sliced by 16, batch-1 up to 1.2x), or, for groups of 16 / 32 positions (the weight scaled
+in registers), one launch of the per-tile kernel per 16 rows; ``dequantize`` writes the whole weight for the GEMM of
+a prefill. Reached through engine/ops/quant_linear.py. ``available()`` says whether engine._C has the kernels (built with CUDA)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,14 @@ import torch
 from engine.ops.native import cuda_available, dtype_code, native_lib, raw_stream
 from engine.weight_quant import IntWeight, mma_packable
 
-KERNEL_M = 16  # rows of x per kernel
-SLICED_MAX_M = 64  # up to here, one kernel per 16 rows; beyond (prefills), the dequantized weight and the GEMM
+KERNEL_M = 64  # rows of x per launch (groups of whole quads of 64 positions, or one group for all of K)
+LANE_GROUPS_KERNEL_M = 16  # rows per launch for groups of 16 / 32 positions
+SLICED_MAX_M = 64  # up to here the kernels; beyond (prefills), the dequantized weight and the GEMM
+
+
+def rows_per_launch(weight: IntWeight) -> int:
+    """Rows of x one kernel launch takes for this weight (csrc/cuda/int_gemm.cu's lane_groups)."""
+    return LANE_GROUPS_KERNEL_M if weight.group % 64 and weight.group < weight.k else KERNEL_M
 
 
 def available() -> bool:
@@ -31,9 +36,10 @@ def layout_for(k: int, group: int) -> str | None:
 
 
 def linear(x: torch.Tensor, weight: IntWeight, bias: torch.Tensor | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, tiles_per_block: int = 0, k_groups: int = 0) -> torch.Tensor:
     """x [M, K] (bf16 / fp16, CUDA, M <= SLICED_MAX_M; rows may be strided, last dim contiguous) @ W^T (+ bias)
-    -> out [M, N] of x's dtype (rows may be strided)."""
+    -> out [M, N] of x's dtype (rows may be strided). ``tiles_per_block`` (2 / 4 / 8) and ``k_groups`` force the
+    x-sharing kernel's shape (tests, the kernel sweep); 0: the measured choice."""
     m, k = x.shape
     n = weight.shape[0]
     if weight.perm is not None:
@@ -46,13 +52,14 @@ def linear(x: torch.Tensor, weight: IntWeight, bias: torch.Tensor | None = None,
     sdt = dtype_code(weight.scales.dtype)
     bias_ptr = 0 if bias is None else bias.data_ptr()
     device, stream = x.get_device(), raw_stream(x)
-    for r in range(0, m, KERNEL_M):
-        rows = min(KERNEL_M, m - r)
+    step = rows_per_launch(weight)
+    for r in range(0, m, step):
+        rows = min(step, m - r)
         native_lib.cuda_int_mma_linear(
             dt, out.data_ptr() + r * out.stride(0) * out.element_size(), out.stride(0),
             x.data_ptr() + r * x.stride(0) * x.element_size(), x.stride(0), weight.q.data_ptr(),
             weight.scales.data_ptr(), sdt, weight.scales.stride(0), weight.zeros.data_ptr(), weight.zeros.stride(0),
-            bias_ptr, rows, n, k, weight.bits, weight.group, device, stream)
+            bias_ptr, rows, n, k, weight.bits, weight.group, device, stream, tiles_per_block, k_groups)
     return out
 
 

@@ -19,8 +19,8 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T + bias with W the weight dequantized; x [..., K] of the compute dtype. CUDA, integer weights (the
     "mma" layout: engine/layers/linear.py packs every GPU integer weight so, or keeps it float where the kernels
-    cannot take its shape): the tensor-core kernels of csrc/cuda/int_gemm.cu up to SLICED_MAX_M rows, sliced by 16,
-    the weight dequantized by one of them for cuBLAS beyond (engine/ops/int_mma.py). fp8 weights: up to
+    cannot take its shape): the tensor-core kernels of csrc/cuda/int_gemm.cu up to SLICED_MAX_M rows in one launch
+    (16 rows a launch for groups of 16 / 32), the weight dequantized by one of them for cuBLAS beyond (engine/ops/int_mma.py). fp8 weights: up to
     FP8_FUSED_MAX_M rows the Triton kernel that reads the packed weight once and dequantizes it in registers
     (engine/ops/quant_linear_kernel.py), more rows through ``torch._scaled_mm`` with x quantized per token on a GPU
     with fp8 tensor cores, else the weight dequantized into x's dtype by a kernel, then torch's GEMM. Elsewhere

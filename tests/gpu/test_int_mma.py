@@ -1,8 +1,10 @@
 """The tensor-core kernels for integer weights in the "mma" layout (csrc/cuda/int_gemm.cu through
 engine/ops/int_mma.py and quant_linear) against dequantize-then-matmul on random shapes: 4 and 8 bits, groups of
 16 / 32 (scaled in the weight) and 64 / 128 / per channel (scaled after the products), act-order, padded rows and
-K, 1..256 rows of x (sliced by 16 up to 64, the dequantized weight and the GEMM beyond), bias, strided x and out, bf16 and fp16; the whole-weight dequantization bit for
-bit; the prefill path; a CUDA graph replay equal to the eager call."""
+K, 1..256 rows of x (one launch up to 64, 16 rows a launch for groups of 16 / 32, the dequantized weight and the GEMM
+beyond), bias, strided x and out, bf16 and fp16; every shape of the x-sharing kernel (tiles per block x k-groups, the
+ones the engine picks and the others); the whole-weight dequantization bit for bit; the prefill path; a CUDA graph
+replay equal to the eager call."""
 
 from __future__ import annotations
 
@@ -51,6 +53,26 @@ def test_kernel_against_dequantize_then_matmul(dtype, bits, n, k, group, act, sd
             got = quant_linear(x, w, bias)
         err = (got.float() - ref).abs().max().item()
         assert err <= 1e-2 * ref.abs().max().item() + 1e-3, (m, err)
+
+
+@pytest.mark.parametrize("bits,n,k,group", [(4, 200, 384, 128), (8, 1000, 4096, 4096), (4, 4096, 14336, 128),
+                                           (8, 48, 1040, 1040)])
+def test_every_tiles_per_block_and_k_groups_shape(bits, n, k, group):
+    gen = torch.Generator().manual_seed(bits + n + k)
+    c = random_int_codes(gen, n, k, bits, group, False)
+    w = c.pack(torch.bfloat16, layout="mma").to("cuda")
+    ref_w = c.dequantize().cuda()
+    for m in (1, 8, 9, 16, 17, 32, 33, 64):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = x.float() @ ref_w.t()
+        chosen = int_mma.linear(x, w)
+        for nb in (2, 4, 8):
+            for kw in (1, 2, 3, 4, 8):  # past a shape's most k-groups the launcher takes its most
+                got = int_mma.linear(x, w, tiles_per_block=nb, k_groups=kw)
+                err = (got.float() - ref).abs().max().item()
+                assert err <= 1e-2 * ref.abs().max().item() + 1e-3, (m, nb, kw, err)
+        again = int_mma.linear(x, w)
+        assert torch.equal(chosen, again), m  # the k-groups' sums meet in a fixed order
 
 
 @pytest.mark.parametrize("bits,group,act", [(4, 128, False), (4, 32, True), (8, 1024, False), (8, 64, False)])
