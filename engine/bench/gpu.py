@@ -14,7 +14,7 @@ Figures (Kestrel; HF where it has the concept):
 Each figure as a share of its limit: prefill FLOPs (linear layers + causal attention + the LM head rows) at the
 measured GEMM rate; decode bytes (weights + the KV cache read) at the measured copy bandwidth.
 
-The developer's variant sweeps (kernel candidates, SDPA against the Triton kernel, ablations, decode variants,
+The developer's variant sweeps (kernel candidates, SDPA against the Triton kernel, ablations, decode breakdowns,
 profiles) run on top of this one from the repository: ``python -m benchmarks.gpu_lab`` (benchmarks/README.md).
 """
 
@@ -265,7 +265,7 @@ def _driver_version() -> str | None:
 class Stages:
     """Hooks for more measurements inside the run, each given what it needs and the report's ``save``; the user
     command runs none of them. The developer's GPU run (benchmarks/gpu_lab.py: kernel candidates, SDPA prefill,
-    ablations, decode breakdowns and variants, profiles, the synchronous loop) fills them in."""
+    ablations, decode breakdowns, profiles, the synchronous loop) fills them in."""
 
     def before_engine(self, report: dict, cfg, save) -> None:
         """After the limits, before the engine loads: kernels alone on the shape ``cfg`` (the model's config)."""

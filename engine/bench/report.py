@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import sys
-from collections.abc import Iterable, Iterator
 from importlib import metadata
-
-
-@contextlib.contextmanager
-def environ_restored(names: Iterable[str]) -> Iterator[None]:
-    """The environment variables ``names`` as they were (or unset) again on leaving the block, whatever the block
-    set them to (a benchmark comparing KESTREL_* settings in one process)."""
-    saved = {k: os.environ.get(k) for k in names}
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _version(dist: str) -> str | None:
