@@ -8,12 +8,7 @@ import argparse
 import signal
 import sys
 
-
-# the main window's panels, in the sidebar's order (app.window.PANELS is built from these; Qt-free here, for
-# `kestrel --help`): every one of them can be opened first with --panel
-PANEL_LABELS = {"chat": "Chat", "models": "Models", "load": "Load", "server": "Server",
-                "performance": "Performance", "benchmark": "Benchmark", "hardware": "Hardware"}
-PANEL_NAMES = list(PANEL_LABELS)
+from app.panel_names import PANEL_NAMES  # every panel can be opened first with --panel
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 from app import resources, shortcuts
 from app import theme as themes
 from app.context import AppContext
-from app.main import PANEL_LABELS, PANEL_NAMES
+from app.panel_names import PANEL_LABELS, PANEL_NAMES
 from app.panels.benchmark import BenchmarkPanel
 from app.panels.chat import ChatPanel
 from app.panels.hardware import HardwarePanel

@@ -54,8 +54,6 @@ ALLOWED: tuple[Allowance, ...] = (
     # timers, `panel._x` / `f._owner`); the GUI part gives them public names or keeps the wiring in the panel.
     Allowance("attribute", ("app.panels.chat_view", "*"), "chat_view reads ChatPanel's privates; the GUI part"),
     Allowance("attribute", ("app.panels.load_options", "*"), "load_options reads the form's _owner; the GUI part"),
-    # app/window.py takes PANEL_NAMES / PANEL_LABELS from app/main.py, which imports the window lazily.
-    Allowance("circles", ("app.main", "app.window"), "main <-> window (lazy); the GUI part moves the panel names"),
     # The lab's scripts reach two private helpers of the product (benchmarks/ moved out of engine/ today).
     Allowance("private", ("benchmarks.cpu_default_quantization_generate", "engine.cli._sampling_params"),
               "a lab script uses the CLI's private sampling helper; the lab part"),
