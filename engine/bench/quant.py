@@ -3,9 +3,8 @@
 1. Kernels, on each linear shape of the model at 1 and 16 rows, graph-timed over weights past the L2 cache: bf16
    (cuBLAS, and the one-row GEMV of the decode graphs) against the engine's integer path (``{mode}_engine``: the
    tensor-core kernels of csrc/cuda/int_gemm.cu on the "mma" layout, where engine._C has them), the Triton fused
-   dequantize-and-multiply kernels for int8 / int4 / fp8 weights (engine/ops/quant_linear_kernel.py, on the
-   "chunk" layout; ``--candidates``: a few tile shapes more), torch's built-ins where they run
-   (tinygemm's ``_weight_int4pack_mm`` for int4 groups of 128, ``_scaled_mm`` for fp8 with x quantized per token),
+   dequantize-and-multiply kernel for fp8 weights (engine/ops/quant_linear_kernel.py), torch's built-ins where they
+   run (tinygemm's ``_weight_int4pack_mm`` for int4 groups of 128, ``_scaled_mm`` for fp8 with x quantized per token),
    each as microseconds and GB/s of the bytes it must read.
 2. The engine per mode (--quantization none / int8 / int4 / fp8) and KV-cache dtype (--kv-cache-dtypes auto fp8:
    each mode with each; a mode with an fp8 KV cache is reported as "<mode>+kv_fp8"): its weights' bytes, the KV
@@ -34,10 +33,10 @@ def _bytes(w) -> int:
     return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
 
 
-def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> dict:
-    from engine import ops
+def kernel_rates(cfg, rows=(1, 16), more=None) -> dict:
+    """The kernels of each mode per linear shape and row count (the docstring's 1.). ``more(timed, forms, m, x, y,
+    nbytes)``: more timings of each shape and row count (benchmarks/quant_lab.py's kernel candidates)."""
     from engine.bench.timing import graph_time, linear_shapes
-    from engine.kernel_config import resolve
     from engine.layers.linear import quantize_for_gpu
     from engine.ops import int_mma
     from engine.ops import quant_linear_triton as kern
@@ -45,7 +44,6 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
     from engine.ops.quant_linear import quant_linear
 
     fp8 = torch.cuda.get_device_capability() >= (8, 9)
-    kc = resolve(ops.device_facts("cuda"))
     out: dict = {}
     for name, (n, k) in linear_shapes(cfg).items():
         copies = max(2, min(8, -(-(512 << 20) // (n * k * 2))))  # >= 512 MiB of bf16 weights: past the L2 cache
@@ -77,21 +75,11 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
                     if m > 16:  # what the engine would do past SLICED_MAX_M: the whole weight, then cuBLAS
                         timed(f"{mode}_dequant_gemm", qs,
                               lambda w: torch.mm(x, int_mma.dequantize(w, x.dtype).t(), out=y), _bytes(qs[0]))
-                    for warps in int_warps:  # the kernel's warps per block forced (captured into the graph)
-                        ops.configure(kc.replace(int_mma_warps=warps))  # KernelConfig.int_mma_warps
-                        try:
-                            timed(f"{mode}_engine_cfg_w{warps}", qs, lambda w: quant_linear(x, w, out=y),
-                                  _bytes(qs[0]))
-                        finally:
-                            ops.configure(kc)
             for mode in ("fp8",):  # the Triton fused kernel: fp8 weights only now
                 qs = forms.get(mode)
                 if not qs or qs[0] is None:
                     continue
                 timed(f"{mode}_fused", qs, lambda w: kern.fused(x, w, out=y), _bytes(qs[0]))
-                for c in _candidates(mode, m) if candidates else ():
-                    timed(f"{mode}_cfg_m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}", qs,
-                          lambda w, c=c: kern.fused(x, w, out=y, config=c), _bytes(qs[0]))
             if tiny is not None:
                 packed, sz = tiny
                 timed("int4_tinygemm", list(zip(packed, sz)),
@@ -99,6 +87,8 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
             if fp8:
                 xs = x if m % 16 == 0 else torch.nn.functional.pad(x, (0, 0, 0, 16 - m % 16))
                 timed("fp8_scaled_mm", forms["fp8"], lambda w: kern.fp8_scaled_mm(xs, w), _bytes(forms["fp8"][0]))
+            if more is not None:
+                more(timed, forms, m, x, y, _bytes)
             numeric = {key: v["us"] for key, v in res.items() if isinstance(v, dict)}
             res["fastest"] = min(numeric, key=numeric.get)
             out[f"{name}_{n}x{k}_m{m}"] = res
@@ -108,18 +98,6 @@ def kernel_rates(cfg, rows=(1, 16), candidates: bool = False, int_warps=()) -> d
         del ws, forms, engine_forms, tiny
         torch.cuda.empty_cache()
     return out
-
-
-def _candidates(mode: str, m: int) -> list:
-    from engine.ops.quant_linear_triton import QuantConfig
-
-    if m > 16:
-        return []
-    if mode == "fp8":
-        return [QuantConfig(16, 64, 128, 4, 4), QuantConfig(16, 32, 128, 4, 4)]
-    return [QuantConfig(16, 16, num_warps=4, num_stages=4), QuantConfig(16, 16, num_warps=2, num_stages=6),
-            QuantConfig(16, 32, num_warps=4, num_stages=6), QuantConfig(16, 64, num_warps=4, num_stages=4),
-            QuantConfig(16, 64, num_warps=8, num_stages=6)]
 
 
 def _tinygemm_forms(int4: list):
@@ -231,7 +209,8 @@ def engine_modes(ckpt, args, report, save) -> dict:
     return res
 
 
-def run(args) -> dict:
+def run(args, more_kernels=None) -> dict:
+    """``more_kernels``: kernel_rates' ``more`` (benchmarks/quant_lab.py)."""
     from engine.bench.gpu import SHAPE, measure_limits
     from engine.bench.report import environment
     from engine.bench.tp import random_checkpoint
@@ -249,7 +228,7 @@ def run(args) -> dict:
     print(f"copy {report['limits']['copy_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
     ckpt = random_checkpoint(SHAPE, seed=args.seed, max_position=16384)
     if "kernels" not in args.skip:
-        report["kernels"] = kernel_rates(ckpt.config, tuple(args.rows), args.candidates, args.int_warps)
+        report["kernels"] = kernel_rates(ckpt.config, tuple(args.rows), more_kernels)
         save()
     if "engine" not in args.skip:
         engine_modes(ckpt, args, report, save)
@@ -268,9 +247,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tpot-steps", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", nargs="*", default=[], choices=["kernels", "engine"])
-    p.add_argument("--candidates", action="store_true", help="also time the Triton kernels' other tile shapes")
-    p.add_argument("--int-warps", nargs="*", type=int, default=[],
-                   help="also time the integer tensor-core kernel at these warps per block (KernelConfig.int_mma_warps)")
 
 
 def main(args) -> int:
