@@ -95,6 +95,18 @@ def test_json_object_chat_and_completions(api):
     _check("".join(t for t, _ in parts), next(f for _, f in parts if f), SCHEMAS["enum"])
 
 
+def test_json_object_with_a_schema_is_the_schema(api):
+    """llama.cpp's form, which instructor sends: {"type": "json_object", "schema": ...} (the schema was ignored)."""
+    r = api.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=200, temperature=0.9, seed=5, n=4,
+                                    response_format={"type": "json_object", "schema": SCHEMAS["enum"]})
+    for c in r.choices:
+        _check(c.message.content, c.finish_reason, SCHEMAS["enum"])
+    with pytest.raises(openai.BadRequestError) as e:
+        api.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=5,
+                                    response_format={"type": "json_object", "schema": "not a schema"})
+    assert e.value.body["param"] == "response_format" and "'schema'" in e.value.body["message"]
+
+
 def test_guided_regex_and_choice(api):
     r = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A phone number?"}],
                                     max_tokens=30, temperature=0.8, seed=1,

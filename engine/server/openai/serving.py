@@ -106,7 +106,7 @@ def _bad_format(what: str, param: str = "response_format") -> InvalidRequestErro
 
 def structured_output(req) -> StructuredOutput | None:
     """``response_format`` ({"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
-    "strict"}}) or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` -> the engine's StructuredOutput
+    "strict"}}; llama.cpp's {"type": "json_object", "schema": {...}} is the schema's) or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` -> the engine's StructuredOutput
     (at most one of them). The grammar is compiled by the engine: a schema or regex its compiler refuses comes
     back as a 400 naming the reason."""
     from engine.tokenizer.grammar import parse_spec
@@ -118,8 +118,14 @@ def structured_output(req) -> StructuredOutput | None:
         if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
             raise _bad_format("an object with a 'type' (text, json_object or json_schema)")
         kind = rf["type"]
-        if kind == "json_object":
-            found.append(StructuredOutput("json"))
+        if kind == "json_object":  # llama.cpp's form (what instructor sends) may carry a schema: enforce it
+            schema = rf.get("schema")
+            if schema is None:
+                found.append(StructuredOutput("json"))
+            elif not isinstance(schema, (dict, bool)):
+                raise _bad_format("'schema' must be a JSON Schema object")
+            else:
+                found.append(StructuredOutput("json_schema", encode_json(schema).decode()))
         elif kind == "json_schema":
             js = rf.get("json_schema")
             if not isinstance(js, dict):
