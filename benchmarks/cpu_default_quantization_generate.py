@@ -9,7 +9,7 @@ import sys
 import time
 
 from engine.bench.llamacpp_peer import resident_set, run_in_child
-from engine.cli import _sampling_params, build_parser
+from engine.cli import build_parser, sampling_params
 from engine.llm import LLM
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
@@ -29,7 +29,7 @@ load_s = time.perf_counter() - t
 loaded = resident_set()
 runner = llm.core.runner
 kv_bytes = runner.kv_bytes_per_block() * llm.core.blocks.num_blocks
-params = _sampling_params(args, llm.core.checkpoint.generation_config)
+params = sampling_params(args, llm.core.checkpoint.generation_config)
 runs = []
 for _ in range(REPEATS + 1):  # the first: warm-up
     llm.core.blocks.reset_prefix_cache()

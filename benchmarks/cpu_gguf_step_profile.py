@@ -12,13 +12,13 @@ import statistics
 import sys
 import time
 
-from engine.bench.offline import _prompts, run_engine
+from engine.bench.offline import random_prompts, run_engine
 from engine.llm import LLM
 
 model = sys.argv[1]
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 30
 llm = LLM(model, device="cpu", quantization="gguf", num_threads=2, num_kv_blocks=42)
-prompt = _prompts(1, 512, 49152, seed=1)[0]
+prompt = random_prompts(1, 512, 49152, seed=1)[0]
 run_engine(llm, [prompt], 4)
 res = run_engine(llm, [prompt], 64)
 step_ms = 1e3 / res["decode_tok_s"]

@@ -32,7 +32,7 @@ def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--ignore-eos", action="store_true")
 
 
-def _sampling_params(args, generation_config: dict):
+def sampling_params(args, generation_config: dict):
     def pick(name, default):
         v = getattr(args, name)
         return v if v is not None else generation_config.get(name, default)
@@ -57,7 +57,7 @@ def cmd_generate(args) -> int:
     from engine.llm import LLM
 
     llm = LLM.from_cli_args(args)
-    params = _sampling_params(args, llm.core.checkpoint.generation_config)
+    params = sampling_params(args, llm.core.checkpoint.generation_config)
     for delta in llm.stream(args.prompt, params):
         sys.stdout.write(delta.text)
         sys.stdout.flush()
@@ -69,7 +69,7 @@ def cmd_chat(args) -> int:
     from engine.llm import LLM
 
     llm = LLM.from_cli_args(args)
-    params = _sampling_params(args, llm.core.checkpoint.generation_config)
+    params = sampling_params(args, llm.core.checkpoint.generation_config)
     name = llm.core.checkpoint.path.name
     runner = llm.core.runner
     dtype = str(runner.dtype).removeprefix("torch.")

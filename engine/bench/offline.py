@@ -34,7 +34,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "e.g. ~/.cache/kestrel/bench-models)")
 
 
-def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     import random
 
     rng = random.Random(seed)
@@ -109,7 +109,7 @@ def main(args) -> int:
     }
     threads = torch.get_num_threads()
     for batch in args.batch:
-        prompts = _prompts(batch, args.prompt_len, vocab, seed=batch)
+        prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
         run_engine(llm, [p[:32] for p in prompts], 4)  # warm-up
         row = {"batch": batch, "kestrel": _median([run_engine(llm, prompts, args.gen_len)
                                                    for _ in range(args.repeats)])}
@@ -280,7 +280,7 @@ def main_gguf_models(args) -> int:
         finally:
             gf.close()
         file_bytes = path.stat().st_size
-        prompt = _prompts(1, args.prompt_len, cfg["vocab_size"], seed=1)[0]
+        prompt = random_prompts(1, args.prompt_len, cfg["vocab_size"], seed=1)[0]
         row: dict = {"model": name, "path": str(path), "quantization": quant, "params": params,
                      "file_mib": round(file_bytes / _MIB, 1), "loadavg_before": list(os.getloadavg())}
         for engine, quantization in zip(ENGINES, ("gguf", "none")):

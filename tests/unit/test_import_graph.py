@@ -54,11 +54,6 @@ ALLOWED: tuple[Allowance, ...] = (
     # timers, `panel._x` / `f._owner`); the GUI part gives them public names or keeps the wiring in the panel.
     Allowance("attribute", ("app.panels.chat_view", "*"), "chat_view reads ChatPanel's privates; the GUI part"),
     Allowance("attribute", ("app.panels.load_options", "*"), "load_options reads the form's _owner; the GUI part"),
-    # The lab's scripts reach two private helpers of the product (benchmarks/ moved out of engine/ today).
-    Allowance("private", ("benchmarks.cpu_default_quantization_generate", "engine.cli._sampling_params"),
-              "a lab script uses the CLI's private sampling helper; the lab part"),
-    Allowance("private", ("benchmarks.cpu_gguf_step_profile", "engine.bench.offline._prompts"),
-              "a lab script uses bench offline's private prompts; the lab part"),
     # Processes started by name: the parent names a "module:callable" (seen as an edge of the graph: it is a
     # string literal where it is written) and the child imports what it was sent. These stay: a callable
     # crossing a process boundary travels as its name.
