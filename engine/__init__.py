@@ -9,13 +9,13 @@ import sys as _sys
 # sampler's argmax, .float(), the elementwise ops) left a libgomp worker spinning on the core the next GEMV
 # needed: on the 2-core Zen 5 dev VM the 1B Q4_0 tape replay took 16 ms inside the decode loop against 11 ms
 # back to back, and decode went 54-59 -> 63-74 tok/s with PASSIVE (docs/benchmarks/cpu_gguf_models_2026-12-03.md,
-# 2026-12-03b). KESTREL_OMP_PASSIVE=0 keeps OpenMP's default; KESTREL_OMP_WAIT_POLICY_SET marks that the engine
-# set it (the llama.cpp peer of the bench drops it again: llama.cpp runs with its own defaults).
-from engine import envs as _envs  # noqa: E402  (torch-free, imports nothing of the engine)
-
-if _envs.KESTREL_OMP_PASSIVE and "OMP_WAIT_POLICY" not in _os.environ and "torch" not in _sys.modules:
+# 2026-12-03b). A user who wants OpenMP's spinning sets OMP_WAIT_POLICY=ACTIVE (the KESTREL_OMP_PASSIVE switch and its
+# KESTREL_OMP_WAIT_POLICY_SET marker went: issue 46). OMP_WAIT_POLICY_BY_ENGINE says whether this process's policy
+# is the engine's choice (the llama.cpp peer of the bench drops it again: llama.cpp runs with its own defaults).
+OMP_WAIT_POLICY_BY_ENGINE = False
+if "OMP_WAIT_POLICY" not in _os.environ and "torch" not in _sys.modules:
     _os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    _os.environ["KESTREL_OMP_WAIT_POLICY_SET"] = "1"
+    OMP_WAIT_POLICY_BY_ENGINE = True
 
 from engine.sampling_params import SamplingParams  # noqa: E402
 

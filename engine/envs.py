@@ -40,15 +40,6 @@ def _str(text: str) -> str:
 
 # name -> (default, parser, doc)
 ENV_VARS: dict[str, tuple[Any, Callable[[str], Any], str]] = {
-    # -- CPU runtime ------------------------------------------------------------------------------------------
-    "KESTREL_OMP_PASSIVE": (
-        True, _flag,
-        ("The engine process sets OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep instead of spinning into the "
-         "next decode step's GEMVs) unless the user chose a policy; 0 keeps OpenMP's default (engine/__init__.py).")),
-    "KESTREL_OMP_WAIT_POLICY_SET": (
-        False, _flag,
-        ("Set by the engine, not the user: marks that OMP_WAIT_POLICY came from KESTREL_OMP_PASSIVE, so the "
-         "bench's llama.cpp peer drops it again (engine/bench/llamacpp_peer.py).")),
     # -- server ----------------------------------------------------------------------------------------------
     "KESTREL_API_KEY": (
         None, _str,

@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../dtype_codes.h"
+
 namespace kestrel::comm {
 
-enum DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// The dtype codes, defined once in ../dtype_codes.h; the short names this directory uses.
+constexpr int kF32 = kestrel::kFloat32, kBF16 = kestrel::kBFloat16, kF16 = kestrel::kFloat16;
 
 struct BF16 {
   uint16_t bits;

@@ -275,7 +275,7 @@ void mapped_all_reduce(int dtype, uintptr_t x, int64_t n, uintptr_t bufs, int64_
                        int max_blocks, int rank, int world, uint32_t seq, uintptr_t abort, uintptr_t err,
                        double timeout_s, int blocks, int device, uintptr_t stream) {
   if (n <= 0) return;
-  const int esz = dtype == 0 ? 4 : 2;
+  const int esz = dtype == kestrel::kFloat32 ? 4 : 2;
   if (n * esz > slot_bytes) throw std::invalid_argument("mapped_all_reduce: message larger than the slot");
   if (blocks < 1 || blocks > max_blocks) throw std::invalid_argument("mapped_all_reduce: bad block count");
   if (world > 64 || rank < 0 || rank >= world) throw std::invalid_argument("mapped_all_reduce: bad rank/world");

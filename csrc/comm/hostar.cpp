@@ -23,6 +23,7 @@
 
 #include "comm_kernels.h"
 #include "comm_types.h"
+#include "../cpu_features.h"
 
 namespace kestrel::cpu {
 int get_num_threads();  // csrc/cpu/dispatch.cpp: threads the CPU kernels may use
@@ -34,24 +35,9 @@ namespace {
 // ----------------------------------------------------------------------------------------------------
 // ISA dispatch (the same levels as csrc/cpu; force_isa forces one there, comm_force_isa here)
 
-bool has_avx2() {
-#if defined(KESTREL_X86_VARIANTS)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
-
-bool has_avx512() {
-#if defined(KESTREL_X86_VARIANTS)
-  __builtin_cpu_init();
-  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
-}
+// The CPU features of each level: csrc/cpu_features.h.
+bool has_avx2() { return kestrel::cpu_has_avx2(); }
+bool has_avx512() { return kestrel::cpu_has_avx512(); }
 
 const Kernels* best() {
 #if defined(KESTREL_X86_VARIANTS)

@@ -22,6 +22,7 @@
 #include "gemm_pool.h"
 #include "kernels.h"
 #include "types.h"
+#include "../cpu_features.h"
 
 namespace kestrel::cpu {
 namespace {
@@ -29,29 +30,10 @@ namespace {
 // ----------------------------------------------------------------------------------------------------
 // ISA selection
 
-bool cpu_has_avx2() {
-#if defined(KESTREL_X86_VARIANTS)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
-bool cpu_has_avx512() {
-#if defined(KESTREL_X86_VARIANTS)
-  __builtin_cpu_init();
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
-}
-
+// The CPU features of each level: csrc/cpu_features.h (kestrel::cpu_has_avx2 / _avx512 / _avx512bf16).
 bool cpu_has_avx512bf16() {
-#if defined(KESTREL_X86_VARIANTS) && defined(KESTREL_HAVE_AVX512BF16)
-  __builtin_cpu_init();
-  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+#if defined(KESTREL_HAVE_AVX512BF16)
+  return kestrel::cpu_has_avx512bf16();
 #else
   return false;
 #endif

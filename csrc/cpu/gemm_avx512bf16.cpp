@@ -1,6 +1,6 @@
 // Linear kernels for bfloat16 on AVX-512 + AVX512_BF16: vdpbf16ps multiplies 16 pairs of bf16 and adds
 // them into 16 fp32 lanes, so bf16 weights and x are used as they are, without widening. Compiled with
-// -mavx512bf16 (CMakeLists.txt) and dispatched only where __builtin_cpu_supports("avx512bf16"); float32
+// -mavx512bf16 (CMakeLists.txt) and dispatched only where the CPU has it (csrc/cpu_features.h); float32
 // and float16 go to the plain AVX-512 kernels (gemm_avx512.cpp).
 //
 // This file does not include vec_avx512.h: its inline functions would be compiled here with

@@ -23,6 +23,7 @@
 #include "gguf.h"
 #include "ops.h"
 #include "types.h"
+#include "../cpu_features.h"
 
 namespace kestrel::cpu {
 namespace {
@@ -30,18 +31,15 @@ namespace {
 // ------------------------------------------------------------------------------------------------------
 // ISA levels: scalar < avx2 < avxvnni < avx512vnni (each needs the CPU feature and a compiler that knew it).
 
+// The CPU features of each level: csrc/cpu_features.h; the levels the compiler could not build are left out.
 bool has(const char* feature) {
 #if defined(KESTREL_X86_VARIANTS)
-  __builtin_cpu_init();
-  if (std::strcmp(feature, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (std::strcmp(feature, "avx2") == 0) return cpu_has_avx2();
 #if defined(KESTREL_HAVE_AVXVNNI)
-  if (std::strcmp(feature, "avxvnni") == 0) return has("avx2") && __builtin_cpu_supports("avxvnni");
+  if (std::strcmp(feature, "avxvnni") == 0) return cpu_has_avxvnni();
 #endif
 #if defined(KESTREL_HAVE_AVX512VNNI)
-  if (std::strcmp(feature, "avx512vnni") == 0)
-    return has("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vnni");
+  if (std::strcmp(feature, "avx512vnni") == 0) return cpu_has_avx512vnni();
 #endif
 #endif
   (void)feature;

@@ -8,20 +8,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../dtype_codes.h"
+
 namespace kestrel {
 
-enum DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
-
-// Option bits a caller may OR into the dtype code of linear and paged_decode_attention (ops.h); the other entry
-// points take the plain code. kBatchInvariant: each output row is computed the same way whatever the other rows
-// of the call (their number, their place, their context lengths) and the thread count, so a request gets the same
-// bits alone or in any batch (engine/ops/native.py set_batch_invariant, --deterministic):
-//  - linear: the GEMV kernels (reduction along K in the vector lanes, one reduction tree) for every M, in row
-//    blocks, never the GEMM kernels (whose sequential-K order rounds differently);
-//  - paged_decode_attention: context partitions of a fixed length (kInvariantPartTokens), not ones sized by the
-//    batch and the thread count.
-constexpr int kDTypeMask = 0xff;
-constexpr int kBatchInvariant = 1 << 8;
+// The dtype codes (kFloat32, kBFloat16, kFloat16) and the option bits (kBatchInvariant): ../dtype_codes.h.
 
 struct bf16_t {
   uint16_t bits;

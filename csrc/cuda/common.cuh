@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "../dtype_codes.h"
+
 namespace kestrel::cuda {
 
 // Programmatic dependent launch (PDL, sm_90+). A kernel launched as a programmatic dependent of the one before it
@@ -158,7 +160,7 @@ struct alignas(16) Pack {
 // Whether the 16-byte kernels apply: aligned base pointers, row strides and width multiples of the vector.
 inline bool vec_ok(int dt, int64_t width, std::initializer_list<uintptr_t> ptrs,
                    std::initializer_list<int64_t> strides) {
-  const int64_t v = dt == 0 ? 4 : 8;
+  const int64_t v = dt == kFloat32 ? 4 : 8;
   if (width % v) return false;
   for (uintptr_t p : ptrs)
     if (p % 16) return false;
@@ -195,9 +197,9 @@ inline void use_device(int device) {
 
 #define KESTREL_CUDA_DTYPE_SWITCH(dt, ...)                           \
   switch (dt) {                                                      \
-    case 0: { using T = float; __VA_ARGS__; break; }                 \
-    case 1: { using T = __nv_bfloat16; __VA_ARGS__; break; }         \
-    case 2: { using T = __half; __VA_ARGS__; break; }                \
+    case kestrel::kFloat32: { using T = float; __VA_ARGS__; break; }  \
+    case kestrel::kBFloat16: { using T = __nv_bfloat16; __VA_ARGS__; break; } \
+    case kestrel::kFloat16: { using T = __half; __VA_ARGS__; break; } \
     default: throw std::invalid_argument("dtype code must be 0, 1 or 2"); \
   }
 

@@ -9,8 +9,8 @@
 
 namespace kestrel::cuda {
 
-// The cache dtype code of an fp8 e4m3 cache (engine/ops/native.py FP8_CACHE_CODE); the others are the model dtype's.
-constexpr int kCacheFp8E4M3 = 3;
+// The cache dtype code of an fp8 e4m3 cache, kCacheFp8E4M3, is in ../dtype_codes.h (included by common.cuh).
+using kestrel::kCacheFp8E4M3;
 
 using fp8_t = __nv_fp8_storage_t;  // one e4m3 byte
 

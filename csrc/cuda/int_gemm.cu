@@ -131,8 +131,8 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 }
 
 __device__ __forceinline__ float load_scale(const void* s, int64_t i, int sdt) {
-  if (sdt == 2) return __half2float(static_cast<const __half*>(s)[i]);
-  if (sdt == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(s)[i]);
+  if (sdt == kFloat16) return __half2float(static_cast<const __half*>(s)[i]);
+  if (sdt == kBFloat16) return __bfloat162float(static_cast<const __nv_bfloat16*>(s)[i]);
   return static_cast<const float*>(s)[i];
 }
 
@@ -393,8 +393,8 @@ void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, i
       else launch_gemm<T, 8, 2, 2>(a, lane_groups, device, st);
     }
   };
-  if (dtype == 1) run(__nv_bfloat16{});
-  else if (dtype == 2) run(__half{});
+  if (dtype == kBFloat16) run(__nv_bfloat16{});
+  else if (dtype == kFloat16) run(__half{});
   else throw std::invalid_argument("int_mma_linear: x must be bfloat16 or float16");
 }
 

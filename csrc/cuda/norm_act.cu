@@ -153,7 +153,7 @@ void rms_norm(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, uintpt
   use_device(device);
   auto st = reinterpret_cast<cudaStream_t>(stream);
   if (vec_ok(dt, H, {out, x, w}, {os, xs})) {
-    const int64_t v = dt == 0 ? 4 : 8;
+    const int64_t v = dt == kFloat32 ? 4 : 8;
     KESTREL_CUDA_DTYPE_SWITCH(dt, launch("rms_norm", rms_norm_vec_kernel<T>, dim3(unsigned(T_)),
                                          dim3(norm_threads(H / v)), st, device, reinterpret_cast<T*>(out), os,
                                          reinterpret_cast<const T*>(x), xs, reinterpret_cast<const T*>(w), H,
@@ -172,7 +172,7 @@ void fused_add_rms_norm(int dt, uintptr_t x, int64_t xs, uintptr_t r, int64_t rs
   use_device(device);
   auto st = reinterpret_cast<cudaStream_t>(stream);
   if (vec_ok(dt, H, {x, r, w}, {xs, rs})) {
-    const int64_t v = dt == 0 ? 4 : 8;
+    const int64_t v = dt == kFloat32 ? 4 : 8;
     KESTREL_CUDA_DTYPE_SWITCH(dt, launch("fused_add_rms_norm", fused_add_rms_norm_vec_kernel<T>, dim3(unsigned(T_)),
                                          dim3(norm_threads(H / v)), st, device, reinterpret_cast<T*>(x), xs,
                                          reinterpret_cast<T*>(r), rs, reinterpret_cast<const T*>(w), H, float(eps)));
@@ -189,7 +189,7 @@ void silu_and_mul(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, in
   if (T_ > 65535) {  // grid.y limit: launch in slices of rows
     for (int64_t t0 = 0; t0 < T_; t0 += 65535) {
       const int64_t n = T_ - t0 < 65535 ? T_ - t0 : 65535;
-      const size_t esz = dt == 0 ? 4 : 2;
+      const size_t esz = dt == kFloat32 ? 4 : 2;
       silu_and_mul(dt, out + size_t(t0 * os) * esz, os, x + size_t(t0 * xs) * esz, xs, n, I, device, stream);
     }
     return;
@@ -198,7 +198,7 @@ void silu_and_mul(int dt, uintptr_t out, int64_t os, uintptr_t x, int64_t xs, in
   auto st = reinterpret_cast<cudaStream_t>(stream);
   const int threads = 256;
   if (vec_ok(dt, I, {out, x}, {os, xs})) {
-    const int64_t n = I / (dt == 0 ? 4 : 8);
+    const int64_t n = I / (dt == kFloat32 ? 4 : 8);
     int64_t bx = (n + threads - 1) / threads;
     if (bx > 1024) bx = 1024;
     dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(T_));

@@ -245,7 +245,7 @@ void rotary_embedding(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uint
   if (T_ > 0x7fffffff) throw std::invalid_argument("rotary_embedding: too many tokens for one launch");
   use_device(device);
   auto st = reinterpret_cast<cudaStream_t>(stream);
-  const int64_t v = dt == 0 ? 4 : 8;
+  const int64_t v = dt == kFloat32 ? 4 : 8;
   if (rot % (2 * v) == 0 && vec_ok(dt, hd, {q, k}, {qs, ks})) {
     const int64_t packs = (nh + nkv) * (rot / v) / (neox ? 2 : 1);
     const int threads = packs >= 256 ? 256 : int((packs + 31) / 32 * 32);
@@ -337,7 +337,7 @@ void rotary_and_cache(int dt, uintptr_t positions, uintptr_t q, int64_t qs, uint
                       uintptr_t k_scale, uintptr_t v_scale, int device, uintptr_t stream) {
   if (T_ <= 0) return;
   check_cache_dtype("rotary_and_cache", dt, cdt, k_scale, v_scale);
-  const int64_t vec = dt == 0 ? 4 : 8;
+  const int64_t vec = dt == kFloat32 ? 4 : 8;
   if (T_ > 0x7fffffff || rot % (2 * vec) || !vec_ok(dt, hd, {q, k, v, k_cache, v_cache}, {qs, ks, vs})) {
     rotary_embedding(dt, positions, q, qs, k, ks, T_, nh, nkv, hd, cache, rot, neox, device, stream);
     reshape_and_cache(dt, k, ks, hd, v, vs, hd, k_cache, v_cache, slot_mapping, T_, nkv, hd, cdt, k_scale, v_scale,

@@ -85,10 +85,11 @@ def run_in_child(model_path: str, prompt: list[int], gen_len: int, threads: int,
     missing or failed."""
     request = json.dumps({"model": model_path, "prompt": prompt, "gen_len": gen_len, "threads": threads,
                           "repeats": repeats, "warmup": warmup})
+    import engine
+
     env = dict(os.environ)
-    if env.pop("KESTREL_OMP_WAIT_POLICY_SET", None):  # the engine's OpenMP policy (engine/__init__.py), not the user's
-        env.pop("OMP_WAIT_POLICY", None)
-    env["KESTREL_OMP_PASSIVE"] = "0"  # llama.cpp (and its OpenMP) with their own defaults, as before
+    if engine.OMP_WAIT_POLICY_BY_ENGINE:  # the engine's OpenMP policy (engine/__init__.py), not the user's
+        env.pop("OMP_WAIT_POLICY", None)  # (the child's engine import sets it again: main() drops it there)
     proc = subprocess.run([sys.executable, "-m", "engine.bench.llamacpp_peer"], input=request, text=True,
                           capture_output=True, check=False, env=env)
     if proc.returncode == 3:
@@ -102,6 +103,10 @@ def run_in_child(model_path: str, prompt: list[int], gen_len: int, threads: int,
 
 
 def main() -> int:
+    import engine
+
+    if engine.OMP_WAIT_POLICY_BY_ENGINE:  # set by this process's engine import, not the user: llama.cpp (and its
+        os.environ.pop("OMP_WAIT_POLICY", None)  # OpenMP, loaded below) runs with its own defaults, as before
     req = json.loads(sys.stdin.read())
     try:
         import llama_cpp  # noqa: F401

@@ -44,6 +44,7 @@ import warnings
 
 import torch
 
+from engine import dtype_codes
 from engine.cpu_features import cpu_flags
 from engine.kernel_config import DeviceFacts, KernelConfig
 
@@ -60,16 +61,16 @@ except ImportError as _exc:  # not built: fall back to the references, loudly
     log.warning(_msg)
     warnings.warn(_msg, RuntimeWarning, stacklevel=2)
 
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPE_CODE = dtype_codes.torch_map(torch)  # {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # What the ops call: engine._C's dtype code, None for a dtype it lacks. The dict's bound get, not
 # `DTYPE_CODE.get(...)` in the op modules: there the dict would be an imported name, and CPython compiles
 # `imported_name.attr(...)` as an attribute load plus a call (it assumes a module), a new bound method per call.
 dtype_code = _DTYPE_CODE.get
 # KV caches: the model dtypes' codes, and fp8 e4m3 (--kv-cache-dtype fp8: the CUDA cache-write and decode kernels
-# take it with a float32 scale per cache; csrc/cuda/ops.h kCacheFp8E4M3). The CPU kernels have no fp8 cache: the
-# ops run their torch references there.
-FP8_CACHE_CODE = 3
-_CACHE_CODE = {**_DTYPE_CODE, torch.float8_e4m3fn: FP8_CACHE_CODE}
+# take it with a float32 scale per cache; kCacheFp8E4M3). The CPU kernels have no fp8 cache: the ops run their
+# torch references there. The codes: engine/dtype_codes.py (csrc/dtype_codes.h).
+FP8_CACHE_CODE = dtype_codes.CACHE_FP8_E4M3
+_CACHE_CODE = dtype_codes.torch_map(torch, dtype_codes.CACHE_BY_NAME)
 cache_code = _CACHE_CODE.get
 _HAS_CUDA = bool(native_lib is not None and native_lib.has_cuda)
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -112,7 +113,7 @@ def amx_bf16() -> bool:
 
 
 # Option bits OR-ed into the dtype code of the CPU linear and paged_decode_attention calls (csrc/cpu/types.h).
-BATCH_INVARIANT = 1 << 8  # kBatchInvariant
+BATCH_INVARIANT = dtype_codes.BATCH_INVARIANT  # kBatchInvariant
 
 
 class KernelMode:

@@ -68,7 +68,8 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("engine.wire", "engine.outputs", "engine.metrics", "engine.progress"),
      "what crosses processes: the wire types, outputs, request records and metrics, start-up progress"),
     (("engine.constants", "engine.config", "engine.kernel_config", "engine.weight_quant", "engine.quant_scheme",
-      "engine.capabilities", "engine.cpu_features", "engine.host_info", "engine.sampling_params", "engine.errors",
+      "engine.capabilities", "engine.cpu_features", "engine.dtype_codes", "engine.host_info",
+      "engine.sampling_params", "engine.errors",
       "engine.envs", "engine.heap"),
      "the foundation: facts defined once (constants), options, kernel configuration, quantized weights' forms, "
      "checkpoint schemes, capabilities, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import dtype_codes
 from engine.parallel.comm import reference
 
 try:
@@ -14,7 +15,7 @@ except ImportError:  # pragma: no cover - unbuilt tree
     _C = None
 
 GROUP = reference.GROUP
-DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+DTYPE_CODE = dtype_codes.torch_map(torch)  # engine/dtype_codes.py (csrc/dtype_codes.h)
 
 
 def native() -> bool:
