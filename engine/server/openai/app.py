@@ -38,6 +38,7 @@ from engine.errors import (
     KestrelError,
     PromptTooLongError,
 )
+from engine.host_info import host_hardware
 from engine.metrics import PrometheusMetrics
 from engine.server.args import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES
 from engine.server.guard import HostCheckMiddleware
@@ -300,8 +301,6 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
 
     @app.get("/v1/server_info", response_model=protocol.ServerInfo, responses={401: err})
     async def server_info() -> dict:
-        from engine.host_info import host_hardware
-
         if not hardware:
             hardware.update(await asyncio.to_thread(host_hardware))  # NVML: once, off the loop
         i, cfg = ctx.info, getattr(client, "config", None)

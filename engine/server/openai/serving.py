@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 from engine.errors import InvalidRequestError, KestrelError, PromptTooLongError
 from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.server.openai.errors import ModelNotServedError, kestrel_error_parts
+from engine.tokenizer.grammar import parse_spec
 
 if TYPE_CHECKING:
     from engine.frontend.client import EngineClient, RequestStream
@@ -109,8 +110,6 @@ def structured_output(req) -> StructuredOutput | None:
     "strict"}}; llama.cpp's {"type": "json_object", "schema": {...}} is the schema's) or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` -> the engine's StructuredOutput
     (at most one of them). The grammar is compiled by the engine: a schema or regex its compiler refuses comes
     back as a 400 naming the reason."""
-    from engine.tokenizer.grammar import parse_spec
-
     extra = req.model_extra or {}
     found: list[StructuredOutput] = []
     rf = extra.get("response_format")
