@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 
@@ -10,17 +9,9 @@ from engine.config import EngineConfig
 from engine.core.core import EngineCore
 from engine.outputs import CompletionOutput, EmbeddingOutput, RequestOutput
 from engine.wire import RequestDelta
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, fan_out
 
 _ids = itertools.count()
-
-
-def fan_out(params: SamplingParams) -> list[SamplingParams]:
-    """n > 1 becomes n single-sample children; a seeded request gives child i the seed + i."""
-    if params.n == 1:
-        return [params]
-    return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
-            for i in range(params.n)]
 
 
 class LLM:

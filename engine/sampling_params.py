@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
@@ -84,3 +85,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5 or self.top_k == 1
+
+
+def fan_out(params: SamplingParams) -> list[SamplingParams]:
+    """n > 1 becomes n single-sample children; a seeded request gives child i the seed + i (one rule for the
+    client and the offline LLM, so HTTP and offline runs of a seeded request agree)."""
+    if params.n == 1:
+        return [params]
+    return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            for i in range(params.n)]

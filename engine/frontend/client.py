@@ -1,31 +1,7 @@
 """EngineClient: the asyncio face of the engine process. The GUI and the OpenAI server both use it, so one
 loaded model serves both. No server or Qt imports here; torch is not imported in the client's process.
 
-API (all coroutines run on the event loop the client was started on; from another thread use
-``asyncio.run_coroutine_threadsafe(coro, client.loop)``)::
-
-    client = await EngineClient.start(EngineConfig(model=None, dtype="float32"),
-                                      on_progress=lambda stage, detail: ...)   # waits until loaded
-    client.info                        # ModelInfo: name, path, max_model_len, dtype, device, vocab_size,
-                                       # generation_config, has_chat_template, num_kv_blocks, block_size, ...
-    async for d in client.generate(prompt="Hi", params=SamplingParams(max_tokens=32)):
-        d.index, d.text, d.token_ids, d.logprobs, d.finished, d.finish_reason, d.time, d.metrics
-    # or, with control over the request:
-    stream = await client.add_request(messages=[{"role": "user", "content": "Hi"}], params=SamplingParams(n=2))
-    n_prompt = await stream.accepted()  # validated and queued by the engine (raises its typed error if not)
-    while batch := await stream.next_batch():  # every delta received so far, at least one; [] at the end
-        ...
-    stream.abort()                     # frees its KV blocks in the engine (also on leaving `async with stream`)
-    await client.abort(request_id)
-    await client.stats()               # EngineStats: running / waiting, KV use, free blocks, prefix-cache hit
-                                       # rate, prompt and generation tokens (totals and per second), recent steps
-    await client.health()              # None, or raises EngineDeadError saying why
-    client.is_alive, client.dead_reason, client.engine_pid
-    await client.tokenize(prompt=... | messages=...), await client.detokenize(ids),
-    await client.apply_chat_template(messages), await client.token_bytes()
-    client.add_listener(fn)            # fn(RequestRecord) once per sequence, stopped/failed too (engine.metrics)
-    client.recent_requests()           # the last RequestRecords (TTFT / TPOT plots)
-    await client.shutdown()            # stops the engine process; nothing is left behind
+The API, in short: engine/frontend/__init__.py.
 
 Errors are engine.errors types: the engine's own (InvalidRequestError, PromptTooLongError, CheckpointError
 from a failed load, ...) are rebuilt on this side with their message. A dead engine (crash, kill, OOM) is
@@ -38,27 +14,17 @@ engine's step loop never stalls on a huge prompt; a prompt longer than the conte
 UTF-8 length alone where that proves it (PromptTooLongError, "at least N tokens"). That tokenizer and those
 checks are engine.frontend.tokenizer's (LocalTokenizer, check_prompt_length).
 
-Restarts: ``EngineClient.start(..., restart=RestartPolicy())`` restarts an engine process that dies (same model,
-same options) after a back-off, up to ``max_restarts`` times within ``window_s``; meanwhile calls raise
-EngineRestartingError (503, retry). ``client.state`` is "ready", "restarting", "dead" or "closed";
-``client.add_state_listener(fn)`` calls ``fn(state, detail)`` on every change; ``client.restarts`` counts the
-restarts that succeeded. Without a policy a dead engine stays dead (EngineDeadError until reloaded).
-
 The engine process itself (starting it, its sockets, watching it, stopping it and cleaning up, also at
 interpreter exit) is supervisor.EngineSupervisor's (this package), and so are RestartPolicy and the restart loop
-(Restarter); a request's deltas arrive in a request_stream.RequestStream. This module is the request API on
-top: requests, calls, the reader, the client's state. RequestStream and RestartPolicy are importable from here too.
-
-Timings: ``RequestDelta.time`` is the engine's time.monotonic() at the end of the step that made it (the same
-clock as this process's time.monotonic() on Linux, macOS and Windows); a sequence's final delta carries the
-engine's RequestMetrics (queue time, TTFT, e2e, decode time).
+(Restarter); a request's deltas arrive in a request_stream.RequestStream, which pending.StreamTable routes
+them to; calls wait on pending.CallTable. This module is the request API on top: requests, calls, the reader,
+the client's state. RequestStream and RestartPolicy are importable from here too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -85,23 +51,15 @@ from engine.wire import EngineStats, ModelInfo, RequestDelta
 from engine.metrics import RequestRecord
 from engine.outputs import EmbeddingOutput
 from engine.frontend.request_stream import RequestStream
-from engine.sampling_params import SamplingParams
+from engine.frontend.pending import CallTable, StreamTable
+from engine.sampling_params import SamplingParams, fan_out
 
 log = logging.getLogger(__name__)
 
 __all__ = ["EngineClient", "EngineStats", "ModelInfo", "RequestDelta", "RequestRecord", "RequestStream",
-           "RestartPolicy", "fan_out"]
+           "RestartPolicy"]
 
 _ids = itertools.count()
-
-
-def fan_out(params: SamplingParams) -> list[SamplingParams]:
-    """n > 1 becomes n single-sample children; a seeded request gives child i the seed + i
-    (the rule of engine.llm.fan_out, so HTTP and offline runs of a seeded request agree)."""
-    if params.n == 1:
-        return [params]
-    return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
-            for i in range(params.n)]
 
 
 class EngineClient:
@@ -114,16 +72,13 @@ class EngineClient:
         self._out: zmq.asyncio.Socket | None = None
         self._enc = wire.encoder()
         self._dec = wire.client_decoder()
-        self._streams: dict[str, tuple[RequestStream, int]] = {}  # child id -> (stream, index)
-        self._calls: dict[int, asyncio.Future] = {}
-        self._call_ids = itertools.count()
+        self._requests = StreamTable(self._abort_nowait)  # the open requests' streams, the records' listeners
+        self._calls = CallTable()  # calls awaiting their reply
         self._dead: EngineDeadError | None = None
         self._closing = False
         self._closed = False
         self._fatal: wire.ErrorInfo | None = None
         self._reader: asyncio.Task | None = None
-        self._listeners: list[Callable[[RequestRecord], None]] = []
-        self._recent: collections.deque[RequestRecord] = collections.deque(maxlen=512)
         self._token_bytes: list[bytes] | None = None
         self._tokenizer: LocalTokenizer | None = None
         # how the engine was started (a restart repeats it)
@@ -162,54 +117,17 @@ class EngineClient:
         return self
 
     async def _launch(self, on_progress) -> None:
-        """Spawn an engine process, wait until it is ready, take over its tokenizer, start reading."""
+        """Spawn an engine process, wait until it is ready, start reading, take over its tokenizer (prompts are
+        then tokenized here, off the engine's loop; an engine with none to give tokenizes for itself)."""
         self._engine = EngineSupervisor(self.loop, on_exit=self._on_exit)
         self._engine.spawn(self.config, self._core_factory, self._log_level)
         self._in, self._out = self._engine.input, self._engine.output
-        await self._wait_ready(on_progress)
+        self.info = await self._engine.wait_ready(on_progress)
         self._reader = self.loop.create_task(self._read_loop(), name="engine-client-reader")
-        await self._load_tokenizer()
-
-    async def _wait_ready(self, on_progress) -> None:
-        while True:
-            recv = asyncio.ensure_future(self._out.recv(copy=False))
-            exited = self._engine.exited
-            try:
-                done, _ = await asyncio.wait({recv, exited}, return_when=asyncio.FIRST_COMPLETED)
-            except BaseException:
-                recv.cancel()
-                raise
-            if recv not in done:
-                recv.cancel()
-                await asyncio.sleep(0.2)  # let the stderr relay catch the last lines
-                tail = "\n".join(self._engine.last_output(12))
-                raise EngineDeadError(
-                    f"The engine process exited while loading the model ({describe_exit(exited.result())})."
-                    + (f"\n{tail}" if tail else ""))
-            msg = self._dec.decode(recv.result().buffer)
-            if isinstance(msg, wire.Progress):
-                if on_progress is not None:
-                    on_progress(msg.stage, msg.detail)
-            elif isinstance(msg, wire.Ready):
-                self.info = msg.info
-                return
-            elif isinstance(msg, wire.LoadFailed):
-                raise wire.error_from_info(msg.error)
-
-    async def _load_tokenizer(self) -> None:
-        """Take over the engine's tokenizer (prompts are then tokenized here, off the engine's loop); an
-        engine that has none to give (a stand-in core) tokenizes for itself."""
         old, self._tokenizer = self._tokenizer, None
         if old is not None:
             old.close()
-        state = await self._call("tokenizer_state", _launching=True)
-        if state is None:
-            return
-        try:
-            self._tokenizer = await self.loop.run_in_executor(None, LocalTokenizer.build, state)
-        except Exception:  # noqa: BLE001 - the engine can still tokenize for itself
-            log.warning("the engine's tokenizer could not be rebuilt here; the engine will tokenize",
-                        exc_info=True)
+        self._tokenizer = await LocalTokenizer.take_over(await self._call("tokenizer_state", _launching=True))
 
     # ------------------------------------------------------------------------------------------------
     # state
@@ -279,10 +197,6 @@ class EngineClient:
     # ------------------------------------------------------------------------------------------------
     # requests
 
-    def _check_free(self, rid: str, child_ids: list[str]) -> None:
-        if any(c in self._streams for c in child_ids):
-            raise InvalidRequestError(f"A request with id {rid!r} is already running.", param="request_id")
-
     async def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None, *,
                           messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None,
                           request_id: str | None = None) -> RequestStream:
@@ -299,14 +213,14 @@ class EngineClient:
         rid = request_id or f"req-{next(_ids)}"
         children = fan_out(params)
         child_ids = [f"{rid}#{i}" if len(children) > 1 else rid for i in range(len(children))]
-        self._check_free(rid, child_ids)
+        self._requests.check_free(rid, child_ids)
         arrival = time.monotonic()
         tok = self._tokenizer
         if prompt_token_ids is None and tok is not None:
             prompt_token_ids = await tok.prompt_ids(prompt, messages, params, self.info.max_model_len)
             prompt = messages = None
             self._check()  # the engine may have died (or the id been taken) meanwhile
-            self._check_free(rid, child_ids)
+            self._requests.check_free(rid, child_ids)
         elif prompt_token_ids is not None:
             check_prompt_length(len(prompt_token_ids), params, self.info.max_model_len)
         msg = wire.AddRequest(child_ids, children, prompt, prompt_token_ids, messages)
@@ -321,13 +235,11 @@ class EngineClient:
         except (UnicodeEncodeError, OverflowError, TypeError) as e:
             raise InvalidRequestError(f"The request cannot be sent to the engine: {e}.") from None
         del msg
-        stream = RequestStream(self, rid, child_ids, arrival)
-        for i, cid in enumerate(child_ids):
-            self._streams[cid] = (stream, i)
+        stream = self._requests.open(rid, child_ids, arrival)
         try:
             self._send_raw(data)
         except BaseException:
-            self._forget(stream)
+            self._requests.forget(stream)
             raise
         return stream
 
@@ -356,7 +268,7 @@ class EngineClient:
         try:
             for i, (x, ids) in enumerate(zip(inputs, ids_of)):
                 cid = f"{rid}#{i}"
-                self._check_free(cid, [cid])
+                self._requests.check_free(cid, [cid])
                 msg = wire.AddRequest([cid], params, x if ids is None else None, ids, embed=True)
                 streams.append(self._send_request(cid, msg, arrival))
             out = []
@@ -392,16 +304,9 @@ class EngineClient:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request by the id given to (or returned by) add_request."""
-        for cid, (stream, _) in list(self._streams.items()):
-            if stream.request_id == request_id:
-                stream.abort()
-                return
-
-    def _forget(self, stream: RequestStream) -> None:
-        for cid in stream.child_ids:
-            entry = self._streams.get(cid)
-            if entry is not None and entry[0] is stream:
-                del self._streams[cid]
+        stream = self._requests.find(request_id)
+        if stream is not None:
+            stream.abort()
 
     def _abort_nowait(self, child_ids: list[str]) -> None:
         if self._dead is None and not self._closed and self._in is not None:
@@ -424,21 +329,14 @@ class EngineClient:
     async def _call(self, method: str, _launching: bool = False, **args: Any) -> Any:
         if not _launching:  # a restart's own calls go to the new engine before the client is open again
             self._check()
-        call_id = next(self._call_ids)
-        fut = self.loop.create_future()
-        self._calls[call_id] = fut
+        return await self._calls.call(method, args, functools.partial(self._send_call, check=not _launching))
+
+    def _send_call(self, msg: wire.Call, check: bool = True) -> None:
         try:
-            self._send_raw(self._enc.encode(wire.Call(call_id, method, args)), check=not _launching)
+            data = self._enc.encode(msg)
         except (UnicodeEncodeError, OverflowError, TypeError) as e:
-            self._calls.pop(call_id, None)
             raise InvalidRequestError(f"The request cannot be sent to the engine: {e}.") from None
-        except BaseException:
-            self._calls.pop(call_id, None)
-            raise
-        try:
-            return await fut
-        finally:
-            self._calls.pop(call_id, None)
+        self._send_raw(data, check)
 
     async def stats(self, recent: int = 32) -> EngineStats:
         """Running / waiting requests, KV-cache use, prefix-cache hits, token rates, recent steps."""
@@ -494,25 +392,13 @@ class EngineClient:
         """Call ``fn(record)`` (on the loop) once for every sequence, however it ends: its ``finish_reason``
         is the engine's ("stop", "length", "abort"), "abort" when stopped here, "error" when it failed (a
         refusal, the engine's death); ``first_token`` is None when no token came."""
-        self._listeners.append(fn)
+        self._requests.add_listener(fn)
 
     def remove_listener(self, fn: Callable[[RequestRecord], None]) -> None:
-        self._listeners.remove(fn)
+        self._requests.remove_listener(fn)
 
     def recent_requests(self) -> list[RequestRecord]:
-        return list(self._recent)
-
-    def _record(self, records) -> None:
-        """Hand finished sequences' records to the listeners (on the loop). RequestStream calls it once per
-        sample: when the engine finishes it (any finish reason, "abort" included), when ``abort()`` stops it
-        here ("abort") and when it fails ("error")."""
-        for rec in records:
-            self._recent.append(rec)
-            for fn in self._listeners:
-                try:
-                    fn(rec)
-                except Exception:
-                    log.exception("request listener failed")
+        return self._requests.recent_requests()
 
     # ------------------------------------------------------------------------------------------------
     # the reader
@@ -537,33 +423,9 @@ class EngineClient:
 
     def _dispatch(self, msg) -> None:
         if isinstance(msg, wire.StepOutput):
-            streams = self._streams
-            for cid, n_prompt in msg.accepted:
-                entry = streams.get(cid)
-                if entry is not None:
-                    entry[0]._on_accepted(n_prompt)
-            for cid, info in msg.errors:
-                entry = streams.pop(cid, None)
-                if entry is not None:
-                    entry[0]._fail(wire.error_from_info(info))
-            t = msg.time
-            for d in msg.deltas:
-                entry = streams.get(d.request_id)
-                if entry is None:
-                    continue  # aborted here already
-                d.time = t
-                rec = entry[0]._push(d, entry[1])
-                if d.finished:
-                    del streams[d.request_id]
-                    if rec is not None:
-                        self._record((rec,))
+            self._requests.route(msg)
         elif isinstance(msg, wire.Reply):
-            fut = self._calls.pop(msg.call_id, None)
-            if fut is not None and not fut.done():
-                if msg.error is not None:
-                    fut.set_exception(wire.error_from_info(msg.error))
-                else:
-                    fut.set_result(msg.result)
+            self._calls.resolve(msg)
         elif isinstance(msg, wire.Fatal):
             self._fatal = msg.error
 
@@ -592,15 +454,8 @@ class EngineClient:
         self._fail_all(err)
 
     def _fail_all(self, err: BaseException) -> None:
-        streams = {id(s): s for s, _ in self._streams.values()}
-        self._streams.clear()
-        for s in streams.values():
-            s._fail(err)
-        calls = list(self._calls.values())
-        self._calls.clear()
-        for fut in calls:
-            if not fut.done():
-                fut.set_exception(err)
+        self._requests.fail_all(err)
+        self._calls.fail_all(err)
 
     # ------------------------------------------------------------------------------------------------
     # restarts
@@ -633,12 +488,7 @@ class EngineClient:
     async def _dispose_engine(self) -> None:
         """Stop reading from the current engine process and release it and its sockets."""
         reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            try:
-                await reader
-            except (asyncio.CancelledError, Exception):
-                pass
+        await _cancel(reader)
         engine = self._engine
         if engine is not None:
             await engine.stop(kill=True)
@@ -655,12 +505,7 @@ class EngineClient:
             return
         self._closing = True
         task, self._restart_task = self._restart_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await _cancel(task)
         self._fail_all(EngineShuttingDownError("The engine is shutting down."))
         engine = self._engine
         if engine is not None and engine.running and self._dead is None and self._in is not None:
@@ -676,12 +521,7 @@ class EngineClient:
         self._closing = True
         if self._engine is not None:
             await self._engine.stop(kill)
-        if self._reader is not None:
-            self._reader.cancel()
-            try:
-                await self._reader
-            except (asyncio.CancelledError, Exception):
-                pass
+        await _cancel(self._reader)
         self._closed = True
         if self._engine is not None:
             self._engine.close()
@@ -695,3 +535,14 @@ class EngineClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.shutdown()
+
+
+async def _cancel(task: asyncio.Task | None) -> None:
+    """Cancel a task (if any; a no-op when done) and wait until it has ended, whatever it raised."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass

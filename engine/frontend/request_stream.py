@@ -1,12 +1,12 @@
-"""RequestStream: the deltas of one request made through engine.frontend.client.EngineClient (all its n samples), in
-arrival order, and its RequestRecords (engine.metrics: TTFT, inter-token latencies, queue time) for the
+"""RequestStream: the deltas of one request made through engine.frontend.client.EngineClient (all its n samples),
+in arrival order, and its RequestRecords (engine.metrics: TTFT, inter-token latencies, queue time) for the
 client's listeners: exactly one per sample, however it ends (the engine's finish reason; "abort" when
-``abort()`` stops it here, "error" when ``_fail`` ends it), with the timings it has.
+``abort()`` stops it here, "error" when ``fail`` ends it), with the timings it has.
 
-The client feeds a stream from its reader (``_on_accepted`` when the engine has queued the request,
-``_push`` per delta, ``_fail`` with a typed error); the consumer waits on ``accepted()`` and ``next_batch()``
-or iterates it, and ``abort()`` tells the client to forget the stream and abort its unfinished samples in the
-engine.
+Its owner (the client's engine.frontend.pending.StreamTable) feeds it from the client's reader
+(``on_accepted`` when the engine has queued the request, ``push`` per delta, ``fail`` with a typed error); the
+consumer waits on ``accepted()`` and ``next_batch()`` or iterates it, and ``abort()`` tells the owner
+(StreamOwner, below) to forget the stream, abort its unfinished samples in the engine and record them.
 """
 
 from __future__ import annotations
@@ -14,23 +14,30 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
 
 from engine.wire import RequestDelta
 from engine.metrics import RequestRecord
 
-if TYPE_CHECKING:
-    from engine.frontend.client import EngineClient
+__all__ = ["RequestStream", "StreamOwner"]
 
-__all__ = ["RequestStream"]
+
+class StreamOwner(Protocol):
+    """What a stream tells its owner when it ends on its own side (an abort, a failure)."""
+
+    def forget(self, stream: RequestStream) -> None: ...  # route no more deltas to it
+
+    def abort(self, child_ids: list[str]) -> None: ...  # abort these samples in the engine (no wait)
+
+    def record(self, records: Iterable[RequestRecord]) -> None: ...  # samples ended: their records
 
 
 class RequestStream:
     """The deltas of one request (all its n samples), in arrival order. Iterate it, or call next_batch()."""
 
-    def __init__(self, client: EngineClient, request_id: str, child_ids: list[str], arrival: float):
-        self.client = client
+    def __init__(self, owner: StreamOwner, request_id: str, child_ids: list[str], arrival: float):
+        self.owner = owner
         self.request_id = request_id
         self.child_ids = child_ids
         self.n = len(child_ids)
@@ -45,12 +52,12 @@ class RequestStream:
                          for i, cid in enumerate(child_ids)}
         self.aborted = False
 
-    # -- fed by the client ------------------------------------------------------------------
-    def _on_accepted(self, num_prompt_tokens: int) -> None:
+    # -- fed by the owner -------------------------------------------------------------------
+    def on_accepted(self, num_prompt_tokens: int) -> None:
         self.num_prompt_tokens = num_prompt_tokens
         self._accepted.set()
 
-    def _push(self, d: RequestDelta, index: int) -> RequestRecord | None:
+    def push(self, d: RequestDelta, index: int) -> RequestRecord | None:
         d.index = index
         self._items.append(d)
         self._event.set()
@@ -82,15 +89,15 @@ class RequestStream:
             return rec
         return None
 
-    def _fail(self, err: BaseException) -> None:
+    def fail(self, err: BaseException) -> None:
         if self._error is None:
             self._error = err
         records = self._end_records("error")
         self._unfinished.clear()
-        self.client._forget(self)
+        self.owner.forget(self)
         self._accepted.set()
         self._event.set()
-        self.client._record(records)
+        self.owner.record(records)
 
     def _end_records(self, reason: str) -> list[RequestRecord]:
         """The records of the samples still unfinished, ended now with ``reason`` and the timings they have."""
@@ -148,9 +155,9 @@ class RequestStream:
             records = self._end_records("abort")
             ids = [rec.request_id for rec in records]
             self._unfinished.clear()
-            self.client._forget(self)
-            self.client._abort_nowait(ids)
-            self.client._record(records)
+            self.owner.forget(self)
+            self.owner.abort(ids)
+            self.owner.record(records)
         self._event.set()
 
     async def __aenter__(self) -> RequestStream:

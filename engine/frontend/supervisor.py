@@ -8,6 +8,7 @@ requests. No server or Qt imports here, and no torch.
   ipc is not available), then starts the engine in a fresh interpreter with its bootstrap (config, addresses,
   core factory, log level). Its stdin is a pipe from here: the engine exits when that pipe closes, however this
   process dies.
+- wait_ready(): the engine's start-up reports (Progress) until its Ready (the ModelInfo) or LoadFailed (raised).
 - watching: one thread blocks on the process and reports its exit to the event loop at once (``exited`` and
   the ``on_exit`` callback; no polling); another copies the engine's stderr to ours (at most RELAY_BURST lines
   per RELAY_INTERVAL_S, the rest counted), keeping its last lines for error messages (``last_output``).
@@ -40,7 +41,9 @@ from collections.abc import Awaitable, Callable
 import zmq
 import zmq.asyncio
 
+from engine import wire
 from engine.config import EngineConfig
+from engine.errors import EngineDeadError
 
 __all__ = ["EngineSupervisor", "RestartPolicy", "Restarter", "describe_exit"]
 
@@ -194,6 +197,34 @@ class EngineSupervisor:
 
     # ------------------------------------------------------------------------------------------------
     # stop
+
+    async def wait_ready(self, on_progress: Callable[[str, str], None] | None) -> wire.ModelInfo:
+        """Wait for the engine's Ready (its ModelInfo), passing its Progress reports to ``on_progress``. A load
+        failure raises its typed error; a process that exits first raises EngineDeadError with the end of its
+        error output."""
+        dec = wire.client_decoder()
+        while True:
+            recv = asyncio.ensure_future(self.output.recv(copy=False))
+            try:
+                done, _ = await asyncio.wait({recv, self.exited}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                recv.cancel()
+                raise
+            if recv not in done:
+                recv.cancel()
+                await asyncio.sleep(0.2)  # let the stderr relay catch the last lines
+                tail = "\n".join(self.last_output(12))
+                raise EngineDeadError(
+                    f"The engine process exited while loading the model ({describe_exit(self.exited.result())})."
+                    + (f"\n{tail}" if tail else ""))
+            msg = dec.decode(recv.result().buffer)
+            if isinstance(msg, wire.Progress):
+                if on_progress is not None:
+                    on_progress(msg.stage, msg.detail)
+            elif isinstance(msg, wire.Ready):
+                return msg.info
+            elif isinstance(msg, wire.LoadFailed):
+                raise wire.error_from_info(msg.error)
 
     async def wait_exit(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the process to exit by itself; True once it has."""

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 
 from engine.errors import InvalidRequestError, PromptTooLongError, as_request_error
 from engine.sampling_params import SamplingParams
 
 __all__ = ["LocalTokenizer", "check_prompt_length"]
+
+log = logging.getLogger(__name__)
 
 
 def check_prompt_length(n: int, params: SamplingParams, max_len: int) -> None:
@@ -58,6 +61,18 @@ class LocalTokenizer:
                         extra_eos_token_ids=state.get("eos_token_ids") or (), name_or_path=state.get("name_or_path"))
         bound = state.get("max_token_bytes")
         return cls(tok, int(bound) if bound else None)
+
+    @classmethod
+    async def take_over(cls, state: dict | None) -> LocalTokenizer | None:
+        """The engine's tokenizer rebuilt here from its ``tokenizer_state`` (on a worker thread); None where the
+        engine has none to give (a stand-in core) or it cannot be rebuilt: the engine then tokenizes for itself."""
+        if state is None:
+            return None
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, cls.build, state)
+        except Exception:  # noqa: BLE001 - the engine can still tokenize for itself
+            log.warning("the engine's tokenizer could not be rebuilt here; the engine will tokenize", exc_info=True)
+            return None
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

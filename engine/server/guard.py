@@ -287,7 +287,8 @@ class FloodFilter(logging.Filter):
 
 
 FLOODED_LOGGERS = ("asyncio", "uvicorn", "uvicorn.error", "uvicorn.access", "engine.server.openai.app",
-                   "engine.server.openai.errors", "engine.server.serve", "engine.frontend.client", "engine.frontend.supervisor")
+                   "engine.server.openai.errors", "engine.server.serve", "engine.frontend.client",
+                   "engine.frontend.pending", "engine.frontend.supervisor")
 
 _filter = FloodFilter()
 

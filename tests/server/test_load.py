@@ -150,7 +150,7 @@ def test_1000_dropped_clients_leave_nothing_behind(server):
     assert sum(results) == n
     s = settled()
     assert (s.num_running, s.num_waiting, s.num_free_blocks) == (0, 0, s.num_kv_blocks)
-    assert not server.client._streams and not server.client._calls
+    assert not server.client._requests.active and not server.client._calls.waiting
     assert server.call(count_tasks()) <= tasks_before
     rss_after = engine.memory_info().rss
     print(f"{n} clients dropped mid-stream in {took:.1f} s: engine RSS {rss_before / 2**20:.0f} -> "

@@ -195,7 +195,7 @@ def test_soak_mixed_traffic_returns_to_idle(soak_seconds):
         assert soaked >= soak_s
         assert srv.client.restarts == 0 and srv.client.engine_pid == engine.pid
         assert (s.num_running, s.num_waiting, s.num_free_blocks) == (0, 0, s.num_kv_blocks)
-        assert not srv.client._streams and not srv.client._calls
+        assert not srv.client._requests.active and not srv.client._calls.waiting
         assert figures["tasks"][1] <= tasks_base
         assert rss_end < rss_base * 1.05, figures["engine_rss_mib"]
     finally:

@@ -40,16 +40,6 @@ from tests.support.import_graph import (
 # Violations present today, each allowed while its owner (another part of issue 46, working now) removes it.
 # test_allowances_are_still_needed fails once one no longer occurs: delete its line then.
 ALLOWED: tuple[Allowance, ...] = (
-    # client <-> request_stream: RequestStream calls the client's private _forget / _record / _abort_nowait and
-    # the client its stream's _push / _on_accepted / _fail; the frontend part gives them a public seam.
-    Allowance("circles", ("engine.frontend.client", "engine.frontend.request_stream"),
-              "client <-> request stream (TYPE_CHECKING); the frontend part removes it"),
-    *(Allowance("attribute", ("engine.frontend.request_stream", name),
-                f"RequestStream calls EngineClient.{name}; the frontend part removes it")
-      for name in ("_forget", "_record", "_abort_nowait")),
-    *(Allowance("attribute", ("engine.frontend.client", name),
-                f"EngineClient calls RequestStream.{name}; the frontend part removes it")
-      for name in ("_push", "_on_accepted", "_fail")),
     # The chat and Load panels being cut at their seams (new modules that wire the panel's private slots and
     # timers, `panel._x` / `f._owner`); the GUI part gives them public names or keeps the wiring in the panel.
     Allowance("attribute", ("app.panels.chat_view", "*"), "chat_view reads ChatPanel's privates; the GUI part"),
