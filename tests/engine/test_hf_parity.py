@@ -1,44 +1,70 @@
-"""transformers is the reference: same weights, same greedy tokens, close logits."""
+"""transformers is the reference: same weights, same greedy tokens, close logits.
+
+The embedded SmolLM2 is compared with transformers' outputs kept in tests/engine/golden/ (its greedy tokens and the
+hidden states its LM head reads, from which its logits are rebuilt); transformers produced them and produces them
+again with ``python -m tests.support.make_golden`` (docs/TESTING.md). The tiny random models are compared with
+transformers live (they load and run in a fraction of a second)."""
+
+import warnings
 
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from tests.support import make_golden
 from tests.support.tiny_models import TINY_ARCHS
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "Once upon a time, in a small village,",
-    "The three primary colors are",
-    "Q: What is the boiling point of water?\nA:",
-]
+PROMPTS = make_golden.PROMPTS
 
 
-def hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)
-    return out[0, len(ids):].tolist()
+@pytest.fixture(scope="module")
+def golden(smollm2_gguf):
+    """transformers' outputs on the embedded model: (metadata, per prompt (ids, greedy tokens, logits [n, vocab]))."""
+    meta, hidden = make_golden.load("smollm2")
+    head = make_golden.gguf_lm_head(smollm2_gguf)
+    assert make_golden.tensor_sha256(head) == meta["lm_head"]["float32_sha256"], \
+        f"the LM head read from {smollm2_gguf.name} is not the one transformers used: rerun {make_golden.COMMAND}"
+    hidden = torch.from_numpy(hidden)
+    cases, at = [], 0
+    for p in meta["prompts"]:
+        n = len(p["ids"])
+        cases.append((p["ids"], p["greedy"], hidden[at:at + n] @ head.T))  # transformers' lm_head: a bias-free linear
+        at += n
+    assert at == hidden.shape[0]
+    return meta, cases
 
 
-def test_smollm2_gguf_greedy_matches_transformers(smollm2_fp32, smollm2_gguf, hf_reference):
-    hf = hf_reference(smollm2_gguf)
+def test_golden_files_match_the_model(golden, smollm2_gguf):
+    """The golden files are transformers' outputs for this very model file and these prompts; a different GGUF (or
+    prompt list) fails here, naming the command that regenerates them."""
+    meta, _ = golden
+    stale = f"stale golden files (made with {meta['versions']}): rerun {make_golden.COMMAND}"
+    assert meta["format"] == make_golden.FORMAT, stale
+    assert meta["model"]["file"] == smollm2_gguf.name, stale
+    assert meta["model"]["bytes"] == smollm2_gguf.stat().st_size, stale
+    assert meta["model"]["sha256"] == make_golden.file_sha256(smollm2_gguf), stale
+    assert [p["text"] for p in meta["prompts"]] == PROMPTS, stale
+    assert all(len(p["greedy"]) == make_golden.GREEDY_TOKENS == 64 for p in meta["prompts"]), stale
+    assert set(meta["versions"]) == {"transformers", "torch", "gguf"}
+    installed = make_golden.versions()
+    if installed != meta["versions"]:  # the reference may have moved: said, not failed (the comparisons below decide)
+        warnings.warn(f"golden files made with {meta['versions']}, installed {installed}: if transformers' outputs "
+                      f"changed, rerun {make_golden.COMMAND}", stacklevel=1)
+
+
+def test_smollm2_gguf_greedy_matches_transformers(smollm2_fp32, golden):
     llm = smollm2_fp32
     ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+    assert ids == [prompt_ids for prompt_ids, _, _ in golden[1]]  # transformers' tokenizer gave the same ids
     outs = llm.generate(ids, SamplingParams(max_tokens=64, min_tokens=64, temperature=0))
-    for prompt_ids, out in zip(ids, outs):
-        ref = hf_greedy(hf, prompt_ids, 64)
+    for prompt_ids, out, (_, ref, _) in zip(ids, outs, golden[1]):
         assert out.outputs[0].token_ids == ref, llm.tokenizer.decode(prompt_ids)
 
 
-def test_smollm2_gguf_last_logits_close(smollm2_fp32, smollm2_gguf, hf_reference):
-    hf = hf_reference(smollm2_gguf)
-    for p in PROMPTS:
-        ids = smollm2_fp32.tokenizer.encode(p)
+def test_smollm2_gguf_last_logits_close(smollm2_fp32, golden):
+    for p, (ids, _, ref) in zip(PROMPTS, golden[1]):
+        assert smollm2_fp32.tokenizer.encode(p) == ids
         ours = smollm2_fp32.core.score(ids)
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].float()
         torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-3)
 
 

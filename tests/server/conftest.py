@@ -48,11 +48,10 @@ def tok(hf_tokenizer, smollm2_gguf):
 
 
 @pytest.fixture(scope="session")
-def offline():
-    """The offline API on the same model and dtype: the reference for outputs."""
-    from engine import LLM
-
-    return LLM(dtype="float32", quantization="none")
+def offline(smollm2_fp32):
+    """The offline API on the same model and dtype: the reference for outputs. It is the session's one float32
+    engine (``smollm2_fp32``, tests/conftest.py), not a second one built the same way."""
+    return smollm2_fp32
 
 
 def engine_stats(srv):
