@@ -1,5 +1,5 @@
 """What the batched sampler needs to know about each row of a step's logits, in plain data: no Request, no
-scheduler. The model runner builds it from the step's requests (engine.runner.model_runner.sampling_metadata).
+scheduler. The model runner builds it from the step's requests (engine.runner.inputs.sampling_metadata).
 
 Host-side lists on purpose: the eager sampler turns them into the few small device tensors it needs (pinned,
 non-blocking copies). A later CUDA-graph path can keep persistent device tensors instead (per-row temperature,

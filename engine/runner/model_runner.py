@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +20,6 @@ from engine.layers.attention import AttentionMetadata, SeqSpan, select_backend
 from engine.layers.linear import quantized_load
 from engine.layers.penalties import PenaltyState, has_penalty
 from engine.layers.sampler import Sampled, Sampler
-from engine.layers.sampling_metadata import SamplingMetadata
 from engine.models.registry import model_class
 from engine.ops.transfer import to_device
 from engine.outputs import TokenLogprobs
@@ -28,34 +27,16 @@ from engine.parallel.context import SINGLE, TPContext
 from engine.runner.cpu_tape import DecodeTapes
 from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes, reserve_bytes
 from engine.runner.device import default_block_size, physical_cores, resolve_device, resolve_dtype
+from engine.runner.inputs import PoolSpan, StepInputs, prepare_step, sampling_metadata, select_rows
+from engine.runner.kv_sizing import fixed_kv_blocks, gpu_kv_blocks, kv_bytes
+from engine.runner.load_checks import (check_deterministic, check_gguf_blocks, check_quantization,
+                                       resolve_kv_cache_dtype, resolve_quantization)
 from engine.runner.step import ScheduledStep, SequenceState
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class StepInputs:
-    """One step, in plain Python so it pickles cheaply to tensor-parallel workers. The tokens' positions and cache
-    slots follow from the sequences (AttentionMetadata.build computes them on the device)."""
-
-    token_ids: list[int] = field(default_factory=list)
-    seqs: list[SeqSpan] = field(default_factory=list)  # decodes first, then prefill chunks
-    logit_rows: list[int] | None = field(default_factory=list)  # None: logits at every position
-
-
-@dataclass
-class PoolSpan:
-    """An embedding request's rows in one step: ``rows`` hidden states from row ``row``, its tokens from
-    ``start`` (rank 0 pools them; the workers never see this)."""
-
-    request: SequenceState
-    row: int
-    rows: int
-    start: int
-
-CPU_DEFAULT_KV_GIB = 2.0
 CPU_TAPE_MAX = 16  # decode tapes for batches of up to 16 (larger ones: Python is a small share of their step)
-ACTIVATION_MARGIN_BYTES = 256 << 20  # allocator fragmentation, cuBLAS workspaces
 
 
 class ModelRunner:
@@ -155,8 +136,7 @@ class ModelRunner:
         return self._kv_bytes(len(self.model.layers), layer.num_kv_heads, layer.head_dim)
 
     def _kv_bytes(self, layers: int, kv_heads: int, head_dim: int) -> int:
-        elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()  # 1 for fp8: twice the blocks
-        return 2 * layers * self.block_size * kv_heads * head_dim * elem
+        return kv_bytes(layers, kv_heads, head_dim, self.block_size, self.kv_cache_dtype)
 
     def _kv_tokens_before_model(self, mc: ModelConfig, defer_kv: bool) -> int | None:
         """The tokens the KV cache will hold (num_kv_blocks_that_fit's blocks), where that needs no model: one
@@ -164,49 +144,22 @@ class ModelRunner:
         --kv-cache-memory-gib). None where it takes the model (a GPU's profiling forward) or the executor (TP)."""
         if defer_kv or self.tp.size > 1:
             return None
-        blocks = self._fixed_kv_blocks(lambda: self._kv_bytes(mc.num_hidden_layers, mc.num_key_value_heads,
-                                                               mc.head_dim))
+        blocks = fixed_kv_blocks(self.config, self.device, lambda: self._kv_bytes(
+            mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim))
         return None if blocks is None else blocks * self.block_size
-
-    def _fixed_kv_blocks(self, per_block) -> int | None:
-        """The configured number of KV blocks, or those of a fixed memory size (CPU, or --kv-cache-memory-gib) at
-        per_block() bytes each; None where the GPU's free memory decides."""
-        if self.config.num_kv_blocks:
-            return self.config.num_kv_blocks
-        if self.device.type == "cpu" or self.config.kv_cache_memory_gib is not None:
-            gib = self.config.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB
-            return max(1, int(gib * 2**30) // per_block())
-        return None
 
     def num_kv_blocks_that_fit(self) -> int:
         """KV blocks this rank can hold: the configured number, a fixed memory size (CPU, or
         --kv-cache-memory-gib), or on a GPU what remains of gpu_memory_utilization x the GPU's memory after the
         weights and the activation peak of the largest step, measured by a profiling forward (TP=1; TP ranks
         cannot run a forward alone here, so they keep 10% of the budget for activations)."""
-        fixed = self._fixed_kv_blocks(self.kv_bytes_per_block)
+        fixed = fixed_kv_blocks(self.config, self.device, self.kv_bytes_per_block)
         if fixed is not None:
             return fixed
-        per_block = self.kv_bytes_per_block()
         peak = self.profile_activation_peak() if self.tp.size == 1 else None
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        budget = total * self.config.gpu_memory_utilization - (total - free) - self.graph_reserve_bytes()
-        if peak is None:
-            return max(1, int(budget * 0.9) // per_block)
-        self.activation_peak_bytes = peak
-        blocks = int(budget - peak - ACTIVATION_MARGIN_BYTES) // per_block
-        log.info("GPU memory: %.2f GiB for the KV cache (%d blocks) after weights and a %.2f GiB activation peak",
-                 blocks * per_block / 2**30, blocks, peak / 2**30)
-        if blocks < 1:
-            from engine.errors import KestrelError
-
-            raise KestrelError(
-                f"no GPU memory left for the KV cache: the weights use {(total - free) / 2**30:.1f} GiB and the "
-                f"largest step needs {peak / 2**30:.1f} GiB of activations, against "
-                f"{self.config.gpu_memory_utilization:.0%} of {total / 2**30:.1f} GiB; lower --max-num-batched-tokens "
-                "or raise --gpu-memory-utilization")
-        return blocks
+        if peak is not None:
+            self.activation_peak_bytes = peak
+        return gpu_kv_blocks(self.config, self.device, self.kv_bytes_per_block(), peak, self.graph_reserve_bytes())
 
     def graph_reserve_bytes(self) -> int:
         """Memory the decode graphs' private pool will take (0 without graphs)."""
@@ -328,43 +281,9 @@ class ModelRunner:
     # -- one step -------------------------------------------------------------------------
     def prepare(self, sched: ScheduledStep, all_logits: bool = False
                 ) -> tuple[StepInputs, list[SequenceState], list[PoolSpan]]:
-        """Plain-Python description of the step (what TP workers receive), the requests that sample and the
-        rows of the embedding requests (which never sample).
-
-        Deterministic: every token of a prefill chunk becomes a span of its own (query length 1, its own
-        context), so attention computes each query row with the paged decode kernel, as a decode would: the
-        same bits whatever the chunking, the prefix-cache hits and the other sequences of the step. The spans
-        of a chunk share one block tuple (the chunk's; a span reads only its context's blocks)."""
-        bs = self.block_size
-        inp = StepInputs()
-        sample_reqs: list[SequenceState] = []
-        pools: list[PoolSpan] = []
-        per_token = self.deterministic
-        token_ids, seqs, logit_rows = inp.token_ids, inp.seqs, inp.logit_rows
-        for s in sched.scheduled:  # once per running request and step: kept lean
-            req, n = s.request, s.num_new_tokens
-            start = req.num_computed_tokens
-            q0 = len(token_ids)
-            if n == 1:  # past the list's end: a token still on the device (launch's feed), staged as 0
-                token_ids.append(req.token_at(start) if start < req.num_tokens else 0)
-            else:
-                token_ids.extend(req.all_token_ids[start:start + n])
-            ctx = start + n
-            ids = req.block_ids
-            nb = -(-ctx // bs)
-            blocks = tuple(ids) if nb == len(ids) else tuple(ids[:nb])
-            if per_token and n > 1:
-                seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
-            else:
-                seqs.append(SeqSpan(q0, n, ctx, blocks))
-            if getattr(req, "pooling", None) is not None:
-                pools.append(PoolSpan(req, q0, n, start))
-            elif s.samples:
-                logit_rows.append(q0 + n - 1)
-                sample_reqs.append(req)
-        if all_logits:
-            inp.logit_rows = None
-        return inp, sample_reqs, pools
+        """The step's StepInputs (what TP workers receive), the requests that sample and the embedding requests'
+        rows (engine/runner/inputs.py ``prepare_step``; per token in deterministic mode)."""
+        return prepare_step(sched, self.block_size, self.deterministic, all_logits)
 
     def _tensors(self, inp: StepInputs) -> tuple[torch.Tensor, AttentionMetadata]:
         meta = self.attention.build(inp.seqs, self.block_size, self.device)
@@ -515,112 +434,3 @@ class Launched:
     pooled: list[tuple[SequenceState, torch.Tensor]]
 
 
-def select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """hidden[rows] without a host synchronisation: a slice where the rows are consecutive, else an index that
-    goes up asynchronously (indexing with a Python list would copy it from pageable memory and wait for the GPU)."""
-    first = rows[0]
-    if rows[-1] - first == len(rows) - 1 and all(r == first + i for i, r in enumerate(rows)):
-        return hidden[first:first + len(rows)]
-    return hidden.index_select(0, to_device(rows, torch.long, hidden.device))
-
-
-def resolve_quantization(mode: str, device: torch.device, weights) -> str:
-    """--quantization as this load runs it: ``auto`` becomes gguf for a .gguf checkpoint on the CPU with the native
-    kernels and a type they take (engine.config.auto_quantization), else none (a GPU dequantizes GGUF blocks and
-    keeps a GPTQ / AWQ / FP8 checkpoint's own weights, float weights load as they are); other modes as given."""
-    if mode != "auto":
-        return mode
-    from engine.config import auto_quantization
-
-    matrix_types = getattr(weights, "matrix_types", None)  # GGUFWeights
-    types = matrix_types() if matrix_types is not None else None
-    resolved = auto_quantization(device.type, types, ops.native_available())
-    if types is not None:
-        log.info("--quantization auto: %s", "the GGUF blocks kept for the CPU kernels" if resolved == "gguf" else
-                 "the GGUF tensors dequantized to the model's dtype at load (--quantization none)")
-    return resolved
-
-
-def check_quantization(device: torch.device, mode: str) -> None:
-    """--quantization int8 | int4 | fp8: int8 anywhere, int4 and fp8 on a GPU, fp8 with fp8 support (sm_89+)."""
-    from engine.errors import KestrelError
-
-    if device.type == "cpu" and mode != "int8":
-        raise KestrelError(f"--quantization {mode} runs on the GPU kernels; on the CPU use int8 (or gguf for a .gguf "
-                           "file's blocks)")
-    if mode == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        raise KestrelError("--quantization fp8 needs FP8 tensor cores (compute capability 8.9+: RTX 40-series, "
-                           "RTX 6000 Ada, L40, H100); use int8 or int4 on this GPU")
-
-
-def resolve_kv_cache_dtype(mode: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """--kv-cache-dtype as a torch dtype: auto -> the model's dtype; fp8 -> float8_e4m3fn, on a GPU with fp8
-    conversions in the prefill attention kernel (Triton's e4m3 needs compute capability 8.9+). Raises KestrelError
-    for fp8 on the CPU (its native kernels read caches in the model dtype only) or an older GPU."""
-    from engine.errors import KestrelError
-
-    if mode in ("auto", None):
-        return dtype
-    if mode != "fp8":
-        raise KestrelError(f"--kv-cache-dtype must be auto or fp8, got {mode!r}")
-    if device.type != "cuda":
-        raise KestrelError("fp8 KV cache needs a GPU; the CPU keeps the KV cache in the model dtype "
-                           "(load with --kv-cache-dtype auto)")
-    if torch.cuda.get_device_capability(device) < (8, 9):
-        raise KestrelError("--kv-cache-dtype fp8 needs a GPU with fp8 support (compute capability 8.9+: RTX 40-series, "
-                           "RTX 6000 Ada, L40, H100); load with --kv-cache-dtype auto on this GPU")
-    return torch.float8_e4m3fn
-
-
-def check_gguf_blocks(device: torch.device, weights) -> None:
-    """--quantization gguf keeps a GGUF file's blocks for the native CPU kernels (engine/ops/gguf_quant.py)."""
-    from engine.errors import KestrelError
-
-    if device.type != "cpu":
-        raise KestrelError("--quantization gguf keeps GGUF blocks for the CPU kernels; on a GPU load with "
-                           "--quantization auto or none (the blocks are dequantized)")
-    if not hasattr(weights, "keep_quantized"):
-        raise KestrelError("--quantization gguf needs a .gguf checkpoint; this one has float weights")
-    if not ops.native_available():
-        raise KestrelError("--quantization gguf needs Kestrel's native CPU kernels (engine._C); build them with "
-                           "`pip install -e .`")
-
-
-def check_deterministic(device: torch.device, tp: TPContext) -> None:
-    """--deterministic covers the native CPU kernels of one process."""
-    from engine.errors import KestrelError
-
-    if device.type != "cpu":
-        raise KestrelError("--deterministic makes the CPU kernels batch-invariant; on a GPU load without it "
-                           "(or with --device cpu)")
-    if tp.size > 1:
-        raise KestrelError("--deterministic runs with --tensor-parallel-size 1 (the all-reduce strategies are not "
-                           "batch-invariant)")
-    if not ops.native_available():
-        raise KestrelError("--deterministic needs Kestrel's native CPU kernels (engine._C); build them with "
-                           "`pip install -e .`")
-
-
-def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generator | None] | None = None,
-                      pending: int = 0) -> SamplingMetadata:
-    """What the sampler needs of each sampling request, row i for reqs[i]: its params, the token histories its
-    penalties read (only where a penalty applies; the requests' own lists, so use it within the step; the runner
-    replaces them by its device counts), its
-    output count, its eos ids, its generator (None: the sampler's default) and, for the requests with a grammar
-    (structured output), their allowed-token bitmask. ``pending``: output tokens each request has beyond its list
-    (a step launched ahead of the one that samples them; such requests have no penalty or grammar)."""
-    grammars = [(i, g) for i, g in enumerate(getattr(r, "grammar", None) for r in reqs) if g is not None]
-    bitmask = None
-    if grammars:
-        from engine.tokenizer.grammar import fill_bitmask
-
-        bitmask = fill_bitmask([g for _, g in grammars])
-    return SamplingMetadata(
-        params=[r.params for r in reqs],
-        prompt_token_ids=[r.prompt_token_ids if has_penalty(r.params) else () for r in reqs],
-        output_token_ids=[r.output_token_ids if has_penalty(r.params) else () for r in reqs],
-        num_output_tokens=[len(r.output_token_ids) + pending for r in reqs],
-        eos_token_ids=[r.eos_token_ids for r in reqs],
-        generators=list(generators) if generators is not None else [None] * len(reqs),
-        bitmask=bitmask, bitmask_rows=[i for i, _ in grammars],
-    )

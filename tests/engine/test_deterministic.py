@@ -87,7 +87,7 @@ def test_deterministic_is_refused_where_it_cannot_hold():
 
     from engine.errors import KestrelError
     from engine.parallel.context import SINGLE
-    from engine.runner.model_runner import check_deterministic
+    from engine.runner.load_checks import check_deterministic
 
     with pytest.raises(KestrelError, match="CPU kernels"):
         check_deterministic(torch.device("cuda", 0), SINGLE)

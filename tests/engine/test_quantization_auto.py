@@ -12,7 +12,7 @@ import torch
 from engine import LLM
 from engine.config import GGUF_KERNEL_TYPES, QUANTIZATIONS, EngineConfig, auto_quantization
 from engine.layers.linear import LinearBase
-from engine.runner.model_runner import resolve_quantization
+from engine.runner.load_checks import resolve_quantization
 
 
 def _linears(llm: LLM) -> list[LinearBase]:

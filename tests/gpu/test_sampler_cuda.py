@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from engine.layers.sampler import Sampler, filtered_probs  # noqa: E402
-from engine.runner.model_runner import sampling_metadata  # noqa: E402
+from engine.runner.inputs import sampling_metadata  # noqa: E402
 from tests.unit.test_sampler import _random_request  # noqa: E402
 
 DEV = torch.device("cuda", torch.cuda.current_device())

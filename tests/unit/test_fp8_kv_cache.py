@@ -195,7 +195,8 @@ def test_attention_layer_over_fp8_caches(monkeypatch, backend):
 def test_the_option_and_its_refusal_on_the_cpu():
     from engine.config import KV_CACHE_DTYPES, EngineConfig
     from engine.errors import KestrelError
-    from engine.runner.model_runner import ModelRunner, resolve_kv_cache_dtype
+    from engine.runner.load_checks import resolve_kv_cache_dtype
+    from engine.runner.model_runner import ModelRunner
 
     parser = argparse.ArgumentParser()
     EngineConfig.add_cli_args(parser)

@@ -9,7 +9,7 @@ import torch
 
 from engine.layers.penalties import INITIAL_ROWS, PenaltyState, penalty_tensors_from_lists
 from engine.layers.sampler import Sampler
-from engine.runner.model_runner import sampling_metadata
+from engine.runner.inputs import sampling_metadata
 from engine.sampling_params import SamplingParams
 
 VOCAB = 97

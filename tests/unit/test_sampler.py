@@ -9,7 +9,7 @@ import torch
 from engine.core.request import Request
 from engine.errors import InvalidRequestError
 from engine.layers.sampler import Sampler
-from engine.runner.model_runner import sampling_metadata
+from engine.runner.inputs import sampling_metadata
 from engine.sampling_params import SamplingParams
 
 V = 16

@@ -1,0 +1,109 @@
+"""A scheduled step as the runner's inputs, in plain Python: the tokens and sequence spans of the forward pass
+(what TP workers receive), the rows that sample and their sampling metadata, and the embedding requests' rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.layers.attention import SeqSpan
+from engine.layers.penalties import has_penalty
+from engine.layers.sampling_metadata import SamplingMetadata
+from engine.ops.transfer import to_device
+from engine.runner.step import ScheduledStep, SequenceState
+
+
+@dataclass
+class StepInputs:
+    """One step, in plain Python so it pickles cheaply to tensor-parallel workers. The tokens' positions and cache
+    slots follow from the sequences (AttentionMetadata.build computes them on the device)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    seqs: list[SeqSpan] = field(default_factory=list)  # decodes first, then prefill chunks
+    logit_rows: list[int] | None = field(default_factory=list)  # None: logits at every position
+
+
+@dataclass
+class PoolSpan:
+    """An embedding request's rows in one step: ``rows`` hidden states from row ``row``, its tokens from
+    ``start`` (rank 0 pools them; the workers never see this)."""
+
+    request: SequenceState
+    row: int
+    rows: int
+    start: int
+
+
+def prepare_step(sched: ScheduledStep, block_size: int, per_token: bool = False, all_logits: bool = False
+                 ) -> tuple[StepInputs, list[SequenceState], list[PoolSpan]]:
+    """Plain-Python description of the step (what TP workers receive), the requests that sample and the
+    rows of the embedding requests (which never sample).
+
+    ``per_token`` (deterministic mode): every token of a prefill chunk becomes a span of its own (query length 1, its own
+    context), so attention computes each query row with the paged decode kernel, as a decode would: the
+    same bits whatever the chunking, the prefix-cache hits and the other sequences of the step. The spans
+    of a chunk share one block tuple (the chunk's; a span reads only its context's blocks)."""
+    bs = block_size
+    inp = StepInputs()
+    sample_reqs: list[SequenceState] = []
+    pools: list[PoolSpan] = []
+    token_ids, seqs, logit_rows = inp.token_ids, inp.seqs, inp.logit_rows
+    for s in sched.scheduled:  # once per running request and step: kept lean
+        req, n = s.request, s.num_new_tokens
+        start = req.num_computed_tokens
+        q0 = len(token_ids)
+        if n == 1:  # past the list's end: a token still on the device (launch's feed), staged as 0
+            token_ids.append(req.token_at(start) if start < req.num_tokens else 0)
+        else:
+            token_ids.extend(req.all_token_ids[start:start + n])
+        ctx = start + n
+        ids = req.block_ids
+        nb = -(-ctx // bs)
+        blocks = tuple(ids) if nb == len(ids) else tuple(ids[:nb])
+        if per_token and n > 1:
+            seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
+        else:
+            seqs.append(SeqSpan(q0, n, ctx, blocks))
+        if getattr(req, "pooling", None) is not None:
+            pools.append(PoolSpan(req, q0, n, start))
+        elif s.samples:
+            logit_rows.append(q0 + n - 1)
+            sample_reqs.append(req)
+    if all_logits:
+        inp.logit_rows = None
+    return inp, sample_reqs, pools
+
+
+def select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """hidden[rows] without a host synchronisation: a slice where the rows are consecutive, else an index that
+    goes up asynchronously (indexing with a Python list would copy it from pageable memory and wait for the GPU)."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and all(r == first + i for i, r in enumerate(rows)):
+        return hidden[first:first + len(rows)]
+    return hidden.index_select(0, to_device(rows, torch.long, hidden.device))
+
+
+def sampling_metadata(reqs: list[SequenceState], generators: list[torch.Generator | None] | None = None,
+                      pending: int = 0) -> SamplingMetadata:
+    """What the sampler needs of each sampling request, row i for reqs[i]: its params, the token histories its
+    penalties read (only where a penalty applies; the requests' own lists, so use it within the step; the runner
+    replaces them by its device counts), its
+    output count, its eos ids, its generator (None: the sampler's default) and, for the requests with a grammar
+    (structured output), their allowed-token bitmask. ``pending``: output tokens each request has beyond its list
+    (a step launched ahead of the one that samples them; such requests have no penalty or grammar)."""
+    grammars = [(i, g) for i, g in enumerate(getattr(r, "grammar", None) for r in reqs) if g is not None]
+    bitmask = None
+    if grammars:
+        from engine.tokenizer.grammar import fill_bitmask
+
+        bitmask = fill_bitmask([g for _, g in grammars])
+    return SamplingMetadata(
+        params=[r.params for r in reqs],
+        prompt_token_ids=[r.prompt_token_ids if has_penalty(r.params) else () for r in reqs],
+        output_token_ids=[r.output_token_ids if has_penalty(r.params) else () for r in reqs],
+        num_output_tokens=[len(r.output_token_ids) + pending for r in reqs],
+        eos_token_ids=[r.eos_token_ids for r in reqs],
+        generators=list(generators) if generators is not None else [None] * len(reqs),
+        bitmask=bitmask, bitmask_rows=[i for i, _ in grammars],
+    )
