@@ -200,3 +200,34 @@ def test_equal_to_sentence_transformers(st_model):
     for a, g in zip(alone, got):  # batch-invariant to float rounding
         assert max(abs(x - y) for x, y in zip(a, g.embedding)) < 1e-5
     assert math.isclose(engine_stats(srv).kv_usage, 0.0)
+
+
+def test_an_oversized_input_is_refused_by_its_bytes_before_tokenizing(server):
+    """A 10 MiB input used to be tokenized for 21-36 s before its 400 (the server's RSS +800 MB a request, and the
+    tokenizer pool busy for everyone): refused by its length in bytes now, 15 times with the memory flat (glibc
+    kept ~90 MiB of freed 10 MiB blocks before engine/server/memory.py fixed its mmap threshold)."""
+    import gc
+    import time
+
+    import psutil
+
+    proc = psutil.Process()  # the server runs in this process (tests/server/conftest.py make_server)
+    body = json.dumps({"model": MODEL, "input": ["hello world " * (10 * 2**20 // 12)]})
+    httpx.post(server.url + "/v1/embeddings", content=body, headers={"content-type": "application/json"},
+               timeout=120)  # one-time allocations of the refusal path (~20 MiB: code, caches) are not growth
+    gc.collect()
+    before = proc.memory_info().rss
+    took = []
+    for _ in range(15):
+        t = time.monotonic()
+        r = httpx.post(server.url + "/v1/embeddings", content=body, headers={"content-type": "application/json"},
+                       timeout=120)
+        took.append(time.monotonic() - t)
+        assert r.status_code == 400, r.text[:300]
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and "at least" in err["message"] and err["param"] == "input"
+    gc.collect()
+    grew = proc.memory_info().rss - before
+    print(f"10 MiB embedding inputs: refused in {max(took):.2f} s at most; RSS {grew / 2**20:+.0f} MiB after 15")
+    assert max(took) < 10  # tokenizing took 21-36 s; the byte check is milliseconds (a loaded CI box: seconds)
+    assert grew < 50 * 2**20
