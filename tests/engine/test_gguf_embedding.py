@@ -98,7 +98,7 @@ def test_vocab_shards_hold_their_rows_of_the_file(smollm2_gguf, tp_size):
         gf.close()
 
 
-def test_the_embedded_model_keeps_its_table_as_blocks(smollm2_gguf):
+def test_the_embedded_model_keeps_its_table_as_blocks(smollm2_gguf, smollm2_fp32):
     from engine.loader.gguf_file import GGUFFile
 
     llm = LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="gguf")
@@ -113,11 +113,8 @@ def test_the_embedded_model_keeps_its_table_as_blocks(smollm2_gguf):
             gf.close()
     finally:
         llm.close()
-    d = LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="none")  # dequantized: a float table
-    try:
-        assert d.core.runner.model.embed_tokens.gguf is None
-    finally:
-        d.close()
+    d = smollm2_fp32  # dequantized (quantization="none", the session's engine): a float table
+    assert d.config.quantization == "none" and d.core.runner.model.embed_tokens.gguf is None
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
