@@ -30,8 +30,8 @@ def layout_for(k: int, group: int) -> str | None:
     """The integer layout to pack a weight bound for a GPU in: "mma" where these kernels exist and take the shape;
     None where they do not (the caller keeps the weight float: engine/layers/linear.py). The tensor-core kernels are
     the only GPU integer path (on an H100, 2026-12-07, batch-1 decode int4 1.58x / int8 1.27x bf16 against 0.75x /
-    0.71x for the Triton kernels on the "chunk" layout, deleted with KESTREL_INT_MMA: issue 46,
-    docs/benchmarks/gpu_quant_2026-12-07.md)."""
+    0.71x for the Triton kernels on the "chunk" layout, deleted with KESTREL_INT_MMA: issue 46;
+    docs/benchmarks/gpu_quant_2026-12-07.md; the 0.75x / 0.71x: the same H100's bench quant at the default of then)."""
     return "mma" if available() and mma_packable(k, group) else None
 
 

@@ -2,7 +2,8 @@
 
 (Integer weights run on the tensor-core kernels of csrc/cuda/int_gemm.cu, engine/ops/int_mma.py. The Triton integer
 kernels on the "chunk" layout were deleted, issue 46: on an H100, 2026-12-07, batch-1 decode int4 1.58x / int8
-1.27x bf16 with the tensor-core kernels against 0.75x / 0.71x with these, docs/benchmarks/gpu_quant_2026-12-07.md.)
+1.27x bf16 with the tensor-core kernels (docs/benchmarks/gpu_quant_2026-12-07.md) against 0.75x / 0.71x with these
+(the same H100's `kestrel bench quant --skip kernels` at the default of then).)
 
 Float8 weights (Fp8Weight): e4m3 values [N, K] converted to x's dtype in registers; the scale of output row n and K
 group g at ``s_ptr + (n // S_ROWS) * stride_sn + g * stride_sg`` (per tensor: both strides 0; 128 x 128 blocks:
