@@ -10,8 +10,8 @@
 
 namespace kestrel::cuda {
 
-std::string runtime_info();
-void set_int_mma_warps(int warps);  // 0: by the SM count (KernelConfig.int_mma_warps; engine.ops.configure)  // "CUDA runtime X.Y, driver X.Y, N device(s)" or the error
+std::string runtime_info();  // "CUDA runtime X.Y, driver X.Y, N device(s)" or the error
+void set_int_mma_warps(int warps);  // 0: by the SM count (KernelConfig.int_mma_warps; engine.ops.configure)
 
 void rms_norm(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t weight,
               int64_t T, int64_t H, double eps, int device, uintptr_t stream);
