@@ -69,9 +69,10 @@ class KernelConfig:
     # passive, as the engine sets it (docs/benchmarks/cpu_gguf_models_2026-12-04.md: pool 1.47x / 0.99x llama.cpp
     # against openmp 1.57x / 1.15x TTFT / TPOT ratio on the 2-core VM, Q4_0 1B), else "openmp" (a region per call).
     gemm_threads: str = "auto"
-    # Warps per block of the integer tensor-core GEMM (csrc/cuda/int_gemm.cu): 0 = enough to put ~16 warps on every
-    # SM (the measured default, docs/benchmarks/gpu_quant_2026-12-07.md); 1..16 fixes it (kestrel bench quant
-    # --int-warps compares them).
+    # Warps per block of the per-tile integer tensor-core kernel (csrc/cuda/int_gemm.cu, integer groups of 16 / 32;
+    # the x-sharing kernel of int_gemm_wide.cuh picks its own shape by its measured rule): 0 = enough to put ~16
+    # warps on every SM (the measured default, docs/benchmarks/gpu_quant_2026-12-07.md); 1..16 fixes it (the lab's
+    # benchmarks/quant_lab.py --int-warps compares them).
     int_mma_warps: int = 0
     # Programmatic dependent launch of the CUDA kernels and the one-row GEMV (resolved: sm_90+). Measured on the H200
     # (docs/benchmarks/gpu_decode_2026-12-06.md): batch-1 TPOT 4.55 ms plain, 4.46 ms every kernel PDL, 4.32 ms with
