@@ -35,6 +35,7 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from engine.sampling_params import StructuredOutput
 from engine.tokenizer.gguf_vocab import bytes_to_unicode
+from engine.tokenizer.schema_support import merge_all_of, unenforced
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,22 @@ def _choice_ebnf(spec: str) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+def enforceable_schema(so: StructuredOutput) -> str:
+    """The JSON schema text to compile: ``allOf`` folded where exact; InvalidRequestError (400) naming each
+    keyword the grammar would pass over (engine/tokenizer/schema_support.py), rather than outputs that break it."""
+    try:
+        schema = merge_all_of(json.loads(so.spec))
+    except ValueError:
+        return so.spec  # not JSON: the compiler says so
+    refused = unenforced(schema)
+    if refused:
+        more = f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""
+        raise InvalidRequestError(
+            f"The JSON schema uses {'; '.join(refused[:3])}{more}: the output grammar cannot enforce that, so "
+            "outputs could break the schema. Rewrite the schema without it.", param=so.param or _PARAM[so.kind])
+    return json.dumps(schema)
+
+
 class GrammarCache:
     """The tokenizer's grammar vocabulary (built once) and its compiled grammars (cached by their text)."""
 
@@ -97,7 +114,8 @@ class GrammarCache:
                 if so.kind == "json":
                     return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
                 if so.kind == "json_schema":
-                    return self.compiler.compile_json_schema(so.spec, any_whitespace=False, strict_mode=True)
+                    return self.compiler.compile_json_schema(enforceable_schema(so), any_whitespace=False,
+                                                             strict_mode=True)
                 if so.kind == "regex":
                     return self.compiler.compile_regex(so.spec)
                 return self.compiler.compile_grammar(_choice_ebnf(so.spec))
