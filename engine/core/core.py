@@ -19,25 +19,17 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.core.kv_cache import BlockManager
+from engine.core.output import Tracked, check_stop, finished_delta, take_text
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.core.embedding import check_embedding_input
-from engine.wire import CommStepStats, EngineStats, RequestDelta, RequestMetrics, StepStats
+from engine.wire import CommStepStats, EngineStats, RequestDelta, StepStats
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 8192
-
-
-@dataclass
-class _Tracked:
-    request: Request
-    detok: object
-    text: str = ""
-    emitted: int = 0  # characters of text already sent
-    stop_max: int = 0
 
 
 @dataclass
@@ -93,7 +85,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
-        self.requests: dict[str, _Tracked] = {}
+        self.requests: dict[str, Tracked] = {}
         self._grammars = None  # GrammarCache, built on the first structured request
         ckpt_path = getattr(self.checkpoint, "path", None)
         self.pooling = pooling_for(ckpt_path if ckpt_path is not None and ckpt_path.is_dir() else None,
@@ -136,7 +128,7 @@ class EngineCore:
         req = Request(request_id, list(ids), params, eos_token_ids=self.eos_token_ids,
                       prompt=prompt if isinstance(prompt, str) else None, grammar=grammar)
         detok = self._detok_cls(self.tokenizer, req.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
-        self.requests[request_id] = _Tracked(req, detok, stop_max=max((len(s) for s in params.stop), default=0))
+        self.requests[request_id] = Tracked(req, detok, stop_max=max((len(s) for s in params.stop), default=0))
         self.runner.add_request(req)
         self.scheduler.add(req)
         return req
@@ -147,7 +139,7 @@ class EngineCore:
                                       param="input")
         check_embedding_input(ids, self.model_config.vocab_size, self.max_model_len, "input")
         req = Request(request_id, ids, params, pooling=self.pooling)
-        self.requests[request_id] = _Tracked(req, None)
+        self.requests[request_id] = Tracked(req, None)
         self.runner.add_request(req)
         self.scheduler.add(req)
         return req
@@ -260,59 +252,26 @@ class EngineCore:
             self.recent_comm_steps.append(CommStepStats(now, d.calls, d.link_bytes, d.payload_bytes, d.seconds))
         return [d for d in deltas if d is not None]
 
-    def _append(self, tr: _Tracked, tok: int, lp, now: float) -> RequestDelta | None:
-        req, p = tr.request, tr.request.params
+    def _append(self, tr: Tracked, tok: int, lp, now: float) -> RequestDelta | None:
+        """Output processing of one sampled token (engine/core/output.py): its text, the stop checks, its delta;
+        a request it finishes leaves the scheduler and the runner."""
+        req = tr.request
         req.output_token_ids.append(tok)
         self.generation_tokens_total += 1
         if req.timings.first_token is None:
             req.timings.first_token = now
         req.timings.last_token = now
         tr.text += tr.detok.add(tok)
-        n_out = len(req.output_token_ids)
-        reason = stop = None
-        if req.grammar is not None and not req.grammar.accept_token(tok):
-            log.warning("request %s: token %d is outside its grammar; finishing it", req.request_id, tok)
-            reason = "stop"  # never expected: the sampler only draws allowed tokens
-        elif req.grammar is not None and req.grammar.is_terminated():
-            reason = "stop"  # the grammar took its stop token: the output is complete
-        elif tok in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_tokens:
-            reason = "stop"
-        elif tok in p.stop_token_ids and n_out >= p.min_tokens:
-            reason, stop = "stop", tok
-        elif p.stop and n_out >= p.min_tokens:
-            hit = self._find_stop(tr)
-            if hit is not None:
-                reason, stop = "stop", hit
-        if reason is None and (n_out >= (p.max_tokens or self.max_model_len) or req.num_tokens >= self.max_model_len):
-            reason = "length"
+        reason, stop = check_stop(tr, tok, self.max_model_len)
         lps = [lp] if lp is not None else None
         if reason is not None:
             if not isinstance(stop, str):  # text cut at a stop string keeps no held-back tail
                 tr.text += tr.detok.flush()
             return self._finish(tr, reason, stop, [tok], lps)
-        end = len(tr.text) - max(0, tr.stop_max - 1)  # hold back what may become a stop string
-        delta_text = ""
-        if end > tr.emitted:
-            delta_text, tr.emitted = tr.text[tr.emitted:end], end
-        return RequestDelta(req.request_id, [tok], delta_text, lps, num_prompt_tokens=req.num_prompt_tokens,
-                            num_cached_tokens=req.num_cached_tokens, num_output_tokens=n_out)
+        return RequestDelta(req.request_id, [tok], take_text(tr), lps, num_prompt_tokens=req.num_prompt_tokens,
+                            num_cached_tokens=req.num_cached_tokens, num_output_tokens=len(req.output_token_ids))
 
-    def _find_stop(self, tr: _Tracked) -> str | None:
-        """Find the earliest stop string in the unsent tail; truncate the text there."""
-        p = tr.request.params
-        start = max(0, tr.emitted - tr.stop_max)
-        best = None
-        for s in p.stop:
-            i = tr.text.find(s, start)
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
-            return None
-        i, s = best
-        tr.text = tr.text[: i + len(s) if p.include_stop_str_in_output else i]
-        return s
-
-    def _finish(self, tr: _Tracked, reason: str, stop, toks: list[int], lps=None) -> RequestDelta:
+    def _finish(self, tr: Tracked, reason: str, stop, toks: list[int], lps=None) -> RequestDelta:
         req = tr.request
         now = time.monotonic()
         req.timings.finished = now
@@ -320,14 +279,7 @@ class EngineCore:
         self.scheduler.finish(req)
         self.runner.remove_request(req.request_id)
         del self.requests[req.request_id]
-        text = tr.text[tr.emitted:] if len(tr.text) > tr.emitted else ""
-        t = req.timings
-        metrics = RequestMetrics(
-            arrival_time=t.arrival, queue_time=t.queue_time, ttft=t.ttft, e2e=now - t.arrival,
-            decode_time=(t.last_token - t.first_token) if t.first_token else None,
-            num_preemptions=req.num_preemptions)
-        return RequestDelta(req.request_id, toks, text, lps, True, reason, stop, req.num_prompt_tokens,
-                            req.num_cached_tokens, len(req.output_token_ids), metrics)
+        return finished_delta(tr, toks, lps, now)
 
     def score(self, token_ids: list[int]) -> "torch.Tensor":
         """Float32 logits [len(token_ids), vocab] of a whole sequence (prompt scoring, perplexity).
