@@ -123,7 +123,8 @@ def test_float_route_is_torchs_linear(monkeypatch, use_kernels):
 
 
 @pytest.mark.parametrize("quantization", ["gguf", "none"])
-def test_embedded_model_prefill_on_the_route_is_as_close_to_float32(monkeypatch, quantization, use_kernels):
+def test_embedded_model_prefill_on_the_route_is_as_close_to_float32(monkeypatch, quantization, use_kernels,
+                                                                    smollm2_fp32):
     """SmolLM2 in bfloat16, a 241-token text scored (every linear call of the prefill has 241 rows), the route on
     and off, against the float32 model: on, within 4% of the largest logit and the same argmax at >= 97% of the
     positions (measured when written: 1.6%, 100%), and no further off than the native kernels beyond the noise of
@@ -132,9 +133,9 @@ def test_embedded_model_prefill_on_the_route_is_as_close_to_float32(monkeypatch,
     from engine import LLM
 
     text = "The history of the city begins in the Middle Ages, when a small market grew around the bridge. " * 12
-    with LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="none") as ref:
-        ids = ref.core.tokenizer.encode(text)[:300]
-        truth = ref.core.score(ids).float()
+    ref = smollm2_fp32  # LLM(dtype="float32", quantization="none"), the session's, scored before any kernel choice
+    ids = ref.core.tokenizer.encode(text)[:300]
+    truth = ref.core.score(ids).float()
     err, agree = {}, {}
     for setting in ("on", "off"):
         use_kernels(cpu_amx=setting)

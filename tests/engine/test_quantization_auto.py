@@ -83,7 +83,7 @@ def default_engine():
     llm.close()
 
 
-def test_default_load_keeps_the_embedded_models_blocks(default_engine, smollm2_gguf):
+def test_default_load_keeps_the_embedded_models_blocks(default_engine, smollm2_gguf, smollm2_fp32):
     """No option: the embedded Q4_1 model's linear weights stay the file's blocks (the same bits as asking for
     --quantization gguf); --quantization none expands them to float weights, as the default did before."""
     from engine.loader.gguf_file import GGUFFile
@@ -105,10 +105,11 @@ def test_default_load_keeps_the_embedded_models_blocks(default_engine, smollm2_g
     got = default_engine.core.score(ids)
     with LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="gguf") as asked:
         assert torch.equal(asked.core.score(ids), got)
-    with LLM(dtype="float32", kv_cache_memory_gib=0.02, quantization="none") as expanded:
-        assert expanded.core.runner.quantization == "none" and weights_words(expanded) == ", Q4_1 dequantized"
-        assert all(m.gguf is None and m.weight.numel() > 0 for m in _linears(expanded))
-        floats = expanded.core.score(ids)
+    expanded = smollm2_fp32  # LLM(dtype="float32", quantization="none"): the session's
+    assert expanded.config.quantization == "none"
+    assert expanded.core.runner.quantization == "none" and weights_words(expanded) == ", Q4_1 dequantized"
+    assert all(m.gguf is None and m.weight.numel() > 0 for m in _linears(expanded))
+    floats = expanded.core.score(ids)
     assert not torch.equal(floats, got)  # the blocks' kernels (activations quantized per block) really ran
     assert (floats.argmax(-1) == got.argmax(-1)).float().mean() >= 0.9
 
