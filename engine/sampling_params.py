@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
 
-STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice")
+STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice", "structural_tag")
 
 
 @dataclass
@@ -15,7 +15,8 @@ class StructuredOutput:
     """Constrained decoding (engine/tokenizer/grammar.py): ``kind`` "json" (any JSON object; ``spec`` unused),
     "json_schema" (``spec``: the schema as JSON text), "regex" (``spec``: the pattern) or "choice" (``spec``: a
     JSON list of the allowed strings). Tool calling enforced by a grammar (``tool_choice`` "required" or a named
-    function) is a "json_schema" whose ``param`` names the tools."""
+    function) is a "json_schema" whose ``param`` names the tools; tool_choice "auto" is a "structural_tag" (``spec``:
+    xgrammar's structural tag as JSON text: free text until a call's marker, then the call)."""
 
     kind: str
     spec: str = ""

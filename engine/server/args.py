@@ -10,6 +10,7 @@ DEFAULT_HEADER_TIMEOUT_S = 15.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_KEEP_ALIVE_S = 15.0
 DEFAULT_ENGINE_RESTARTS = 5
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # vLLM's names (engine.tokenizer.tool_parsers.FORMATS)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -46,4 +47,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="Restart the engine process if it dies, with the same model and options, at most N "
                         "times in 10 minutes (after 1 s, then 2, 4, ... up to 30 s); past that, or with 0, the "
                         "server exits with status 1 so that a service manager can restart it")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="A Jinja chat template file used instead of the model's (as vLLM's flag)")
+    p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
+                   help="The tool-call format of a chat template that takes tools (default: the one the template "
+                        "teaches). A template that takes no tools gets Kestrel's built-in tool prompt and its "
+                        "hermes format; GET /v1/server_info's 'tools' says which applies")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])

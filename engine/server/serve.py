@@ -33,6 +33,7 @@ from engine.server.guard import (
     raise_fd_limit,
 )
 from engine.server.openai.app import build_app
+from engine.server.openai.serving_chat import read_chat_template
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,15 @@ async def start_server(client: EngineClient, host: str = "127.0.0.1", port: int 
                        max_connections: int = DEFAULT_MAX_CONNECTIONS,
                        header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
                        timeout_keep_alive: float = DEFAULT_KEEP_ALIVE_S, log_level: str = "warning",
-                       access_log: bool = False) -> RunningServer:
+                       access_log: bool = False, chat_template: str | None = None,
+                       tool_call_parser: str | None = None) -> RunningServer:
     """Serve ``client`` over HTTP on the running loop; returns once the socket listens (port 0: any free).
     Bound to a loopback address, only loopback Host names and ``allowed_hosts`` are answered (elsewhere
     the Host check applies only when ``allowed_hosts`` is given)."""
     app = build_app(client, served_model_names=served_model_names, api_key=api_key,
                     allowed_origins=allowed_origins, max_request_bytes=max_request_bytes,
-                    allowed_hosts=host_check_for(host, allowed_hosts), body_timeout=body_timeout)
+                    allowed_hosts=host_check_for(host, allowed_hosts), body_timeout=body_timeout,
+                    chat_template=chat_template, tool_call_parser=tool_call_parser)
     limits = ConnectionLimits(header_timeout=header_timeout, max_connections=max_connections)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=timeout_keep_alive,
@@ -231,7 +234,9 @@ async def _serve(args, config: EngineConfig) -> int:
                                      max_request_bytes=args.max_request_bytes, max_connections=args.max_connections,
                                      header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                                      timeout_keep_alive=args.timeout_keep_alive, log_level=args.log_level,
-                                     access_log=args.log_level in ("debug", "info"))
+                                     access_log=args.log_level in ("debug", "info"),
+                                     chat_template=read_chat_template(getattr(args, "chat_template", None)),
+                                     tool_call_parser=getattr(args, "tool_call_parser", None))
     except BaseException:
         await client.shutdown()
         raise

@@ -40,7 +40,7 @@ from engine.tokenizer.schema_support import merge_all_of, unenforced
 log = logging.getLogger(__name__)
 
 _PARAM = {"json": "response_format", "json_schema": "response_format", "regex": "guided_regex",
-          "choice": "guided_choice"}
+          "choice": "guided_choice", "structural_tag": "tools"}
 
 
 def token_bytes(tokenizer) -> list[bytes]:
@@ -118,8 +118,10 @@ class GrammarCache:
                                                              strict_mode=True)
                 if so.kind == "regex":
                     return self.compiler.compile_regex(so.spec)
+                if so.kind == "structural_tag":  # tool_choice "auto" (engine.server.openai.tools.auto_grammar)
+                    return self.compiler.compile_structural_tag(so.spec)
                 return self.compiler.compile_grammar(_choice_ebnf(so.spec))
-        except (RuntimeError, ValueError, TypeError) as e:
+        except (RuntimeError, ValueError, TypeError) as e:  # InvalidStructuralTagError is a RuntimeError
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             why = why.split(": ", 1)[1] if why.startswith("[") and ": " in why else why  # drop "[time] file.cc:N"
             raise InvalidRequestError(f"Invalid {so.kind.replace('_', ' ')} for structured output: {why}",

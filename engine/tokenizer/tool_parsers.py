@@ -15,7 +15,10 @@ Formats (``ToolFormat``), chosen from the chat template's text (``tool_format_fo
 (a marker's prefix, the opening ``{`` or ``[`` of a bare call, whitespace before a call) is held back until the
 parser knows. A call is returned only once its JSON object is complete and names a function, so a stream and a
 whole parse of the same text give the same calls. Malformed JSON ends call parsing: that text and everything
-after it is returned as content, exactly as the model wrote it. ``parse_tool_calls`` is the whole-text face.
+after it is returned as content, exactly as the model wrote it. With ``drop_incomplete`` (the calls were enforced
+by a grammar, so an unfinished one was cut by ``max_tokens`` or a stop string) an unfinished call region at the end
+gives the calls completed in it and nothing else: never the grammar's raw JSON as content.
+``parse_tool_calls`` is the whole-text face.
 """
 
 from __future__ import annotations
@@ -170,9 +173,10 @@ class ToolCallStream:
     a content string or a complete ToolCall. ``max_calls`` (``parallel_tool_calls: false``: 1) drops calls after
     that many."""
 
-    def __init__(self, fmt: ToolFormat, max_calls: int | None = None) -> None:
+    def __init__(self, fmt: ToolFormat, max_calls: int | None = None, drop_incomplete: bool = False) -> None:
         self.fmt = fmt
         self.max_calls = max_calls
+        self.drop_incomplete = drop_incomplete
         self.buf = ""
         self.pos = 0  # start of the text not yet returned (as content or as calls)
         self.at_start = True  # nothing but whitespace so far: a bare opener may still start calls
@@ -251,7 +255,19 @@ class ToolCallStream:
         return None
 
     def _parse_region(self, at: int, final: bool) -> tuple[list[ToolCall], int]:
-        """The calls of the region that opens at ``at``; returns them and the index after the region."""
+        """The calls of the region that opens at ``at``; returns them and the index after the region. At the end
+        of the output an unfinished region is malformed, or (``drop_incomplete``) its complete calls."""
+        calls: list[ToolCall] = []
+        try:
+            return self._region_calls(at, final, calls)
+        except _Incomplete:
+            if not final:
+                raise
+            if self.drop_incomplete:
+                return calls, len(self.buf)
+            raise _Malformed from None
+
+    def _region_calls(self, at: int, final: bool, calls: list[ToolCall]) -> tuple[list[ToolCall], int]:
         fmt, buf = self.fmt, self.buf
         i = self._skip_ws(at, final)
         if fmt.marker and buf.startswith(fmt.marker, i):
@@ -259,7 +275,6 @@ class ToolCallStream:
         array = fmt.body == "array" and buf[i] == "["
         if array:
             i = self._skip_ws(i + 1, final)
-        calls: list[ToolCall] = []
         while True:
             if buf[i] != "{":
                 raise _Malformed
@@ -268,7 +283,7 @@ class ToolCallStream:
                 scanner = self._scanners[i] = _ObjectScanner(i)
             end = scanner.end(buf)
             if end is None:
-                raise _Malformed if final else _Incomplete
+                raise _Incomplete
             call = _as_call(buf[i:end])
             if call is None:
                 raise _Malformed
@@ -300,14 +315,15 @@ class ToolCallStream:
         while i < len(self.buf) and self.buf[i] in _WS:
             i += 1
         if i >= len(self.buf):
-            raise _Malformed if final else _Incomplete
+            raise _Incomplete
         return i
 
 
-def parse_tool_calls(text: str, fmt: ToolFormat, max_calls: int | None = None) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, fmt: ToolFormat, max_calls: int | None = None,
+                     drop_incomplete: bool = False) -> tuple[str | None, list[ToolCall]]:
     """The whole output -> (content, calls). Without calls the content is the text unchanged; with calls it is
     the text around them (None when that is empty)."""
-    stream = ToolCallStream(fmt, max_calls)
+    stream = ToolCallStream(fmt, max_calls, drop_incomplete)
     events = stream.feed(text) + stream.finish()
     content = "".join(e for e in events if isinstance(e, str))
     calls = [e for e in events if isinstance(e, ToolCall)]

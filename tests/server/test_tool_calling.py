@@ -1,6 +1,7 @@
 """Tool calling (issue 19) with the official openai client against the real server on SmolLM2, whose chat
 template takes no tools: tool_choice "required" and a named function are enforced by the grammar (the arguments
-validate against the function's schema, streaming and not), "auto" is a clear 400, "none" is plain chat, tool
+validate against the function's schema, streaming and not), "auto" goes through the built-in tool prompt
+(tests/server/test_tools_auto.py), "none" is plain chat, tool
 results go back through the template, and bad tool definitions are OpenAI-style 400s naming the field.
 (Parsing each family's format and rendering tools through real templates: tests/unit/test_tool_parsers.py.)"""
 
@@ -122,10 +123,13 @@ def test_tool_results_go_back_through_the_template(api, http):
     assert '"get_weather"' in text and "tool\n18 degrees, sunny" in text
 
 
-def test_auto_without_template_support_is_400_and_none_is_plain_chat(api):
-    with pytest.raises(openai.BadRequestError) as e:
-        api.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=5)
-    assert e.value.body["param"] == "tools" and "required" in e.value.body["message"]
+def test_auto_without_template_support_uses_the_builtin_prompt_and_none_is_plain_chat(api):
+    # issue 47: "auto" on a template that takes no tools was a 400; it is the built-in tool prompt now (its own
+    # tests: tests/server/test_tools_auto.py)
+    auto = api.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=5)
+    assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    for call in auto.choices[0].message.tool_calls or []:
+        _check_call(call)
     plain = api.chat.completions.create(model=MODEL, messages=ASK, max_tokens=12, temperature=0)
     none = api.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=12,
                                        temperature=0)

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from engine.errors import InvalidRequestError
 from engine.server.openai import tools as tools_mod
 from engine.tokenizer import render_chat_template
 from engine.tokenizer.tool_parsers import parse_tool_calls, tool_format_for
@@ -81,9 +80,11 @@ def test_mistral_gets_nine_character_call_ids():
 
 
 def test_a_template_without_tool_calls_sees_the_call_as_text():
+    # written as the built-in tool prompt asks (issue 47), so the model sees the format it is asked to use
     messages = _conversation(T.LLAMA2_TEMPLATE)
-    assert "tool_calls" not in messages[1] and json.loads(messages[1]["content"]) == [
-        {"name": "get_weather", "arguments": ARGS}]
+    content, calls = parse_tool_calls(messages[1]["content"], tool_format_for("<tool_call>"))
+    assert "tool_calls" not in messages[1] and messages[1]["content"].startswith("<tool_call>\n") and not content
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", ARGS)]
 
 
 @pytest.mark.parametrize("template, takes", [
@@ -96,10 +97,14 @@ def test_plan_follows_what_the_template_takes(template, takes):
         plan = tools_mod.plan_tools({"tools": TOOLS}, template, None)
         assert plan.choice == "auto" and plan.offered and plan.fmt == tool_format_for(template)
         assert plan.structured is None and plan.max_calls is None
-    else:
-        with pytest.raises(InvalidRequestError) as e:
-            tools_mod.plan_tools({"tools": TOOLS}, template, None)
-        assert e.value.param == "tools"
+    else:  # issue 47: the built-in tool prompt (it was a 400) and its hermes parser
+        plan = tools_mod.plan_tools({"tools": TOOLS}, template, None)
+        assert plan.choice == "auto" and plan.builtin and not plan.offered and plan.fmt.name == "hermes"
+        assert plan.structured is None and plan.max_calls is None
+        prompt = tools_mod.with_builtin_tools([{"role": "user", "content": "hi"}], plan)
+        assert prompt[0]["role"] == "system" and json.dumps(TOOLS[0]) in prompt[0]["content"]
+        grammar = tools_mod.auto_grammar(plan, None)
+        assert grammar.kind == "structural_tag" and json.loads(grammar.spec)["format"]["triggers"] == ["<tool_call>"]
     named = tools_mod.plan_tools({"tools": TOOLS, "tool_choice": {"type": "function", "function": {
         "name": "get_weather"}}}, template, None)
     assert named.offered is takes and json.loads(named.structured.spec) == TOOLS[0]["function"]["parameters"]

@@ -46,7 +46,7 @@ from engine.server.memory import return_large_blocks
 from engine.server.openai import errors, protocol
 from engine.server.openai.body_checks import check_json_body
 from engine.server.openai import serving as S
-from engine.server.openai.serving_chat import convert_messages, create_chat_completion, fit_history
+from engine.server.openai.serving_chat import chat_prompt, convert_messages, create_chat_completion, tool_mode_of
 from engine.server.openai.serving_completions import create_completion
 from engine.server.openai.serving_embeddings import create_embedding
 
@@ -189,13 +189,14 @@ class BodyLimitMiddleware:
 
 def build_app(client: EngineClient, *, served_model_names: list[str] | None = None, api_key: str | None = None,
               allowed_origins: list[str] | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-              allowed_hosts: list[str] | None = None, body_timeout: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
+              allowed_hosts: list[str] | None = None, body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+              chat_template: str | None = None, tool_call_parser: str | None = None) -> FastAPI:
     return_large_blocks()  # 10 MiB bodies refused 15 times: RSS flat instead of +90 MiB (engine/server/memory.py)
     info = client.info
     names = list(served_model_names or []) or [info.name]
     metrics = PrometheusMetrics(names[0])
     client.add_listener(metrics.observe)
-    ctx = S.ServerContext(client, names, metrics)
+    ctx = S.ServerContext(client, names, metrics, chat_template=chat_template, tool_call_parser=tool_call_parser)
     app = FastAPI(title="Kestrel OpenAI-compatible API", version=engine.__version__,
                   description="An OpenAI-compatible API served by Kestrel (GET /v1/models lists the model).")
     app.state.ctx = ctx
@@ -247,9 +248,13 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
         if (req.prompt is None) == (req.messages is None):
             raise InvalidRequestError("Give either 'prompt' or 'messages'.", param="prompt")
         limit = S.MAX_TOKENIZE_CONTEXTS * ctx.info.max_model_len
-        if req.messages is not None:
-            text = await client.apply_chat_template(fit_history(ctx, convert_messages(req.messages)),
-                                                    add_generation_prompt=req.add_generation_prompt is not False)
+        ids = None
+        if req.messages is not None:  # the prompt the chat route would send: tools, template variables included
+            prompt, _ = await chat_prompt(ctx, convert_messages(req.messages), dict(req.model_extra or {}),
+                                          add_generation_prompt=req.add_generation_prompt is not False)
+            ids = prompt.get("prompt_token_ids")
+            text = "" if ids is not None else await client.apply_chat_template(
+                prompt["messages"], add_generation_prompt=req.add_generation_prompt is not False)
             special = False
         else:
             S.check_text(req.prompt, "prompt")
@@ -261,7 +266,9 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
                         f"tokens; this model's context is {ctx.info.max_model_len} tokens), and this one has at "
                         f"least {at_least} tokens. Count a shorter text.",)
             raise err
-        if req.messages is not None:
+        if ids is not None:
+            pass
+        elif req.messages is not None:
             ids = await client.tokenize(text, add_special_tokens=False)
         else:
             ids = await client.tokenize(text, add_special_tokens=special)
@@ -324,7 +331,7 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
                 "num_kv_blocks": i.num_kv_blocks, "block_size": i.block_size, "tensor_parallel_size": tp,
                 "comm_strategy": getattr(cfg, "comm_strategy", None) if tp > 1 else None,
                 "comm_table": list(table) if table else None,
-                "engine_config": engine_config, "host": hardware}
+                "engine_config": engine_config, "host": hardware, "tools": tool_mode_of(ctx)}
 
     @app.get("/version", response_model=protocol.VersionResponse)
     async def version() -> dict:

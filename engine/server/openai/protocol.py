@@ -132,8 +132,9 @@ _HARMLESS: dict[str, tuple[tuple[Any, ...], str]] = {
     "tools": ((), ""),  # tool calling (chat only): checked by engine.server.openai.tools
     "tool_choice": ((), ""),
     "parallel_tool_calls": ((), ""),
-    "functions": ((None, []), "function calling is not supported"),
-    "function_call": ((None, "none", "auto"), "function calling is not supported"),
+    "functions": ((), ""),  # OpenAI's deprecated form of tools: mapped onto them (engine.server.openai.tools)
+    "function_call": ((), ""),
+    "chat_template_kwargs": ((), ""),  # vLLM's template variables: checked by the chat handler
     "response_format": ((), ""),  # structured output: checked by engine.server.openai.serving.structured_output
     "guided_json": ((), ""),  # vLLM's extra fields, the same
     "guided_regex": ((), ""),
@@ -168,7 +169,7 @@ def check_fields(req: BaseModel, where: str = "") -> None:
         if msg is not None:
             raise InvalidRequestError(msg, param=where + name)
     if isinstance(req, CompletionRequest):
-        for name in ("tools", "tool_choice"):
+        for name in ("tools", "tool_choice", "functions", "function_call"):
             if (req.model_extra or {}).get(name) not in (None, [], "none", "auto"):
                 raise InvalidRequestError(f"Unsupported parameter '{name}' on /v1/completions: tool calling is "
                                           "for /v1/chat/completions.", param=name)
@@ -365,3 +366,5 @@ class ServerInfo(_Response):
                           "None when TP is 1 or the strategy was fixed")
     engine_config: dict = Field(default_factory=dict, description="Scheduling and cache options of the engine")
     host: dict = Field(default_factory=dict, description="CPU, GPUs, driver, PCIe topology of the server's host")
+    tools: dict | None = Field(None, description="What tool_choice 'auto' does: the chat template's tool support or "
+                                                 "the built-in tool prompt, the call parser, the grammar")

@@ -49,6 +49,8 @@ class ServerContext:
     served_model_names: list[str]
     metrics: PrometheusMetrics | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    chat_template: str | None = None  # --chat-template: replaces the model's (engine.server.openai.serving_chat)
+    tool_call_parser: str | None = None  # --tool-call-parser: the call format of a template that takes tools
     _token_strs: list[str] | None = None
     _token_bytes: list[bytes] | None = None
 

@@ -23,8 +23,7 @@ from engine.server.openai.protocol import ChatCompletionRequest, ChatMessage, ch
 from engine.tokenizer.tool_parsers import ToolCall, ToolCallStream, new_call_id, parse_tool_calls
 
 _ROLES = {"system", "user", "assistant", "tool"}
-_REFUSED_MESSAGE_FIELDS = {"function_call": "function calling is not supported (use tool_calls)",
-                           "audio": "audio is not supported"}
+_REFUSED_MESSAGE_FIELDS = {"audio": "audio is not supported"}
 
 
 def convert_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -36,10 +35,9 @@ def convert_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         raise InvalidRequestError(f"Too many messages: {len(messages)}, at most {S.MAX_MESSAGES}.", param="messages")
     out = []
     for i, m in enumerate(messages):
-        role = "system" if m.role == "developer" else m.role
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)  # function: the deprecated form
         if role not in _ROLES:
-            why = ("use tool (function is deprecated)" if role == "function"
-                   else "use system, user, assistant or tool")
+            why = "use system, user, assistant or tool"
             raise InvalidRequestError(f"Unsupported role {m.role!r} in messages[{i}]: {why}.",
                                       param=f"messages[{i}].role")
         msg: dict[str, Any] = {"role": role}
@@ -74,6 +72,12 @@ def convert_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             if k in _REFUSED_MESSAGE_FIELDS:
                 raise InvalidRequestError(f"Unsupported field messages[{i}].{k}: {_REFUSED_MESSAGE_FIELDS[k]}.",
                                           param=f"messages[{i}].{k}")
+            if k == "function_call":  # the deprecated form of one tool call
+                if role != "assistant" or not isinstance(v, dict):
+                    raise InvalidRequestError(f"Invalid value for messages[{i}].function_call: an assistant "
+                                              "message's {\"name\", \"arguments\"}.",
+                                              param=f"messages[{i}].function_call")
+                k, v = "tool_calls", [{"type": "function", "function": v}]
             if k == "tool_calls":
                 if role != "assistant":
                     raise InvalidRequestError(f"messages[{i}].tool_calls is only for assistant messages.",
@@ -95,8 +99,11 @@ def fit_history(ctx: S.ServerContext, messages: list[dict], template: str | None
 
 
 def _template(ctx: S.ServerContext, with_tools: bool) -> str | None:
-    """The chat template this request is rendered with (None: the client has no tokenizer of its own, or the
-    model no template; the normal path then says so)."""
+    """The chat template this request is rendered with: the server's ``--chat-template`` where given, else the
+    model's (None: the client has no tokenizer of its own, or the model no template; the normal path then says
+    so)."""
+    if ctx.chat_template is not None:
+        return ctx.chat_template
     tok = ctx.client.tokenizer
     if tok is None:
         return None
@@ -106,16 +113,80 @@ def _template(ctx: S.ServerContext, with_tools: bool) -> str | None:
         return None
 
 
-async def _render_with_tools(ctx: S.ServerContext, messages: list[dict], tools: list[dict]) -> list[int]:
-    """The prompt's ids with the tools rendered by the model's template (on a worker thread: templates are
-    Python, tokenizing a long conversation takes a while)."""
+def read_chat_template(path: str | None) -> str | None:
+    """``--chat-template FILE``'s text (None without the flag); a file that cannot be read stops the server."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise SystemExit(f"--chat-template: cannot read {path}: {e.strerror}") from None
+    if "{" not in text:
+        raise SystemExit(f"--chat-template: {path} is not a Jinja chat template")
+    return text
+
+
+def tool_mode_of(ctx: S.ServerContext) -> dict:
+    """What tool_choice "auto" does on the served model (GET /v1/server_info's ``tools``): the chat template's own
+    tool support or Kestrel's built-in tool prompt, the parser that reads the calls, and whether a grammar takes
+    over once a call opens; ``chat_template``: the model's or the server's ``--chat-template``."""
+    mode = T.tool_mode(_template(ctx, True), ctx.info.architecture, ctx.tool_call_parser)
+    return {**mode, "chat_template": "model" if ctx.chat_template is None else "--chat-template"}
+
+
+_RESERVED_TEMPLATE_VARIABLES = {"messages", "tools", "documents", "add_generation_prompt", "chat_template"}
+
+
+def template_kwargs(extra: dict) -> dict:
+    """``chat_template_kwargs`` (vLLM's: variables for the chat template, e.g. Qwen3's ``enable_thinking``)."""
+    kw = extra.get("chat_template_kwargs")
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
+        raise InvalidRequestError("Invalid value for 'chat_template_kwargs': an object of template variables.",
+                                  param="chat_template_kwargs")
+    bad = sorted(set(kw) & _RESERVED_TEMPLATE_VARIABLES)
+    if bad:
+        raise InvalidRequestError(f"Invalid value for 'chat_template_kwargs': {bad[0]!r} is set by the request "
+                                  "itself.", param=f"chat_template_kwargs.{bad[0]}")
+    return kw
+
+
+async def _render(ctx: S.ServerContext, messages: list[dict], tools: list[dict] | None, kwargs: dict,
+                  add_generation_prompt: bool) -> list[int]:
+    """The prompt's ids rendered here (with the tools, template variables or the server's template; on a worker
+    thread: templates are Python, tokenizing a long conversation takes a while)."""
     tok = ctx.client.tokenizer
     try:
-        return await asyncio.to_thread(tok.apply_chat_template, messages, True, True, tools=tools)
+        return await asyncio.to_thread(tok.apply_chat_template, messages, add_generation_prompt, True, tools=tools,
+                                       chat_template=ctx.chat_template, **kwargs)
     except KestrelError:
         raise
     except Exception as e:  # noqa: BLE001 - typed for the caller
         raise as_request_error(e, "Internal error while applying the chat template") from None
+
+
+async def chat_prompt(ctx: S.ServerContext, messages: list[dict], extra: dict,
+                      add_generation_prompt: bool = True) -> tuple[dict[str, Any], T.ToolPlan | None]:
+    """The prompt a chat request sends (``{"messages"}`` for the client to render, or ``{"prompt_token_ids"}``
+    rendered here: with the tools, template variables or ``--chat-template``) and its ToolPlan. /tokenize counts
+    the same prompt."""
+    template = _template(ctx, bool(extra.get("tools") or extra.get("functions")))
+    plan = T.plan_tools(extra, template, ctx.info.architecture, ctx.tool_call_parser)
+    kwargs = template_kwargs(extra)
+    messages = fit_history(ctx, messages, template)
+    tools = None
+    if plan is not None:
+        if plan.offered:
+            tools = plan.tools
+        elif plan.builtin:
+            messages = T.with_builtin_tools(messages, plan)
+        elif plan.choice in ("required", "named"):
+            messages = T.with_tool_hint(messages, plan)
+    if ctx.client.tokenizer is not None and (tools or kwargs or ctx.chat_template is not None):
+        return {"prompt_token_ids": await _render(ctx, messages, tools, kwargs, add_generation_prompt)}, plan
+    return {"messages": messages}, plan
 
 
 async def create_chat_completion(ctx: S.ServerContext, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -123,8 +194,6 @@ async def create_chat_completion(ctx: S.ServerContext, req: ChatCompletionReques
     check_fields(req)
     messages = convert_messages(req.messages)
     extra = req.model_extra or {}
-    template = _template(ctx, bool(extra.get("tools")))
-    plan = T.plan_tools(extra, template, ctx.info.architecture)
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise InvalidRequestError("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
@@ -135,15 +204,14 @@ async def create_chat_completion(ctx: S.ServerContext, req: ChatCompletionReques
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     params = S.sampling_params(ctx, req, max_tokens=max_tokens, max_tokens_name=name,
                                logprobs=top_n if req.logprobs else None)
-    messages = fit_history(ctx, messages, template)
-    prompt: dict[str, Any] = {"messages": messages}
+    prompt, plan = await chat_prompt(ctx, messages, extra)
     if plan is not None:
         if plan.structured is not None:
             params.structured = plan.structured
-        if plan.offered:
-            prompt = {"prompt_token_ids": await _render_with_tools(ctx, messages, plan.tools)}
-        elif plan.choice in ("required", "named"):
-            prompt = {"messages": T.with_tool_hint(messages, plan)}
+        elif plan.choice == "auto":
+            grammar = T.auto_grammar(plan, params.structured)
+            plan.enforced = grammar is not None and grammar.kind == "structural_tag"
+            params.structured = grammar
         if not plan.parses:
             plan = None
     if req.logprobs:
@@ -166,11 +234,17 @@ def _message(text: str, finish_reason: str | None, plan: T.ToolPlan | None) -> t
     if plan.choice == "named":
         content, calls = None, [ToolCall(plan.name, text)]
     else:
-        content, calls = parse_tool_calls(text, plan.fmt, plan.max_calls)
+        content, calls = parse_tool_calls(text, plan.fmt, plan.max_calls, plan.enforced)
     if not calls:
         return {"role": "assistant", "content": content}, finish_reason
+    done = finish_reason == "stop"
+    if plan.legacy:  # the deprecated functions form: one function_call
+        call = calls[0]
+        message = {"role": "assistant", "content": content,
+                   "function_call": {"name": call.name, "arguments": call.arguments}}
+        return message, ("function_call" if done else finish_reason)
     message = {"role": "assistant", "content": content, "tool_calls": [c.openai() for c in calls]}
-    return message, ("tool_calls" if finish_reason == "stop" else finish_reason)
+    return message, ("tool_calls" if done else finish_reason)
 
 
 async def _full(ctx, streams, n, rid, model, logprobs: bool, top_n: int,
@@ -193,14 +267,23 @@ class _ToolDeltas:
 
     def __init__(self, plan: T.ToolPlan) -> None:
         self.named = plan.name if plan.choice == "named" else None
-        self.parser = None if self.named else ToolCallStream(plan.fmt, plan.max_calls)
+        self.parser = None if self.named else ToolCallStream(plan.fmt, plan.max_calls, plan.enforced)
+        self.legacy = plan.legacy
         self.calls = 0
 
+    @property
+    def finish_reason(self) -> str:
+        return "function_call" if self.legacy else "tool_calls"
+
     def _head(self, call_id: str, name: str) -> dict:
+        if self.legacy:
+            return {"function_call": {"name": name, "arguments": ""}}
         return {"tool_calls": [{"index": self.calls, "id": call_id, "type": "function",
                                 "function": {"name": name, "arguments": ""}}]}
 
     def _args(self, index: int, text: str) -> dict:
+        if self.legacy:
+            return {"function_call": {"arguments": text}}
         return {"tool_calls": [{"index": index, "function": {"arguments": text}}]}
 
     def deltas(self, text: str, finished: bool) -> list[dict]:
@@ -290,7 +373,7 @@ def _tool_events(ctx, event, td: _ToolDeltas, i: int, m: S.Merged, logprobs: boo
                   if logprobs else None, "finish_reason": None}
         if last.finished and k == len(deltas) - 1:
             reason = last.finish_reason
-            choice["finish_reason"] = "tool_calls" if td.calls and reason == "stop" else reason
+            choice["finish_reason"] = td.finish_reason if td.calls and reason == "stop" else reason
             choice["stop_reason"] = last.stop_reason
         out.append(event(choice))
     return out

@@ -3,9 +3,16 @@ checked (400s naming the field), the plan for the request (``ToolPlan``), and th
 model's chat template.
 
 - ``tool_choice`` "none": the tools are not offered to the template; plain chat.
-- "auto" (the default with tools): the tools go through the model's own chat template (``tools=``) and the output
-  is parsed in the format that template teaches (engine.tokenizer.tool_parsers). A template that does not take
-  ``tools`` (or whose call format Kestrel does not know) gets a 400: the model was never told about them.
+- "auto" (the default with tools): a template that takes ``tools`` (and whose call format Kestrel knows, or that
+  ``--tool-call-parser`` names) gets them (``tools=``) and the output is parsed in the format it teaches
+  (engine.tokenizer.tool_parsers). Any other template (SmolLM2's, the shipped model's) gets Kestrel's built-in
+  tool prompt, as LM Studio does for models without native tool support: a system-message section
+  (``BUILTIN_TOOL_PROMPT``) that lists the tools' JSON schemas inside ``<tools></tools>`` and asks for each call as
+  ``<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>`` (the hermes format,
+  parsed by its parser). Where the call format opens with a text marker (hermes: ``<tool_call>``, built-in or
+  native) a grammar (``auto_grammar``: an xgrammar structural tag) leaves the text free until the model writes the
+  marker, then takes over: the call names a function and its arguments validate against that function's schema.
+  With ``response_format`` json_schema / json_object the grammar is "tool calls, or the schema's JSON".
 - "required" / a named function: a grammar enforces the call, so the arguments are valid JSON for the function's
   schema whatever the model: a named function's output is its arguments object, "required"'s a JSON array of
   ``{"name", "parameters"}`` (one item when ``parallel_tool_calls`` is false). The template still gets the tools
@@ -39,6 +46,9 @@ class ToolPlan:
     fmt: ToolFormat | None = None  # how to read the output ("auto", "required")
     name: str | None = None  # the named function
     structured: StructuredOutput | None = None  # the grammar of "required" / a named function
+    builtin: bool = False  # "auto" through Kestrel's built-in tool prompt (the template takes no tools)
+    legacy: bool = False  # the request used the deprecated ``functions`` / ``function_call``: answer in kind
+    enforced: bool = False  # a grammar writes the calls: one cut short (max_tokens) is dropped, never content
 
     @property
     def max_calls(self) -> int | None:
@@ -163,6 +173,23 @@ def _choice(value: Any, names: list[str]) -> tuple[str, str | None]:
     return "named", name
 
 
+def native_format(template: str | None, architecture: str | None, parser: str | None = None) -> ToolFormat | None:
+    """The call format of a template that takes tools (``parser``, the server's ``--tool-call-parser``, else the
+    one the template teaches); None when the built-in tool prompt applies."""
+    if not template_takes_tools(template):
+        return None
+    return FORMATS[parser] if parser else tool_format_for(template, architecture)
+
+
+def tool_mode(template: str | None, architecture: str | None, parser: str | None = None) -> dict:
+    """What tool_choice "auto" does on this model (GET /v1/server_info): the template's own tool support and
+    parser, or the built-in tool prompt and its hermes parser."""
+    fmt = native_format(template, architecture, parser)
+    if fmt is None:
+        return {"auto": "builtin_prompt", "parser": "hermes", "grammar": True}
+    return {"auto": "chat_template", "parser": fmt.name, "grammar": fmt.marker is not None and fmt.name == "hermes"}
+
+
 def template_takes_tools(template: str | None) -> bool:
     """Whether a chat template reads the ``tools`` variable (HF templates with tool support do)."""
     return bool(template) and re.search(r"\btools\b", template) is not None
@@ -183,9 +210,36 @@ def _grammar(tools: list[dict], choice: str, name: str | None, parallel: bool) -
     return StructuredOutput("json_schema", json.dumps(schema), param="tools")
 
 
-def plan_tools(extra: dict, template: str | None, architecture: str | None) -> ToolPlan | None:
+def legacy_functions(extra: dict) -> bool:
+    """OpenAI's deprecated ``functions`` / ``function_call`` mapped onto ``tools`` / ``tool_choice`` in ``extra``
+    (in place); True when the request used them (the answer then carries ``function_call``, one call)."""
+    functions, call = extra.get("functions"), extra.get("function_call")
+    if functions is None and call is None:
+        return False
+    if extra.get("tools") is not None or extra.get("tool_choice") is not None:
+        raise InvalidRequestError("Give either 'functions' / 'function_call' (deprecated) or 'tools' / "
+                                  "'tool_choice', not both.", param="functions")
+    if functions is not None:
+        if not isinstance(functions, list):
+            raise _bad("functions", "a list of {\"name\", \"description\", \"parameters\"} objects")
+        extra["tools"] = [{"type": "function", "function": f} for f in functions]
+    if call is not None:
+        if isinstance(call, dict):
+            extra["tool_choice"] = {"type": "function", "function": call}
+        elif call in ("none", "auto"):
+            extra["tool_choice"] = call
+        else:
+            raise _bad("function_call", "'none', 'auto' or {\"name\": ...}")
+    extra["parallel_tool_calls"] = False
+    return True
+
+
+def plan_tools(extra: dict, template: str | None, architecture: str | None,
+               parser: str | None = None) -> ToolPlan | None:
     """The request's tool fields -> its ToolPlan (None: no tools, plain chat). ``template`` is the chat template
-    the request will be rendered with (the model's "tool_use" one where it has it)."""
+    the request will be rendered with (the model's "tool_use" one where it has it); ``parser`` the server's
+    ``--tool-call-parser`` (None: from the template)."""
+    legacy = legacy_functions(extra)
     raw_tools = extra.get("tools")
     parallel = extra.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
@@ -194,19 +248,15 @@ def plan_tools(extra: dict, template: str | None, architecture: str | None) -> T
     choice, name = _choice(extra.get("tool_choice"), [t["function"]["name"] for t in tools])
     if not tools:
         return None
-    plan = ToolPlan(choice, tools, offered=False, parallel=parallel is not False, name=name)
+    plan = ToolPlan(choice, tools, offered=False, parallel=parallel is not False, name=name, legacy=legacy)
     if choice == "none":
         return plan
     takes = template_takes_tools(template)
     plan.offered = takes
     if choice == "auto":
-        fmt = tool_format_for(template, architecture)
-        if not takes or fmt is None:
-            why = ("its chat template does not take tools" if not takes
-                   else "Kestrel does not know the tool-call format its chat template teaches")
-            raise InvalidRequestError(
-                f"This model cannot be offered tools with tool_choice 'auto': {why}. Use tool_choice 'required' "
-                "or a named function (a grammar then enforces the call), or send no tools.", param="tools")
+        fmt = native_format(template, architecture, parser)
+        if fmt is None:  # Kestrel's own tool prompt and the format it teaches
+            plan.offered, plan.builtin, fmt = False, True, FORMATS["hermes"]
         plan.fmt = fmt
         return plan
     if extra.get("response_format") not in (None, {"type": "text"}) or any(
@@ -216,6 +266,7 @@ def plan_tools(extra: dict, template: str | None, architecture: str | None) -> T
                                   "the output.", param="tool_choice")
     plan.fmt = FORMATS["json_array"] if choice == "required" else None
     plan.structured = _grammar(tools, choice, name, plan.parallel)
+    plan.enforced = True
     return plan
 
 
@@ -251,7 +302,8 @@ def check_tool_calls(value: Any, param: str) -> list[dict]:
 
 def fit_history(messages: list[dict], template: str | None) -> list[dict]:
     """Tool calls and results of earlier turns for a template that does not know them: the calls become the
-    assistant's text (JSON), so the model still sees what it called. Templates that read ``tool_calls`` get the
+    assistant's text, written as the built-in tool prompt asks (``<tool_call>`` JSON ``</tool_call>``), so the
+    model still sees what it called. Templates that read ``tool_calls`` get the
     messages unchanged."""
     if template and "tool_calls" in template:
         if "length != 9" in template:  # Mistral's templates take only 9-character alphanumeric call ids
@@ -262,8 +314,7 @@ def fit_history(messages: list[dict], template: str | None) -> list[dict]:
         calls = m.get("tool_calls")
         if calls:
             m = {k: v for k, v in m.items() if k != "tool_calls"}
-            text = json.dumps([{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                               for c in calls], ensure_ascii=False)
+            text = "\n".join(_hermes_call(c["function"]["name"], c["function"]["arguments"]) for c in calls)
             m["content"] = f"{m['content']}\n{text}" if m.get("content") else text
         out.append(m)
     return out
@@ -294,3 +345,70 @@ def with_tool_hint(messages: list[dict], plan: ToolPlan) -> list[dict]:
         first["content"] = f"{first.get('content') or ''}\n\n{hint}".lstrip()
         return [first, *messages[1:]]
     return [{"role": "system", "content": hint}, *messages]
+
+
+def _hermes_call(name: str, arguments: Any) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+BUILTIN_TOOL_PROMPT = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> \
+XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+def with_builtin_tools(messages: list[dict], plan: ToolPlan) -> list[dict]:
+    """The built-in tool prompt (``BUILTIN_TOOL_PROMPT``: the tools' JSON schemas and the call format) as a
+    section of the system message, for a template that takes no tools under tool_choice "auto"."""
+    specs = "\n".join(json.dumps(t, ensure_ascii=False) for t in plan.tools)
+    section = BUILTIN_TOOL_PROMPT.format(tools=specs)
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first.get('content') or ''}\n\n{section}".lstrip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": section}, *messages]
+
+
+_CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def _call_tags(tools: list[dict]) -> list[dict]:
+    return [{"type": "tag", "begin": f'{_CALL_OPEN}\n{{"name": {json.dumps(t["function"]["name"])}, "arguments": ',
+             "content": {"type": "json_schema", "json_schema": t["function"]["parameters"], "max_whitespace_cnt": 1},
+             "end": f"}}\n{_CALL_CLOSE}"} for t in tools]
+
+
+def auto_grammar(plan: ToolPlan, answer: StructuredOutput | None) -> StructuredOutput | None:
+    """The grammar of tool_choice "auto" in the hermes format (built-in prompt or a hermes template): free text
+    until the model writes ``<tool_call>``, then the call (a function of ``tools``, its arguments valid for its
+    schema) and ``</tool_call>``; then free text again (one call only with ``parallel_tool_calls`` false). With
+    ``answer`` (response_format json_schema / json_object): tool calls, or the schema's JSON. None where the
+    format has no text marker (the output is parsed, not enforced) or ``answer`` is another kind of grammar
+    (guided_regex / guided_choice: it covers the whole output, as without tools)."""
+    if plan.choice != "auto" or plan.fmt is None or plan.fmt.name != "hermes":
+        return answer
+    tags = _call_tags(plan.tools)
+    if answer is None:
+        fmt = {"type": "triggered_tags", "triggers": [_CALL_OPEN], "tags": tags,
+               "stop_after_first": not plan.parallel}
+        param = "tools"
+    elif answer.kind in ("json", "json_schema"):
+        schema = json.loads(answer.spec) if answer.kind == "json_schema" else {"type": "object"}
+        calls = (tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}) if not plan.parallel else {
+            "type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
+        fmt = {"type": "or", "elements": [calls, {"type": "json_schema", "json_schema": schema,
+                                                  "max_whitespace_cnt": 1}]}
+        param = answer.param or "response_format"
+    else:
+        return answer
+    return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}), param=param)
