@@ -62,7 +62,7 @@ class EngineCore:
             max_len = mc.sliding_window
         self.executor = None  # tensor parallelism: rank 0 lives here, the workers in their processes
         if tp is None and config.tensor_parallel_size > 1:
-            from engine.parallel.executor import TPExecutor
+            from engine.executor.tp_executor import TPExecutor
 
             self.executor = TPExecutor(config, self.checkpoint, max_len, comm_config=comm_config)
             tp = self.executor.tp

@@ -22,7 +22,7 @@ from engine.layers.penalties import PenaltyState, has_penalty
 from engine.layers.sampler import Sampled, Sampler
 from engine.models.registry import model_class
 from engine.ops.transfer import to_device
-from engine.outputs import TokenLogprobs
+from engine.wire import TokenLogprobs
 from engine.parallel.context import SINGLE, TPContext
 from engine.runner.cpu_tape import DecodeTapes
 from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes, reserve_bytes
