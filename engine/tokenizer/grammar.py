@@ -90,6 +90,26 @@ def enforceable_schema(so: StructuredOutput) -> str:
     return json.dumps(schema)
 
 
+def enforceable_tag(so: StructuredOutput) -> str:
+    """A structural tag's text with each JSON schema in it made enforceable as ``enforceable_schema`` does (a tool's
+    parameters under tool_choice "auto": the same 400s as under "required")."""
+    def walk(node):
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            inner = StructuredOutput("json_schema", json.dumps(node["json_schema"]), param=so.param or "tools")
+            return {**node, "json_schema": json.loads(enforceable_schema(inner))}
+        return {k: walk(v) for k, v in node.items()}
+
+    try:
+        spec = json.loads(so.spec)
+    except ValueError:
+        return so.spec  # not JSON: the compiler says so
+    return json.dumps(walk(spec))
+
+
 class GrammarCache:
     """The tokenizer's grammar vocabulary (built once) and its compiled grammars (cached by their text)."""
 
@@ -119,7 +139,7 @@ class GrammarCache:
                 if so.kind == "regex":
                     return self.compiler.compile_regex(so.spec)
                 if so.kind == "structural_tag":  # tool_choice "auto" (engine.server.openai.tools.auto_grammar)
-                    return self.compiler.compile_structural_tag(so.spec)
+                    return self.compiler.compile_structural_tag(enforceable_tag(so))
                 return self.compiler.compile_grammar(_choice_ebnf(so.spec))
         except (RuntimeError, ValueError, TypeError) as e:  # InvalidStructuralTagError is a RuntimeError
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

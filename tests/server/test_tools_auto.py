@@ -314,3 +314,32 @@ def test_d1_parser_keeps_the_complete_calls_of_a_cut_grammar_output():
     events = [e for ch in hermes for e in stream.feed(ch)] + stream.finish()
     assert "".join(e for e in events if isinstance(e, str)) == "Let me check."
     assert [e.name for e in events if not isinstance(e, str)] == ["search"]
+
+
+def test_auto_refuses_a_parameter_schema_its_grammar_cannot_enforce(api):
+    # the same 400 as under "required" (issue 47's D2), never a call whose arguments may break the schema
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}}, "required": ["a"]}}}]
+    for choice in ("auto", "required"):
+        with pytest.raises(openai.BadRequestError) as e:
+            api.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice=choice, max_tokens=5)
+        assert e.value.body["param"] == "tools" and "not" in e.value.body["message"], e.value.body
+
+
+def test_structural_tag_schemas_are_checked_like_json_schemas():
+    from engine.errors import InvalidRequestError
+    from engine.sampling_params import StructuredOutput
+    from engine.server.openai.tools import ToolPlan, auto_grammar
+    from engine.tokenizer.grammar import enforceable_tag
+    from engine.tokenizer.tool_parsers import FORMATS
+
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}}}}}]
+    plan = ToolPlan("auto", bad, offered=False, parallel=True, fmt=FORMATS["hermes"], builtin=True)
+    with pytest.raises(InvalidRequestError) as e:
+        enforceable_tag(auto_grammar(plan, None))
+    assert e.value.param == "tools" and "not" in str(e.value)
+    plan.tools = TOOLS
+    answer = StructuredOutput("json_schema", json.dumps({"allOf": [{"type": "object"}]}))
+    spec = json.loads(enforceable_tag(auto_grammar(plan, answer)))  # allOf folded in the answer's branch
+    assert "allOf" not in json.dumps(spec) and spec["format"]["type"] == "or"
