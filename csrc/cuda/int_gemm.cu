@@ -382,7 +382,7 @@ void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, i
   auto st = reinterpret_cast<cudaStream_t>(stream);
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    if (!lane_groups) {  // x shared by the tiles of a block (int_gemm_wide.cuh)
+    if (!lane_groups && (tiles_per_block > 0 || wide::takes(int(M), int((N + 15) / 16), sm_count(device)))) {
       if (bits == 4) wide::linear<T, 4>(a, int(tiles_per_block), int(k_groups), device, st);
       else wide::linear<T, 8>(a, int(tiles_per_block), int(k_groups), device, st);
     } else if (bits == 4) {
