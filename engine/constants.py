@@ -1,7 +1,8 @@
 """Facts more than one module needs, defined once. Torch-free and importing nothing of the engine, so the app,
 the loader, the checkpoint schemes and the kernels' Python side all read this one definition (the app cannot
-import engine.loader or engine.weight_quant: they import torch). The C++ side has its own header for the facts
-it shares (csrc/), checked against this module by a test."""
+import engine.loader or engine.weight_quant: they import torch). tests/unit/test_import_graph.py fails when one
+of these names is assigned anywhere else. None of them is needed by csrc/; the facts the kernels share with C++
+(the dtype codes) are engine/dtype_codes.py, checked against their header by a test."""
 
 from __future__ import annotations
 
