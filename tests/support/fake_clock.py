@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from engine.wire import EngineStats
+
 
 class Clock:
     def __init__(self, t: float = 1000.0):
@@ -49,10 +51,7 @@ class SteppedCore:
         return []
 
     def stats(self, recent: int = 32):
-        class S:
-            pass
-
-        return S()
+        return EngineStats()  # the core's own type: the engine process copies its fields (msgspec.structs.asdict)
 
 
 @contextlib.contextmanager
