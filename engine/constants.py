@@ -18,7 +18,11 @@ GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+# A "llama" GGUF with experts ({arch}.expert_count > 0: llama.cpp writes Mixtral so) loads as this one
+GGUF_LLAMA_MOE_ARCHITECTURE = "MixtralForCausalLM"
 
 # FP8 block-scaled weights: the block scales' tile, rows and columns (DeepSeek-V3 / Qwen3 FP8 checkpoints'
 # weight_block_size [128, 128])

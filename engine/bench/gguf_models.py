@@ -16,6 +16,8 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from engine.bench.gguf_moe_models import RandomQwen3Moe
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1  # part of the file name: bump when what the writer puts in the file changes
@@ -54,10 +56,12 @@ class RandomLlama:
 
 
 # --gguf-models names -> "smollm2" (the embedded file) or a random model written by the bench
-BENCH_MODELS: dict[str, RandomLlama | None] = {
+BENCH_MODELS: dict[str, RandomLlama | RandomQwen3Moe | None] = {
     "smollm2": None,
     "llama-1b-q4_0": RandomLlama("Q4_0"),
     "llama-1b-q8_0": RandomLlama("Q8_0"),
+    "qwen3moe-q4_k": RandomQwen3Moe("Q4_K"),  # mixture of experts: engine/bench/gguf_moe_models.py
+    "qwen3moe-q8_0": RandomQwen3Moe("Q8_0"),
 }
 DEFAULT_GGUF_MODELS = ["smollm2", "llama-1b-q4_0", "llama-1b-q8_0"]
 
@@ -84,7 +88,7 @@ def model_path(name: str, workdir: Path | None = None) -> Path:
     raise ValueError(f"--gguf-models: {name!r} is neither a .gguf file nor one of {', '.join(BENCH_MODELS)}")
 
 
-def ensure_random_llama(spec: RandomLlama, workdir: Path) -> Path:
+def ensure_random_llama(spec: RandomLlama | RandomQwen3Moe, workdir: Path) -> Path:
     """The file of ``spec`` in ``workdir``, written first when it is not there (to a temporary name, then renamed:
     an interrupted write leaves no half file under the real name)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,7 +99,10 @@ def ensure_random_llama(spec: RandomLlama, workdir: Path) -> Path:
     log.info("writing the benchmark model %s (once; reused from then on)", path)
     print(f"writing the benchmark model {path} (once; reused from then on)", flush=True)
     try:
-        write_random_llama(tmp, spec)
+        if isinstance(spec, RandomLlama):
+            write_random_llama(tmp, spec)
+        else:
+            spec.write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -123,21 +130,15 @@ def write_random_llama(path: Path, spec: RandomLlama, tokenizer_source: Path | N
     import gguf
     import numpy as np
 
-    from engine.loader.gguf_file import GGUFFile
-    from engine.loader.resolve import default_model_path
+    from engine.bench.gguf_tokenizer import add_tokenizer_metadata, read_tokenizer_metadata
 
     s = spec.shape
     qtype = gguf.GGMLQuantizationType[spec.qtype]
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     if s.hidden % s.heads or s.hidden % block or s.intermediate % block:
         raise ValueError(f"{spec}: hidden and intermediate must be multiples of {block}, hidden of the heads")
-    tok = GGUFFile(tokenizer_source or default_model_path())
-    try:
-        meta = dict(tok.metadata)
-    finally:
-        tok.close()
-    tokens = meta["tokenizer.ggml.tokens"]
-    vocab = len(tokens)
+    meta = read_tokenizer_metadata(tokenizer_source)
+    vocab = len(meta["tokenizer.ggml.tokens"])
 
     w = gguf.GGUFWriter(None, "llama")
     w.add_name(f"random-llama-{spec.qtype}")
@@ -155,18 +156,7 @@ def write_random_llama(path: Path, spec: RandomLlama, tokenizer_source: Path | N
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{spec.qtype}"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(tokens)
-    w.add_token_types(meta["tokenizer.ggml.token_type"])
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
-    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
-                     ("unknown_token_id", w.add_unk_token_id), ("padding_token_id", w.add_pad_token_id),
-                     ("add_bos_token", w.add_add_bos_token)):
-        if f"tokenizer.ggml.{key}" in meta:
-            add(meta[f"tokenizer.ggml.{key}"])
-    if "tokenizer.chat_template" in meta:
-        w.add_chat_template(meta["tokenizer.chat_template"])
+    add_tokenizer_metadata(w, meta)
 
     tensors = [(n, (vocab, shape[1]) if shape[0] == -1 else shape) for n, shape in _tensors(s)]
     for name, shape in tensors:

@@ -27,8 +27,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf-models", nargs="*", default=None, metavar="NAME",
                    help="instead of --model: per GGUF model, Kestrel with --quantization gguf, Kestrel dequantized "
                         "and (with --vs-llamacpp) llama.cpp, on the CPU at batch 1, with resident memory against the "
-                        "file size. Names: smollm2 (embedded Q4_1), llama-1b-q4_0, llama-1b-q8_0 (random weights, "
-                        "written once into --workdir), or .gguf paths; no names: all three")
+                        "file size. Names: smollm2 (embedded Q4_1), llama-1b-q4_0, llama-1b-q8_0, qwen3moe-q4_k, "
+                        "qwen3moe-q8_0 (random weights, written once into --workdir; the last two a Qwen3-MoE shape "
+                        "of 1.4B parameters, 0.33B active), or .gguf paths; no names: the first three")
+    p.add_argument("--skip-dequantized", action="store_true",
+                   help="with --gguf-models: leave out the dequantized Kestrel row (the file's blocks kept only)")
     p.add_argument("--workdir", default=None,
                    help="where --gguf-models writes and then reuses its random models (default: the user cache, "
                         "e.g. ~/.cache/kestrel/bench-models)")
@@ -232,6 +235,8 @@ def _summary(result: dict | str, file_bytes: int) -> dict | str:
         model = result["rss_after_run"] - result["rss_before_load"]
         out["model_rss_mib"] = round(model / _MIB, 1)
         out["model_rss_vs_file"] = round(model / file_bytes, 3)
+        if result.get("kv_cache_bytes"):  # the budget the issue sets: the file plus the KV cache
+            out["model_rss_vs_file_plus_kv"] = round(model / (file_bytes + result["kv_cache_bytes"]), 3)
     for key in ("dtype", "threads", "float_linear_layers", "n_ctx", "cpu_amx", "config"):
         if key in result:
             out[key] = result[key]
@@ -245,6 +250,7 @@ def main_gguf_models(args) -> int:
     from pathlib import Path
 
     from engine.bench.gguf_models import DEFAULT_GGUF_MODELS, model_path
+    from engine.bench.gguf_moe_models import active_weight_bytes, read_bandwidth
     from engine.bench.llamacpp_peer import run_in_child
     from engine.bench.report import environment
     from engine.config import EngineConfig
@@ -277,13 +283,24 @@ def main_gguf_models(args) -> int:
             cfg = gguf_hf_config(gf)
             quant = gguf_quantization(gf)
             params = sum(math.prod(t.shape) for t in gf.tensors.values())
+            weight_bytes, active_bytes = active_weight_bytes(gf.tensors, gf.metadata)
+            experts = (cfg.get("num_experts") or cfg.get("num_local_experts"), cfg.get("num_experts_per_tok"))
         finally:
             gf.close()
         file_bytes = path.stat().st_size
         prompt = random_prompts(1, args.prompt_len, cfg["vocab_size"], seed=1)[0]
         row: dict = {"model": name, "path": str(path), "quantization": quant, "params": params,
-                     "file_mib": round(file_bytes / _MIB, 1), "loadavg_before": list(os.getloadavg())}
+                     "file_mib": round(file_bytes / _MIB, 1), "weight_mib": round(weight_bytes / _MIB, 1),
+                     "active_weight_mib": round(active_bytes / _MIB, 1), "loadavg_before": list(os.getloadavg())}
+        if experts[0]:
+            row["experts"], row["experts_used"] = experts
+        # the batch-1 decode ceiling: the bytes one step reads at this machine's read bandwidth, measured now
+        bandwidth = read_bandwidth(threads)
+        row["read_bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
+        row["decode_limit_tok_s"] = round(bandwidth / active_bytes, 1)
         for engine, quantization in zip(ENGINES, ("gguf", "none")):
+            if engine == "kestrel_dequantized" and args.skip_dequantized:
+                continue
             opts = _child_options(args, quantization, args.prompt_len, args.gen_len, threads)
             row[engine] = _summary(kestrel_in_child(str(path), opts, prompt, args.gen_len, args.repeats), file_bytes)
         if args.vs_llamacpp:
@@ -293,6 +310,9 @@ def main_gguf_models(args) -> int:
                 row["ratio_vs_llama.cpp"] = {
                     engine: {k: row[engine][k] / row["llama.cpp"][k] for k in ("prefill_tok_s", "decode_tok_s")}
                     for engine in ENGINES if isinstance(row[engine], dict)}
+        for engine in (*ENGINES, "llama.cpp"):
+            if isinstance(row.get(engine), dict):
+                row[engine]["decode_share_of_limit"] = round(row[engine]["decode_tok_s"] / row["decode_limit_tok_s"], 3)
         row["loadavg_after"] = list(os.getloadavg())
         report["models"].append(row)
         _print_model_row(row)
@@ -301,8 +321,10 @@ def main_gguf_models(args) -> int:
 
 
 def _print_model_row(row: dict) -> None:
-    print(f"{row['model']} ({row['quantization']}, {row['params'] / 1e9:.2f}B params, file {row['file_mib']} MiB, "
-          f"load average {row['loadavg_before'][0]:.2f}):", flush=True)
+    experts = f", {row['experts']} experts, {row['experts_used']} active" if row.get("experts") else ""
+    print(f"{row['model']} ({row['quantization']}, {row['params'] / 1e9:.2f}B params{experts}, file {row['file_mib']} "
+          f"MiB, {row['active_weight_mib']} MiB read per token, load average {row['loadavg_before'][0]:.2f}; decode "
+          f"limit {row['decode_limit_tok_s']} tok/s at {row['read_bandwidth_gb_s']} GB/s):", flush=True)
     for engine in (*ENGINES, "llama.cpp"):
         r = row.get(engine)
         if r is None:
@@ -316,7 +338,8 @@ def _print_model_row(row: dict) -> None:
         print(f"  {engine:<20} prefill {r['prefill_tok_s']:8.1f} tok/s, decode {r['decode_tok_s']:7.2f} tok/s, "
               f"RSS {r.get('rss_after_run_mib', float('nan')):7.1f} MiB, of which the model "
               f"{r.get('model_rss_mib', float('nan')):7.1f} MiB ({r.get('model_rss_vs_file', float('nan')):.2f}x "
-              f"the file){vs}", flush=True)
+              f"the file, {r.get('model_rss_vs_file_plus_kv', float('nan')):.2f}x file + KV), "
+              f"{r['decode_share_of_limit']:.0%} of the decode limit{vs}", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from engine import heap
-from engine.constants import GGUF_ARCHITECTURES
+from engine.constants import GGUF_ARCHITECTURES, GGUF_LLAMA_MOE_ARCHITECTURE
 from engine.errors import CheckpointError, UnsupportedArchitectureError
 from engine.loader.gguf_file import (
     GGML_QUANT_SIZES,
@@ -35,7 +35,7 @@ from engine.loader.weights import WeightSource
 
 log = logging.getLogger(__name__)
 
-_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 # every type gguf.quants can dequantize (gguf 0.19: F32, F16 and each type with a class of dequantize_blocks),
@@ -81,18 +81,55 @@ _BLOCK_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Mixture of experts (llama.cpp's names): the router, the 3-D expert tensors [experts, rows, cols] (each expert's
+# matrix exposed under the checkpoint's per-expert name: ``expert_names``) and Qwen2-MoE's shared expert. Mixtral
+# ("llama" GGUFs with experts) names them block_sparse_moe.* with w1 / w3 / w2, the Qwen MoEs mlp.*.
+_MOE_NAMES = {
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+}
+_EXPERT_NAMES = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
+                 "ffn_down_exps.weight": "down_proj"}
+_MIXTRAL_EXPERT_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 # Other tensors (rope_freqs, folded into rope_scaling; anything unknown) have no HF name and are not exposed.
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor, or None if it has none."""
+def hf_name(gguf_name: str, mixtral: bool = False) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None if it has none (the 3-D expert tensors have one name per
+    expert: ``expert_names``). ``mixtral``: a llama-arch file with experts (Mixtral's names)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK_RE.fullmatch(gguf_name)
     if m and m.group(2) in _BLOCK_NAMES:
         return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}"
+    if m and m.group(2) in _MOE_NAMES:
+        name = _MOE_NAMES[m.group(2)]
+        return f"model.layers.{m.group(1)}.{'block_sparse_moe.gate.weight' if mixtral else name}" \
+            if name == "mlp.gate.weight" else f"model.layers.{m.group(1)}.{name}"
     return None
+
+
+def expert_names(gguf_name: str, experts: int, mixtral: bool = False) -> list[str] | None:
+    """The checkpoint's per-expert names of a 3-D GGUF expert tensor (expert e's matrix under the e-th name:
+    ``model.layers.N.mlp.experts.E.gate_proj.weight``, Mixtral's ``block_sparse_moe.experts.E.w1.weight``), or
+    None for any other tensor."""
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if not m or m.group(2) not in _EXPERT_NAMES:
+        return None
+    proj = _EXPERT_NAMES[m.group(2)]
+    if mixtral:
+        return [f"model.layers.{m.group(1)}.block_sparse_moe.experts.{e}.{_MIXTRAL_EXPERT_NAMES[proj]}.weight"
+                for e in range(experts)]
+    return [f"model.layers.{m.group(1)}.mlp.experts.{e}.{proj}.weight" for e in range(experts)]
+
+
+def is_mixtral(gf: GGUFFile) -> bool:
+    """A llama-arch GGUF with experts: how llama.cpp writes Mixtral."""
+    return gf.metadata.get("general.architecture") == "llama" and bool(gf.metadata.get("llama.expert_count"))
 
 
 def qk_row_order(rows: int, n_head: int) -> np.ndarray:
@@ -147,7 +184,8 @@ def gguf_hf_config(gf: GGUFFile) -> dict[str, Any]:
         "model_type": _MODEL_TYPE[arch],
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
+        "intermediate_size": int(_md(gf, arch, "feed_forward_length") or _md(gf, arch, "expert_feed_forward_length")
+                                 or need("feed_forward_length")),
         "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),
@@ -163,12 +201,42 @@ def gguf_hf_config(gf: GGUFFile) -> dict[str, Any]:
     }
     if arch == "llama":
         cfg["mlp_bias"] = "blk.0.ffn_gate.bias" in names
+    _moe_config(gf, arch, cfg)
     if (dtype := _float_dtype(gf)) is not None:
         cfg["torch_dtype"] = dtype
     rope_scaling = _rope_scaling(gf, arch, head_dim, cfg["rope_theta"])
     if rope_scaling is not None:
         cfg["rope_scaling"] = rope_scaling
     return cfg
+
+
+def _moe_config(gf: GGUFFile, arch: str, cfg: dict[str, Any]) -> None:
+    """The mixture-of-experts keys of ``cfg`` (transformers' names) from the metadata llama.cpp writes: Mixtral
+    (llama-arch with experts), Qwen2-MoE (plus its shared expert) and Qwen3-MoE. Routing as llama.cpp runs these
+    files: top-k weights renormalised for Mixtral and Qwen3-MoE, not for Qwen2-MoE."""
+    experts = _md(gf, arch, "expert_count")
+    if not experts:
+        if arch in ("qwen2moe", "qwen3moe"):
+            raise CheckpointError(gf.path, f"GGUF metadata lacks '{arch}.expert_count'")
+        return
+    used = _md(gf, arch, "expert_used_count")
+    if not used:
+        raise CheckpointError(gf.path, f"GGUF metadata lacks '{arch}.expert_used_count'")
+    if arch == "llama":
+        cfg.update(architectures=[GGUF_LLAMA_MOE_ARCHITECTURE], model_type="mixtral", num_local_experts=int(experts),
+                   num_experts_per_tok=int(used))
+        cfg.pop("mlp_bias", None)
+        return
+    expert_ffn = _md(gf, arch, "expert_feed_forward_length")
+    if expert_ffn is None:
+        raise CheckpointError(gf.path, f"GGUF metadata lacks '{arch}.expert_feed_forward_length'")
+    cfg.update(num_experts=int(experts), num_experts_per_tok=int(used), moe_intermediate_size=int(expert_ffn),
+               norm_topk_prob=arch == "qwen3moe", decoder_sparse_step=1, mlp_only_layers=[])
+    if arch == "qwen2moe":
+        shared = _md(gf, arch, "expert_shared_feed_forward_length")
+        if shared is None and "blk.0.ffn_up_shexp.weight" in gf.tensors:
+            shared = gf.tensors["blk.0.ffn_up_shexp.weight"].shape[0]
+        cfg["shared_expert_intermediate_size"] = int(shared or 0)
 
 
 def _float_dtype(gf: GGUFFile) -> str | None:
@@ -246,10 +314,14 @@ class GGUFWeights(WeightSource):
         self._permute = arch == "llama"  # llama.cpp permutes q/k for llama-arch files only
         self._heads = {"self_attn.q_proj": num_heads, "self_attn.k_proj": num_kv_heads}
         self._map: dict[str, GGUFTensorInfo] = {}
+        mixtral = is_mixtral(gf)
         for name, info in gf.tensors.items():
-            hf = hf_name(name)
+            hf = hf_name(name, mixtral)
             if hf is not None:
                 self._map[hf] = info
+            elif len(info.shape) == 3 and (per_expert := expert_names(name, info.shape[0], mixtral)):
+                for e, hf in enumerate(per_expert):  # each expert's matrix: a contiguous part of the tensor
+                    self._map[hf] = info.expert_part(e)
         self._no_kernel_logged: set[str] = set()
         for hf, info in self._map.items():
             if info.qtype not in SUPPORTED_QTYPES:
@@ -301,24 +373,24 @@ class GGUFWeights(WeightSource):
 
     def get(self, name: str) -> torch.Tensor:
         info = self._info(name)
-        raw = self.file.raw(info.name)
+        raw = self.file.raw_of(info)
         order = self._row_order(name, info)
         if order is not None:
             raw = raw[order]
         out = self._dequantize(info, raw).reshape(info.shape)
-        self.file.release(info.name)
+        self.file.release_of(info)
         return out
 
     def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
         out = self._get_slice(name, dim, start, stop)
-        self.file.release(self._info(name).name)
+        self.file.release_of(self._info(name))
         return out
 
     def _get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
         shape = self._check_slice(name, dim, start, stop)
         dim %= len(shape)
         info = self._info(name)
-        raw = self.file.raw(info.name)
+        raw = self.file.raw_of(info)
         order = self._row_order(name, info)
         if start == stop:
             return torch.empty(*shape[:dim], 0, *shape[dim + 1:])
@@ -357,7 +429,7 @@ class GGUFWeights(WeightSource):
                          "before)", self.path.name, info.type_name)
             return None
         dim %= 2
-        raw = self.file.raw(info.name)
+        raw = self.file.raw_of(info)
         order = self._row_order(name, info)
         if dim == 0:
             rows = order[start:stop] if order is not None else slice(start, stop)
@@ -370,7 +442,7 @@ class GGUFWeights(WeightSource):
                 raw = raw[order]
             blocks, k = raw[:, start // block * type_size: stop // block * type_size], stop - start
         blocks = np.array(blocks, copy=True)  # off the map, whose pages are then dropped
-        self.file.release(info.name)
+        self.file.release_of(info)
         return blocks, info.qtype, k
 
     def loaded(self) -> None:

@@ -112,6 +112,14 @@ class GGUFTensorInfo:
         except ValueError:
             return f"type#{self.qtype}"
 
+    def expert_part(self, expert: int) -> GGUFTensorInfo:
+        """Expert ``expert``'s matrix of a 3-D expert tensor (llama.cpp's ``ffn_{gate,up,down}_exps``, [experts,
+        rows, cols]): its bytes lie contiguous in the file (``name[expert]``, shape [rows, cols])."""
+        if len(self.shape) != 3 or not 0 <= expert < self.shape[0]:
+            raise ValueError(f"{self.name}: no expert {expert} in a tensor of shape {self.shape}")
+        each = self.nbytes // self.shape[0]
+        return GGUFTensorInfo(f"{self.name}[{expert}]", self.shape[1:], self.qtype, self.offset + expert * each, each)
+
 
 def _first_bytes(head) -> str:
     """A file's first bytes as a person reads them: "FRP3" when printable, else hex ("89 50 4e 47")."""
@@ -276,7 +284,10 @@ class GGUFFile:
     # data ---------------------------------------------------------------------------------------
     def raw(self, name: str) -> np.ndarray:
         """The stored bytes of a tensor as a read-only uint8 array of shape (*shape[:-1], bytes_per_row)."""
-        info = self.tensors[name]
+        return self.raw_of(self.tensors[name])
+
+    def raw_of(self, info: GGUFTensorInfo) -> np.ndarray:
+        """``raw`` of a tensor described by ``info``: one of ``tensors``, or a part of one (``expert_part``)."""
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.qtype)]
         row_bytes = info.shape[-1] // block * type_size
         arr = np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset)
@@ -292,10 +303,13 @@ class GGUFFile:
         released tail of the one before it again (measured, SmolLM2 Q4_1 with kernels: 34 of the file's 94 MiB
         still resident after load, every tensor's pages present). Pages of a tensor not yet read that fall in the
         span are only unmapped: a later ``raw`` faults them back in from the page cache."""
+        self.release_of(self.tensors[name])
+
+    def release_of(self, info: GGUFTensorInfo) -> None:
+        """``release`` of a tensor described by ``info`` (one of ``tensors`` or an ``expert_part``)."""
         advise = getattr(self._map, "madvise", None)
         if advise is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        info = self.tensors[name]
         lo = min(self._released[0], info.offset) if self._released else info.offset
         hi = max(self._released[1], info.offset + info.nbytes) if self._released else info.offset + info.nbytes
         self._released = (lo, hi)

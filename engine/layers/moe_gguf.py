@@ -1,0 +1,48 @@
+"""GGUF experts kept as their blocks: a ``FusedMoE``'s experts read from a GGUF file's 3-D expert tensors
+(llama.cpp's ``ffn_{gate,up,down}_exps``, exposed per expert by engine/loader/gguf.py under the checkpoint's
+per-expert names) as ``ops.GGUFWeight`` blocks (Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K), one
+(gate_up, down) pair per expert in ``FusedMoE.quantized_experts``, computed on by the same native kernels as the
+dense GGUF linears (``ops.linear`` -> ``gguf_linear``). The float stacks are never filled: the model takes about
+the file's size in memory, and a decode reads only its active experts' blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine import ops
+from engine.ops.gguf_quant import fuse_rows
+
+
+def load_gguf_experts(moe, weights, names: Callable[[int], tuple[str, str, str]]) -> bool:
+    """Fill ``moe.quantized_experts`` (engine/layers/moe.py's FusedMoE) with GGUF blocks: expert e's gate and up
+    rows of this rank stacked (gate then up, as ``w13``), its down columns of this rank; then drop the float
+    stacks. False, with ``moe`` untouched, when the source keeps no blocks (not a GGUF, ``--quantization none``,
+    a GPU, a type without a kernel, a column slice off block boundaries): the caller loads float weights."""
+    get = getattr(weights, "quantized_slice", None)
+    if get is None or moe.w13.device.type != "cpu":
+        return False
+    i0, i1 = moe.cols
+    kinds = ops.GGUFWeight.KERNEL_TYPES
+    experts = []
+    for e in range(moe.num_experts):
+        gate, up, down = names(e)
+        got = [get(gate, 0, i0, i1, kinds), get(up, 0, i0, i1, kinds), get(down, 1, i0, i1, kinds)]
+        if any(g is None for g in got):
+            return False
+        gate_w, up_w, down_w = (ops.GGUFWeight.from_blocks(*g) for g in got)
+        gate_up = fuse_rows([gate_w, up_w])
+        want_gu, want_down = (2 * moe.intermediate, moe.hidden_size), (moe.hidden_size, moe.intermediate)
+        if tuple(gate_up.shape) != want_gu or tuple(down_w.shape) != want_down:
+            raise ValueError(f"{gate}: GGUF expert blocks of shapes {tuple(gate_up.shape)} / {tuple(down_w.shape)} "
+                             f"do not fit this rank's expert {want_gu} / {want_down}")
+        experts.append((gate_up, down_w))
+    moe.quantized_experts = experts
+    moe.drop_float()
+    return True
+
+
+def expert_bytes(moe) -> int:
+    """The bytes of a FusedMoE's GGUF expert blocks (0 when it holds float stacks)."""
+    if moe.quantized_experts is None:
+        return 0
+    return sum(gu.nbytes + dn.nbytes for gu, dn in moe.quantized_experts)
