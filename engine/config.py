@@ -16,6 +16,10 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    # mixture of experts (engine/models/mixtral.py, engine/models/qwen_moe.py)
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 # The names of --comm-strategy, defined once: engine/parallel/comm/group.py implements them, engine/capabilities.py
@@ -76,6 +80,31 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
+    # Mixture of experts (num_experts 0: a dense model). Each expert is a gated MLP of moe_intermediate_size;
+    # num_experts_per_tok of them run per token (engine/layers/moe.py routes exactly as transformers).
+    num_experts: int = 0  # HF num_experts / num_local_experts / n_routed_experts
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's width (Mixtral's config calls it intermediate_size)
+    norm_topk_prob: bool = False  # renormalize the top-k weights to sum to 1 (Mixtral always does)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one shared expert, scaled by a sigmoid gate
+    decoder_sparse_step: int = 1  # Qwen MoE: layer i is sparse when (i + 1) % step == 0 and i not in mlp_only_layers
+    mlp_only_layers: list[int] = field(default_factory=list)
+    # DeepSeek-V2/V3 routing and layout (the router's aux-loss settings are training-only, ignored)
+    scoring_func: str = "softmax"  # or "sigmoid" (V3)
+    topk_method: str = "greedy"  # V2: "greedy" | "group_limited_greedy"; V3: "noaux_tc" (with a correction bias)
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    n_shared_experts: int = 0  # shared experts of width n_shared_experts * moe_intermediate_size, ungated
+    first_k_dense_replace: int = 0  # the first k layers keep a dense MLP
+    moe_layer_freq: int = 1
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` has a mixture-of-experts block instead of the dense MLP (transformers'
+        rule: Qwen MoE's decoder_sparse_step / mlp_only_layers, DeepSeek's first_k_dense_replace / moe_layer_freq)."""
+        if self.num_experts <= 0 or index in self.mlp_only_layers or index < self.first_k_dense_replace:
+            return False
+        return (index + 1) % self.decoder_sparse_step == 0 and index % self.moe_layer_freq == 0
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -98,7 +127,7 @@ class ModelConfig:
             rope_scaling = None
         use_sliding = cfg.get("use_sliding_window")  # transformers 5 writes null for Mistral
         if use_sliding is None:
-            use_sliding = arch == "MistralForCausalLM"
+            use_sliding = arch in ("MistralForCausalLM", "MixtralForCausalLM")
         sliding = cfg.get("sliding_window") if use_sliding else None
         return cls(
             architecture=arch,
@@ -114,14 +143,44 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            # Qwen2 always has q/k/v biases (transformers hard-codes them; its config.json may say null)
-            attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias")),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            # Qwen2 always has q/k/v biases (transformers hard-codes them; its config.json may say null); Qwen2-MoE
+            # has them unless its qkv_bias says otherwise
+            attention_bias=(arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias"))
+                            or (arch == "Qwen2MoeForCausalLM" and cfg.get("qkv_bias", True) is not False)),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             sliding_window=sliding,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+            **_moe_fields(cfg, arch),
         )
+
+def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """ModelConfig's mixture-of-experts fields from a Hugging Face config (empty for a dense model)."""
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+    if not experts:
+        return {}
+    return dict(
+        num_experts=int(experts),
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+        # Mixtral renormalizes always; Qwen MoE / DeepSeek-V3 as their config says (transformers' default False)
+        norm_topk_prob=arch == "MixtralForCausalLM" or bool(cfg.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+        mlp_only_layers=list(cfg.get("mlp_only_layers") or []),
+        # transformers' DeepSeek-V3 router is sigmoid + noaux_tc whatever its config says (the real ones say so too)
+        scoring_func="sigmoid" if arch == "DeepseekV3ForCausalLM" else cfg.get("scoring_func") or "softmax",
+        topk_method="noaux_tc" if arch == "DeepseekV3ForCausalLM" else cfg.get("topk_method") or "greedy",
+        n_group=int(cfg.get("n_group") or 1),
+        topk_group=int(cfg.get("topk_group") or 1),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        n_shared_experts=int(cfg.get("n_shared_experts") or 0),
+        first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
+        moe_layer_freq=int(cfg.get("moe_layer_freq") or 1),
+    )
+
+
 
 
 def _opt(help: str, **kw) -> Any:

@@ -81,6 +81,8 @@ def expected_shapes(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], di
             p + "self_attn.k_proj.weight": (kv_out, h),
             p + "self_attn.v_proj.weight": (kv_out, h),
             p + "self_attn.o_proj.weight": (h, q_out),
+        })
+        required.update(_moe_shapes(config, p) if config.is_moe_layer(i) else {
             p + "mlp.gate_proj.weight": (inter, h),
             p + "mlp.up_proj.weight": (inter, h),
             p + "mlp.down_proj.weight": (h, inter),
@@ -100,6 +102,32 @@ def expected_shapes(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], di
             p + "mlp.down_proj.bias": (h,),
         })
     return required, optional
+
+
+def _moe_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """The tensors of a layer's mixture-of-experts block (engine/models/moe_block.py), prefix ``p`` = "...layers.i.":
+    the router, every expert's three projections (Mixtral: block_sparse_moe.experts.N.w1 / w3 / w2; Qwen MoE and
+    DeepSeek: mlp.experts.N.gate_proj / up_proj / down_proj), the shared expert(s)."""
+    h, n, inter = config.hidden_size, config.num_experts, config.moe_intermediate_size
+    mixtral = config.architecture == "MixtralForCausalLM"
+    m = p + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    shapes: dict[str, tuple[int, ...]] = {m + "gate.weight": (n, h)}
+    for e in range(n):
+        x = f"{m}experts.{e}."
+        shapes.update({x + names[0] + ".weight": (inter, h), x + names[1] + ".weight": (inter, h),
+                       x + names[2] + ".weight": (h, inter)})
+    shared, name = config.shared_expert_intermediate_size, "shared_expert."
+    if config.n_shared_experts:
+        shared, name = config.n_shared_experts * inter, "shared_experts."
+    if shared:
+        shapes.update({m + name + "gate_proj.weight": (shared, h), m + name + "up_proj.weight": (shared, h),
+                       m + name + "down_proj.weight": (h, shared)})
+    if config.shared_expert_intermediate_size:
+        shapes[m + "shared_expert_gate.weight"] = (1, h)
+    if config.topk_method == "noaux_tc":
+        shapes[m + "gate.e_score_correction_bias"] = (n,)
+    return shapes
 
 
 def validate_weights(weights: WeightSource, config: ModelConfig, config_name: str = "config.json") -> None:

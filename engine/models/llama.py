@@ -44,11 +44,15 @@ class LlamaAttention(torch.nn.Module):
 
 
 class LlamaMLP(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype, tp: TPContext):
+    def __init__(self, cfg: ModelConfig, dtype, tp: TPContext, intermediate_size: int | None = None):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size,
-                                                       ["gate_proj", "up_proj"], dtype, tp)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, dtype, tp, "intermediate size")
+        inter = intermediate_size or cfg.intermediate_size  # (a MoE model's shared expert: its own width)
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, inter, ["gate_proj", "up_proj"], dtype, tp)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, dtype, tp, "intermediate size")
+
+    def load(self, weights, prefix: str) -> None:
+        self.gate_up_proj.load(weights, prefix)
+        self.down_proj.load(weights, f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | None:
@@ -57,10 +61,13 @@ class LlamaMLP(torch.nn.Module):
 
 
 class LlamaDecoderLayer(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int, rotary: RotaryEmbedding, dtype, tp: TPContext):
+    def __init__(self, cfg: ModelConfig, index: int, rotary: RotaryEmbedding, dtype, tp: TPContext,
+                 mlp: torch.nn.Module | None = None):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, index, rotary, dtype, tp)
-        self.mlp = LlamaMLP(cfg, dtype, tp)
+        # the dense MLP, or what a relative puts in its place (a mixture-of-experts block: engine/models/moe_block.py)
+        # with the same forward(x, reduce, residual) and load(weights, prefix)
+        self.mlp = mlp if mlp is not None else LlamaMLP(cfg, dtype, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -90,6 +97,8 @@ class LlamaDecoderLayer(torch.nn.Module):
 
 
 class LlamaForCausalLM(torch.nn.Module):
+    mlp_prefix = "mlp"  # the checkpoint's name of a layer's MLP (Mixtral: block_sparse_moe)
+
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, tp: TPContext, max_position: int):
         super().__init__()
         self.cfg = cfg
@@ -97,11 +106,16 @@ class LlamaForCausalLM(torch.nn.Module):
         rotary = RotaryEmbedding(cfg.head_dim, max(max_position, 1), cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, tp)
         self.layers = torch.nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, rotary, dtype, tp) for i in range(cfg.num_hidden_layers))
+            LlamaDecoderLayer(cfg, i, rotary, dtype, tp, self.make_mlp(cfg, i, dtype, tp))
+            for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else ParallelLMHead(
             cfg.vocab_size, cfg.hidden_size, dtype, tp)
         self.rotary = rotary
+
+    def make_mlp(self, cfg: ModelConfig, index: int, dtype, tp: TPContext) -> torch.nn.Module:
+        """Layer ``index``'s MLP: the dense one here; MoE relatives return their expert block where it has one."""
+        return LlamaMLP(cfg, dtype, tp)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.layers]
@@ -154,8 +168,7 @@ class LlamaForCausalLM(torch.nn.Module):
             if layer.self_attn.q_norm is not None:
                 layer.self_attn.q_norm.weight.data.copy_(weights.get(f"{p}.self_attn.q_norm.weight"))
                 layer.self_attn.k_norm.weight.data.copy_(weights.get(f"{p}.self_attn.k_norm.weight"))
-            layer.mlp.gate_up_proj.load(weights, f"{p}.mlp")
-            layer.mlp.down_proj.load(weights, f"{p}.mlp.down_proj")
+            layer.mlp.load(weights, f"{p}.{self.mlp_prefix}")
             layer.input_layernorm.weight.data.copy_(weights.get(f"{p}.input_layernorm.weight"))
             layer.post_attention_layernorm.weight.data.copy_(weights.get(f"{p}.post_attention_layernorm.weight"))
         self.norm.weight.data.copy_(weights.get("model.norm.weight"))

@@ -5,8 +5,12 @@ from __future__ import annotations
 from engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.errors import UnsupportedArchitectureError
 from engine.models.llama import LlamaForCausalLM
+from engine.models.mixtral import MixtralForCausalLM
+from engine.models.qwen_moe import QwenMoeForCausalLM
 
 _MODELS = {arch: LlamaForCausalLM for arch in SUPPORTED_ARCHITECTURES}
+_MODELS.update(MixtralForCausalLM=MixtralForCausalLM, Qwen2MoeForCausalLM=QwenMoeForCausalLM,
+               Qwen3MoeForCausalLM=QwenMoeForCausalLM)
 
 
 def model_class(cfg: ModelConfig):

@@ -13,6 +13,8 @@ from tests.support.chat_templates import (LLAMA2_TEMPLATE, LLAMA3_TEMPLATE, MIST
                                           QWEN3_TEMPLATE)
 
 TINY_ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3", "smollm2")
+# mixture-of-experts architectures (tests/engine/test_moe_models.py; not in TINY_ARCHS, whose tests cover dense ones)
+MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 # arch -> (transformers config class, model class, config overrides, chat template (None: SmolLM2's own),
 #          tokenizer_config overrides, generation_config)
@@ -34,6 +36,24 @@ ARCH_SPECS = {
               {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "tie_word_embeddings": True,
                "head_dim": 32},
               QWEN3_TEMPLATE, {}, {"temperature": 0.6, "top_p": 0.95, "top_k": 20}),
+    # 4 experts, top-2 (renormalized), each of width 64
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, MISTRAL_TEMPLATE, {}, {}),
+    # TP 2 and 3 both split it: 6 heads, 1 KV head (replicated), widths divisible by 6; a shared expert with its
+    # sigmoid gate, layer 1 dense (mlp_only_layers), top-2 of 6 without renormalisation
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 1, "intermediate_size": 96,
+                   "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                   "shared_expert_intermediate_size": 72, "mlp_only_layers": [1], "norm_topk_prob": False,
+                   "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+                  QWEN2_TEMPLATE, {}, {}),
+    # q/k norms, 8 experts top-2 renormalized (norm_topk_prob), tied embeddings
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
+                   "head_dim": 32, "tie_word_embeddings": True,
+                   "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+                  QWEN3_TEMPLATE, {}, {}),
     "smollm2": ("LlamaConfig", "LlamaForCausalLM",
                 {"tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}},
                 None, {}, {}),
@@ -75,7 +95,8 @@ def build_tiny_model(arch: str, dims: dict | None = None, seed: int | None = Non
 
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).to(torch.float32).eval()
-    _randomize(model, seed if seed is not None else TINY_ARCHS.index(arch) + 1)
+    order = TINY_ARCHS if arch in TINY_ARCHS else list(ARCH_SPECS)
+    _randomize(model, seed if seed is not None else order.index(arch) + 1)
     return model
 
 
@@ -97,7 +118,8 @@ def write_tokenizer(dest: Path, tok_dir: Path, arch: str) -> None:
     _, _, _, template, tok_overrides, _ = ARCH_SPECS[arch]
     for f in tok_dir.iterdir():
         shutil.copy(f, dest / f.name)
-    split = {"qwen2": _QWEN2_SPLIT, "qwen3": _QWEN2_SPLIT, "llama3": _LLAMA3_SPLIT}.get(arch)
+    split = {"qwen2": _QWEN2_SPLIT, "qwen3": _QWEN2_SPLIT, "qwen2_moe": _QWEN2_SPLIT, "qwen3_moe": _QWEN2_SPLIT,
+             "llama3": _LLAMA3_SPLIT}.get(arch)
     if split is not None:
         tok = Tokenizer.from_file(str(dest / "tokenizer.json"))
         tok.pre_tokenizer = pre_tokenizers.Sequence([
