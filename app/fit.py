@@ -46,6 +46,11 @@ class ModelShape:
     max_context: int | None = None
     intermediate_size: int | None = None  # the MLP's width (a TP size must divide it too)
     tie_word_embeddings: bool | None = None  # the LM head is the token embedding; None: unknown (see param_split)
+    # mixture of experts (None: a dense model): the routed experts per layer, how many a token uses, and a shared
+    # expert's width (Qwen2-MoE, DeepSeek); intermediate_size is then one expert's width (what TP splits)
+    num_experts: int | None = None
+    experts_used: int | None = None
+    shared_intermediate_size: int | None = None
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelShape | None:
@@ -55,6 +60,12 @@ class ModelShape:
             hidden = int(cfg["hidden_size"])
             ffn = cfg.get("intermediate_size")
             tied = cfg.get("tie_word_embeddings")
+            experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+            shared = None
+            if experts:  # Mixtral: intermediate_size is an expert's width; the others name it moe_intermediate_size
+                ffn = cfg.get("moe_intermediate_size") or ffn
+                shared = cfg.get("shared_expert_intermediate_size") or (
+                    (cfg.get("n_shared_experts") or 0) * (cfg.get("moe_intermediate_size") or 0)) or None
             return cls(
                 num_layers=int(cfg["num_hidden_layers"]),
                 num_attention_heads=heads,
@@ -65,6 +76,9 @@ class ModelShape:
                 max_context=cfg.get("max_position_embeddings"),
                 intermediate_size=ffn if isinstance(ffn, int) and ffn > 0 else None,
                 tie_word_embeddings=tied if isinstance(tied, bool) else None,
+                num_experts=int(experts) if experts else None,
+                experts_used=int(cfg.get("num_experts_per_tok") or 0) or None if experts else None,
+                shared_intermediate_size=int(shared) if shared else None,
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             return None
@@ -83,10 +97,17 @@ class ModelShape:
             kv = max(kv) if isinstance(kv, list) else int(kv)
             head_dim = get("attention.key_length") or hidden // heads
             ffn = get("feed_forward_length")
+            experts = get("expert_count")
+            if experts:  # llama.cpp's MoE keys (a Mixtral file's feed_forward_length is already an expert's)
+                ffn = get("expert_feed_forward_length") or ffn
+            shared = get("expert_shared_feed_forward_length") if experts else None
             return cls(num_layers=int(get("block_count")), num_attention_heads=heads, num_kv_heads=kv,
                        head_dim=int(head_dim), hidden_size=hidden, vocab_size=int(vocab_size or 0),
                        max_context=get("context_length"),
-                       intermediate_size=int(ffn) if isinstance(ffn, int) and ffn > 0 else None)
+                       intermediate_size=int(ffn) if isinstance(ffn, int) and ffn > 0 else None,
+                       num_experts=int(experts) if experts else None,
+                       experts_used=int(get("expert_used_count") or 0) or None if experts else None,
+                       shared_intermediate_size=int(shared) if shared else None)
         except (TypeError, ValueError, ZeroDivisionError):
             return None
 
@@ -95,8 +116,22 @@ class ModelShape:
         --quantization int8 / int4 / fp8 quantize. None without the MLP's width."""
         if not self.intermediate_size:
             return None
+        return self._linear_params(self.num_experts or 1)
+
+    def _linear_params(self, experts: int) -> int:
+        """The linear layers with ``experts`` routed experts per layer (an MoE's router and shared expert too)."""
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return self.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size)
+        per_layer = h * (q + 2 * kv) + q * h + experts * 3 * h * self.intermediate_size
+        if self.num_experts:
+            per_layer += self.num_experts * h + 3 * h * (self.shared_intermediate_size or 0)
+        return self.num_layers * per_layer
+
+    def inactive_params(self) -> int:
+        """Parameters a token does not read: the experts it is not routed to (0 for a dense model or an MoE shape
+        without the width or the count used)."""
+        if not (self.num_experts and self.experts_used and self.intermediate_size):
+            return 0
+        return self._linear_params(self.num_experts) - self._linear_params(self.experts_used)
 
     def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
         """K and V of every layer for one token, on one rank (KV heads are split across ranks, and
@@ -252,6 +287,45 @@ def weights_in_memory(num_params: int | None, dtype: str, file_bytes: int | None
     """Bytes the engine holds for the weights (weights_bytes(...).total)."""
     w = weights_bytes(num_params, dtype, file_bytes, keeps_quantized, quantization, shape, gpu, prequantized)
     return w.total if w is not None else None
+
+
+def active_params(shape: ModelShape | None, num_params: int | None) -> int | None:
+    """The parameters one token's forward pass reads: all of them for a dense model, all but the experts it is not
+    routed to for a mixture of experts (None when the count is unknown)."""
+    if not num_params:
+        return None
+    inactive = shape.inactive_params() if shape is not None else 0
+    return num_params - inactive if 0 < inactive < num_params else num_params
+
+
+def params_text(num_params: int | None, shape: ModelShape | None) -> str:
+    """A parameter count in words: "1.24 B", or for a mixture of experts "30.53 B total, 3.35 B active (128
+    experts, 8 per token)"."""
+    active = active_params(shape, num_params)
+    if not num_params or shape is None or not shape.num_experts or active == num_params:
+        return human_count(num_params)
+    return (f"{human_count(num_params)} total, {human_count(active)} active ({shape.num_experts} experts, "
+            f"{shape.experts_used} per token)")
+
+
+def active_weight_bytes(weight_bytes: int, shape: ModelShape | None, num_params: int | None) -> int:
+    """The weight bytes one decoded token reads (what its speed follows): ``weight_bytes`` (all experts, as held in
+    memory) times the active share of the parameters."""
+    active = active_params(shape, num_params)
+    if not active or not num_params:
+        return weight_bytes
+    return int(weight_bytes * active / num_params)
+
+
+def moe_speed_note(shape: ModelShape | None, num_params: int | None, weight_bytes: int) -> str:
+    """For a mixture of experts, the Load panel's line on what memory and speed follow: every expert held, the
+    active ones read per token. "" for a dense model."""
+    active = active_params(shape, num_params)
+    if shape is None or not shape.num_experts or not active or active == num_params:
+        return ""
+    return (f"Mixture of experts: all {shape.num_experts} experts are in memory; a token reads {shape.experts_used} "
+            f"({gib(active_weight_bytes(weight_bytes, shape, num_params))}, {human_count(active)} active), so it "
+            f"decodes like a {human_count(active)} model.")
 
 
 def can_estimate(facts) -> tuple[bool, str]:

@@ -254,7 +254,7 @@ class LoadPanel(OptionsMixin, QWidget):
                    # nothing is known of an unreadable file's quantization: no line rather than "none"
                    ("Quantization", (facts.quantization_name or facts.quantization or "none") if facts.readable
                     else None),
-                   ("Parameters", fit.human_count(facts.num_params) if facts.num_params else None),
+                   ("Parameters", fit.params_text(facts.num_params, facts.shape) if facts.num_params else None),
                    ("Context", f"{facts.context_length:,} tokens" if facts.context_length else None),
                    ("Size", fit.human_bytes(facts.size_bytes))]
         lines.append(" · ".join(f"{k}: {v}" for k, v in details if v))

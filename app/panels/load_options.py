@@ -232,6 +232,8 @@ class OptionsMixin:
         else:
             text = self._cpu_estimate(facts, wb, dtype, context, tp, values)
         text += f"\n{note}" if note else ""
+        moe = fit.moe_speed_note(facts.shape, facts.num_params, wb.total)
+        text += f"\n{moe}" if moe else ""
         self.estimate.setText(text.replace(" GiB", "\u00a0GiB"))  # a size never wraps from its unit
 
     def _cpu_estimate(self, facts, wb: fit.WeightBytes, dtype: str, context: int, tp: int, values: dict) -> str:

@@ -101,7 +101,7 @@ class LibraryTab(QWidget):
             support = cell("yes", color=GREEN) if f.supported else cell(f"no: {f.reason}", f.reason, RED)
             cells = [cell(e.name, str(f.path)), cell(e.source_label), fmt,
                      cell(f.architecture or "?"), cell(f.quantization_name or f.quantization or "—"),
-                     cell(fit.human_count(f.num_params), right=True), cell(fit.human_bytes(f.size_bytes), right=True),
+                     cell(fit.params_text(f.num_params, f.shape), right=True), cell(fit.human_bytes(f.size_bytes), right=True),
                      support]
             if e.source == "added":
                 cells[1].setToolTip("Added with Browse or \u201cAdd GGUF file\u201d. Remove from list (right-click "
