@@ -6,7 +6,8 @@ bash "$here/installer/setup.sh" --test
 cd "$here"
 export QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1
 set +e
-"${KESTREL_VENV:-$here/.venv}/bin/python" -m pytest -ra --durations=25 "$@"  # the slowest 25 close the output (docs/TESTING.md)
+# two workers (pytest-xdist; groups and order: tests/support/xdist_plan.py); `-n 0` after it runs one process
+"${KESTREL_VENV:-$here/.venv}/bin/python" -m pytest -ra --durations=25 -n 2 --dist loadgroup "$@"  # the slowest 25 close the output (docs/TESTING.md)
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

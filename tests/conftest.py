@@ -44,6 +44,9 @@ if str(ROOT) not in sys.path:
 
 import pytest  # noqa: E402
 
+# two workers in CI: the groups, their order and the end-of-run lines (docs/TESTING.md "Two workers")
+pytest_plugins = ["tests.support.xdist_plan"]
+
 SOAK_SECONDS_CI = 180.0  # tests/server/test_soak.py in every CI run; ``--soak-seconds 600`` for the full soak
 
 

@@ -9,12 +9,3 @@ def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "install: drives the app from a fresh README install "
                                        "(installer/setup.sh, no test extra); deselect with -m 'not install'")
 
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    # lines the tier's fixtures left (test_readme_install.summary): the install's time, where the screenshots
-    # are
-    lines = getattr(terminalreporter.config, "_kestrel_install_tier", [])
-    if lines:
-        terminalreporter.section("install tier")
-        for line in lines:
-            terminalreporter.write_line(line)

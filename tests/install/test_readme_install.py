@@ -29,7 +29,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.install, pytest.mark.timeout(3600)]
+from tests.support.xdist_plan import add_summary
+
+pytestmark = [pytest.mark.install, pytest.mark.slow(seconds=170), pytest.mark.timeout(3600)]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -42,10 +44,8 @@ CLOSED_REASON = "The app was closed during this reply."  # app.panels.chat.CLOSE
 
 
 def summary(config, line: str) -> None:
-    """A line for the end of the run (tests/install/conftest.py prints them)."""
-    if not hasattr(config, "_kestrel_install_tier"):
-        config._kestrel_install_tier = []
-    config._kestrel_install_tier.append(line)
+    """A line for the end of the run, in its "install tier" section (also under xdist)."""
+    add_summary(config, "install tier", line)
 
 
 @dataclass

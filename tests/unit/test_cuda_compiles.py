@@ -30,7 +30,8 @@ def _nvcc() -> str | None:
 
 
 NVCC = _nvcc()
-pytestmark = pytest.mark.skipif(NVCC is None, reason="no CUDA compiler (nvcc) on this machine")
+pytestmark = [pytest.mark.skipif(NVCC is None, reason="no CUDA compiler (nvcc) on this machine"),
+              pytest.mark.slow(seconds=100)]
 
 
 def _compile(src: Path, out_dir: Path) -> tuple[str, int, str]:
