@@ -11,6 +11,8 @@
   seconds on the 2-core CI machine; a bare ``slow`` counts ``SLOW_DEFAULT_SECONDS``), so the soak, the install
   tier and the CUDA compile run beside the many short tests instead of after them. The order is the same in
   every worker (xdist requires identical collections) and only applies under xdist.
+- Seconds per folder close the run (setup, call and teardown of its tests, summed: under xdist more than the
+  wall time), to see which tier costs what.
 - Summary lines. ``add_summary(config, section, line)`` leaves a line for the end of the run; under xdist the
   workers send theirs to the controller, which prints them (a worker's terminal is not shown).
 """
@@ -115,7 +117,21 @@ def pytest_testnodedown(node, error) -> None:
         add_summary(node.config, section, line)
 
 
+_FOLDER_SECONDS: dict[str, list[float]] = {}  # folder -> [seconds, tests], from the reports this process sees
+
+
+def pytest_runtest_logreport(report) -> None:
+    folder = "/".join(report.nodeid.split("::", 1)[0].split("/")[:2])
+    entry = _FOLDER_SECONDS.setdefault(folder, [0.0, 0])
+    entry[0] += report.duration
+    entry[1] += report.when == "call" or (report.when == "setup" and report.skipped)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
+    if _FOLDER_SECONDS and not hasattr(terminalreporter.config, "workeroutput"):
+        terminalreporter.section("seconds per folder (setup + call + teardown of its tests, summed over workers)")
+        for folder, (seconds, tests) in sorted(_FOLDER_SECONDS.items(), key=lambda kv: -kv[1][0]):
+            terminalreporter.write_line(f"{seconds:8.1f} s  {tests:5d} tests  {folder}")
     lines = getattr(terminalreporter.config, "_kestrel_summary", [])
     for section in dict.fromkeys(s for s, _ in lines):
         terminalreporter.section(section)
