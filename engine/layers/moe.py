@@ -41,6 +41,7 @@ import torch
 
 from engine import ops
 from engine.config import ModelConfig
+from engine.layers.moe_gguf import load_gguf_experts
 from engine.ops import fused_moe as fused_moe_ops
 from engine.parallel.context import TPContext
 
@@ -162,7 +163,10 @@ class FusedMoE(torch.nn.Module):
         self.quantized_experts: list[tuple[Any, Any]] | None = None
 
     def load(self, weights, names: Callable[[int], tuple[str, str, str]]) -> None:
-        """Expert e's gate / up rows and down columns of this rank from the tensors ``names(e)``."""
+        """Expert e's gate / up rows and down columns of this rank from the tensors ``names(e)`` (a GGUF file's
+        blocks kept as they are where the source and device allow: engine/layers/moe_gguf.py)."""
+        if load_gguf_experts(self, weights, names):
+            return
         i0, i1 = self.cols
         inter = self.intermediate
         for e in range(self.num_experts):
