@@ -77,6 +77,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, sorted_rows: torch.Tensor, bl
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), c.stride(0), c.stride(1),
         TOP_K=top_k, MUL_WEIGHT=route_weights is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        UPCAST=a.dtype == torch.bfloat16 and not a.is_cuda,  # CPU tensors: the interpreter (the kernel's doc)
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
     return c
 

@@ -7,7 +7,9 @@ MUL_WEIGHT) for the rows r of the sorted, block-aligned choice list: each progra
 (every block holds one expert's rows only, padded with the sentinel row id NUM_ROWS, which is neither read nor
 written) and BLOCK_N output columns, and walks K in BLOCK_K steps with the expert's weight tile [BLOCK_K, BLOCK_N]
 read straight from the stacked [E, N, K] weights. Accumulation in float32; float32 inputs use exact fp32 dots
-(no TF32)."""
+(no TF32). UPCAST (set by the host for bfloat16 CPU tensors, which only the interpreter runs) converts the tiles
+to float32 before the dot: the interpreter of Triton 3.x computes bf16 dots wrongly (|error| ~ 1e10 on a
+16 x 32 x 16 product)"""
 
 import triton
 import triton.language as tl
@@ -18,7 +20,7 @@ def fused_moe_kernel(
     A, W, C, ROUTE_W, SORTED_ROWS, BLOCK_EXPERT,
     N, K, NUM_ROWS, NUM_EXPERTS,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-    TOP_K: tl.constexpr, MUL_WEIGHT: tl.constexpr, PRECISION: tl.constexpr,
+    TOP_K: tl.constexpr, MUL_WEIGHT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -42,6 +44,9 @@ def fused_moe_kernel(
         k_ok = offs_k + k0 < K
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:  # the interpreter's bf16 dot is wrong (Triton 3.x): it gets float32 tiles
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
