@@ -182,6 +182,10 @@ class PrometheusMetrics:
         self.restarting = gauge("kestrel_engine_restarting", "1 while a dead engine process is being restarted")
         self.restarts = Counter("kestrel_engine_restarts", "Times the engine process was restarted after it died",
                                 labels, registry=r).labels(**self._labels)
+        self.hangs = Counter("kestrel_engine_hangs", "Times the engine process stopped answering (no heartbeat, or "
+                             "a stuck loop) and was killed by the watchdog", labels, registry=r).labels(**self._labels)
+        self.heartbeat_age = gauge("kestrel_engine_heartbeat_age_seconds",
+                                   "Seconds since the engine process's last heartbeat (about 1 s apart)")
         self._totals: dict[str, float] = {}
 
     # fed by EngineClient.add_listener
@@ -217,13 +221,16 @@ class PrometheusMetrics:
                 b"key)\n# TYPE kestrel_engine_healthy gauge\nkestrel_engine_healthy "
                 + (b"1.0" if healthy else b"0.0") + b"\n")
 
-    def update(self, stats, healthy: bool = True, restarts: int = 0, restarting: bool = False) -> None:
+    def update(self, stats, healthy: bool = True, restarts: int = 0, restarting: bool = False, hangs: int = 0,
+               heartbeat_age: float | None = None) -> None:
         """Refresh the engine-wide figures from an EngineStats snapshot (or None when the engine is gone)."""
         self.healthy.set(1 if healthy else 0)
         self.restarting.set(1 if restarting else 0)
+        self.heartbeat_age.set(heartbeat_age or 0.0)
         if restarts > self._totals.get("restarts", 0.0):  # a new engine process counts from zero again
-            self._totals = {"restarts": self._totals.get("restarts", 0.0)}
+            self._totals = {k: self._totals.get(k, 0.0) for k in ("restarts", "hangs")}
         self._advance(self.restarts, "restarts", restarts)
+        self._advance(self.hangs, "hangs", hangs)
         if stats is None:
             return
         self.running.set(stats.num_running)

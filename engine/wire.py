@@ -66,9 +66,6 @@ class RequestDelta(msgspec.Struct, omit_defaults=True):
     num_output_tokens: int = 0
     metrics: RequestMetrics | None = None  # set on the final delta
     embedding: bytes | None = None  # an embedding request's final delta: little-endian float32
-    # SamplingParams.prompt_logprobs: on the first delta with tokens, one entry per prompt token (the first has no
-    # logprob: NaN), each scored by the logits of the position before it
-    prompt_logprobs: list[TokenLogprobs] | None = None
     index: int = 0
     time: float = 0.0
 
@@ -244,7 +241,18 @@ class Fatal(msgspec.Struct, tag="fatal", array_like=True):
     error: ErrorInfo
 
 
-EngineMessage = Progress | Ready | LoadFailed | StepOutput | Reply | Fatal
+class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True):
+    """Sent about once a second by the engine process's heartbeat thread (engine.core.heartbeat), which runs on
+    during a step; the client's watchdog (engine.frontend.watchdog) takes silence for a stopped process, and a
+    loop pass that lasts with no CPU used for a stuck one."""
+
+    sent: float  # the engine's time.monotonic()
+    passes: int  # loop passes so far (a new pass: the loop moved on)
+    busy_for: float  # seconds in the current pass (0.0: idle, waiting for messages)
+    cpu_s: float  # the process's CPU time so far (all threads)
+
+
+EngineMessage = Progress | Ready | LoadFailed | StepOutput | Reply | Fatal | Heartbeat
 
 
 def _enc_hook(obj: Any) -> Any:

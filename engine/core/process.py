@@ -8,7 +8,9 @@ The loop: drain every waiting message (add / abort / call / shutdown), run one `
 work, and push that step's deltas to the client as one message. It blocks on the socket only when idle and
 never sleeps while there is work. Its standard input is a pipe from the client: when it reaches end of file
 (the client process died, however it died) the engine exits at once. SIGINT is ignored: Ctrl-C in a terminal
-reaches the whole process group, and the client decides when the engine stops.
+reaches the whole process group, and the client decides when the engine stops. A heartbeat thread
+(engine.core.heartbeat) tells the client's watchdog, about once a second and during steps too, that the process
+runs and where its loop is (EngineServer.progress).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import msgspec
 import zmq
 
 from engine import heap, progress, wire
+from engine.core.heartbeat import Heartbeat, LoopProgress
 from engine.errors import InvalidRequestError, KestrelError, as_request_error
 from engine.metrics import TokenRate
 from engine.tokenizer.grammar import token_bytes
@@ -167,6 +170,7 @@ class EngineServer:
         self._counted = (0, 0)  # the core's prompt / generation totals at the last count
         self._token_bytes: list[bytes] | None = None
         self._worked = False
+        self.progress = LoopProgress()  # read by the heartbeat thread (engine.core.heartbeat)
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -179,9 +183,11 @@ class EngineServer:
                 if self._worked:
                     self._worked = False
                     heap.trim()
+                self.progress.idle()
                 self.poller.poll()  # idle: block until a message comes
             else:
                 self._worked = True
+            self.progress.begin()
             deltas: list = []
             accepted: list = []
             errors: list = []
@@ -379,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     _core = core
     push.send(enc.encode(wire.Ready(info)))
     server = EngineServer(core, pull, push)
+    heartbeat = Heartbeat(ctx, boot["output"], server.progress).start()
     code = 0
     try:
         server.run()
@@ -389,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             log.debug("could not report the failure", exc_info=True)
         code = 1
+    heartbeat.stop()
     _shutdown_core(core)
     pull.close()
     push.close()

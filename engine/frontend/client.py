@@ -40,12 +40,14 @@ from engine.frontend.tokenizer import LocalTokenizer, check_prompt_length
 from engine.config import EngineConfig
 from engine.core.embedding import check_embedding_input
 from engine.frontend.supervisor import EngineSupervisor, Restarter, RestartPolicy, describe_exit
+from engine.frontend.watchdog import WatchdogPolicy
 from engine.errors import (
     EngineDeadError,
     EngineRestartingError,
     EngineShuttingDownError,
     InvalidRequestError,
     KestrelError,
+    PromptTooLongError,
 )
 from engine.wire import EngineStats, ModelInfo, RequestDelta
 from engine.metrics import RequestRecord
@@ -88,6 +90,8 @@ class EngineClient:
         self._restarter = Restarter(None)  # the restart policy and the restarts made under it
         self.restarts = 0  # restarts that succeeded
         self._restart_task: asyncio.Task | None = None
+        self._watchdog_policy: WatchdogPolicy | None = None
+        self.hangs = 0  # engine processes killed for not answering (the supervisor's watchdog)
         self.state = "starting"
         self.state_detail = ""
         self._state_listeners: list[Callable[[str, str], None]] = []
@@ -98,16 +102,19 @@ class EngineClient:
     @classmethod
     async def start(cls, config: EngineConfig | None = None, *, core_factory: str | None = None,
                     on_progress: Callable[[str, str], None] | None = None, log_level: int | None = None,
-                    startup_timeout: float | None = None, restart: RestartPolicy | None = None) -> EngineClient:
+                    startup_timeout: float | None = None, restart: RestartPolicy | None = None,
+                    watchdog: WatchdogPolicy | None = WatchdogPolicy()) -> EngineClient:
         """Start the engine process and wait until its model is loaded. A load failure raises its typed
         error (ModelNotFoundError, CheckpointError, ...); a process that dies while loading raises
         EngineDeadError with the end of its error output. ``core_factory`` ("module:callable", taking the
-        EngineConfig) replaces EngineCore, for tests. ``restart``: restart the engine if it dies later."""
+        EngineConfig) replaces EngineCore, for tests. ``restart``: restart the engine if it dies later.
+        ``watchdog``: when an engine that stops answering is killed and handled as a crash (None: never)."""
         self = cls()
         self.config = config or EngineConfig()
         self.loop = asyncio.get_running_loop()
         self._core_factory, self._log_level, self._on_progress = core_factory, log_level, on_progress
         self._restarter = Restarter(restart)
+        self._watchdog_policy = watchdog
         try:
             await asyncio.wait_for(self._launch(on_progress), startup_timeout)
         except BaseException:
@@ -124,6 +131,7 @@ class EngineClient:
         self._in, self._out = self._engine.input, self._engine.output
         self.info = await self._engine.wait_ready(on_progress)
         self._reader = self.loop.create_task(self._read_loop(), name="engine-client-reader")
+        self._engine.watch_answers(self._watchdog_policy, self._on_hang)
         old, self._tokenizer = self._tokenizer, None
         if old is not None:
             old.close()
@@ -147,6 +155,11 @@ class EngineClient:
     @property
     def restart_policy(self) -> RestartPolicy | None:
         return self._restarter.policy
+
+    @property
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the engine process's last heartbeat (None: not watched)."""
+        return None if self._engine is None else self._engine.heartbeat_age()
 
     @property
     def engine_pid(self) -> int | None:
@@ -254,8 +267,13 @@ class EngineClient:
         ids_of: list[list[int] | None] = []
         for i, x in enumerate(inputs):
             where = "input" if len(inputs) == 1 else f"input[{i}]"
-            ids = list(x) if not isinstance(x, str) else (
-                await self._tokenizer.encode(x) if self._tokenizer is not None else None)
+            ids = list(x) if not isinstance(x, str) else (  # chunked: a text surely over the context stops early
+                await self._tokenizer.encode_bounded(x, True, self.info.max_model_len)
+                if self._tokenizer is not None else None)
+            if isinstance(ids, int):
+                err = PromptTooLongError(ids, self.info.max_model_len, at_least=True)
+                err.param = "input"
+                raise err
             if ids is not None:
                 check_embedding_input(ids, self.info.vocab_size, self.info.max_model_len, where)
             elif not x:
@@ -349,13 +367,18 @@ class EngineClient:
         return time.monotonic() - t0
 
     async def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None,
-                       add_special_tokens: bool = True, add_generation_prompt: bool = True) -> list[int]:
+                       add_special_tokens: bool = True, add_generation_prompt: bool = True,
+                       most: int | None = None) -> list[int]:
+        """The ids; with ``most``, PromptTooLongError for a text surely longer, after bounded work (chunks)."""
         tok = self._tokenizer
         if tok is None:
             return await self._call("tokenize", prompt=prompt, messages=messages,
                                     add_special_tokens=add_special_tokens, add_generation_prompt=add_generation_prompt)
         self._check()
-        return await tok.tokenize(prompt, messages, add_special_tokens, add_generation_prompt)
+        ids = await tok.tokenize(prompt, messages, add_special_tokens, add_generation_prompt, most)
+        if isinstance(ids, int):
+            raise PromptTooLongError(ids, self.info.max_model_len, at_least=True)
+        return ids
 
     async def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         tok = self._tokenizer
@@ -424,6 +447,8 @@ class EngineClient:
     def _dispatch(self, msg) -> None:
         if isinstance(msg, wire.StepOutput):
             self._requests.route(msg)
+        elif isinstance(msg, wire.Heartbeat):
+            self._engine.heartbeat(msg)
         elif isinstance(msg, wire.Reply):
             self._calls.resolve(msg)
         elif isinstance(msg, wire.Fatal):
@@ -440,6 +465,16 @@ class EngineClient:
             tail = [ln for ln in self._engine.last_output() if ln.strip()]
             if tail:
                 reason += f"; its last output: {tail[-1]}"
+        self._lost(reason)
+
+    def _on_hang(self, why: str) -> None:
+        """The supervisor killed the engine process: it stopped answering (its watchdog). As after a crash."""
+        if not self._closing and self._dead is None:
+            self.hangs += 1
+            self._lost(f"The engine process stopped answering ({why}) and was stopped")
+
+    def _lost(self, reason: str) -> None:
+        """The engine is gone (``reason``, in words): every request and call fails; restart it if allowed."""
         if self._restarter.allowed():
             self._mark_dead(EngineRestartingError(reason + ". It is being restarted; retry shortly."))
             self._restart_task = self.loop.create_task(self._restart(reason), name="engine-restart")

@@ -12,6 +12,8 @@ requests. No server or Qt imports here, and no torch.
 - watching: one thread blocks on the process and reports its exit to the event loop at once (``exited`` and
   the ``on_exit`` callback; no polling); another copies the engine's stderr to ours (at most RELAY_BURST lines
   per RELAY_INTERVAL_S, the rest counted), keeping its last lines for error messages (``last_output``).
+- answering: watch_answers() starts a watchdog (engine.frontend.watchdog) over the heartbeats the client's reader
+  hands to heartbeat(); a process that stops answering (SIGSTOP, a deadlock) is killed and ``on_hang(why)`` runs.
 - stop(): terminate (then kill) the process and wait for it; close(): join the threads, close the sockets
   and remove their directory. At interpreter exit every engine process still running is killed.
 - restarts: RestartPolicy says how an engine that died is started again (back-off, at most so many times
@@ -44,6 +46,7 @@ import zmq.asyncio
 from engine import wire
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError
+from engine.frontend.watchdog import Watchdog, WatchdogPolicy, process_cpu
 
 __all__ = ["EngineSupervisor", "RestartPolicy", "Restarter", "describe_exit"]
 
@@ -82,6 +85,8 @@ class EngineSupervisor:
         self._on_exit_cb = on_exit
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         self._threads: list[threading.Thread] = []
+        self._watchdog: Watchdog | None = None
+        self.hung: str | None = None  # why the watchdog killed the process
 
     # ------------------------------------------------------------------------------------------------
     # start
@@ -189,7 +194,37 @@ class EngineSupervisor:
                 pass
         stream.close()
 
+    def watch_answers(self, policy: WatchdogPolicy | None, on_hang: Callable[[str], None]) -> None:
+        """Once the engine is ready: kill it and call ``on_hang(why)`` (on the loop) when it stops answering
+        (engine.frontend.watchdog under ``policy``; None: no watchdog)."""
+        if policy is not None and self.running:
+            self._watchdog = Watchdog(policy, lambda why: self._hang(why, on_hang), cpu=process_cpu(self.pid))
+            self._watchdog.start()
+
+    def heartbeat(self, hb: wire.Heartbeat) -> None:
+        if self._watchdog is not None:
+            self._watchdog.beat(hb)
+
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the last heartbeat came (None: no watchdog)."""
+        w = self._watchdog
+        return None if w is None else max(w.clock() - w.last_beat, 0.0)
+
+    def _hang(self, why: str, on_hang: Callable[[str], None]) -> None:
+        self._watchdog = None
+        if not self.running:
+            return  # it exited meanwhile: the exit is reported as such
+        self.hung = why
+        self.proc.kill()  # SIGKILL ends a stopped process too
+        on_hang(why)
+
+    def _stop_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.stop()
+
     def _on_exit(self, code: int) -> None:
+        self._stop_watchdog()
         if self.exited is not None and not self.exited.done():
             self.exited.set_result(code)
         if self._on_exit_cb is not None:
@@ -239,6 +274,7 @@ class EngineSupervisor:
     async def stop(self, kill: bool = True) -> None:
         """Terminate the process (``kill``; SIGKILL if it is still there after 2.5 s), close its stdin (which
         alone makes the engine exit) and wait until it is gone."""
+        self._stop_watchdog()
         proc = self.proc
         if proc is None:
             return
@@ -270,6 +306,7 @@ class EngineSupervisor:
         if self.closed:
             return
         self.closed = True
+        self._stop_watchdog()
         proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.kill()

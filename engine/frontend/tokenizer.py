@@ -9,6 +9,13 @@ UTF-8 length alone proves it longer than the context is refused before it is tok
 (PromptTooLongError, "at least N tokens"); else check_prompt_length applies the engine's own length rule
 (EngineCore.validate_prompt) to the ids. No torch here; engine.tokenizer is imported only when a tokenizer is
 built.
+
+A text longer than CHUNK_CHARS is counted before it is tokenized whole (``count_at_least``): chunk by chunk, cut
+at whitespace after a word (where a pre-tokenizer splits anyway), one chunk per trip to the pool, stopping as
+soon as the count surely exceeds the bound. A 600 KB prompt is refused after ~one context's worth of work,
+requests take turns on the pool chunk by chunk (a small prompt does not wait behind a huge one), and a request
+whose task is cancelled (its client gone) stops at the next chunk. A text that fits is then tokenized whole, as
+before: chunking never changes the ids.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import os
 from engine.errors import InvalidRequestError, PromptTooLongError, as_request_error
 from engine.sampling_params import SamplingParams
 
-__all__ = ["LocalTokenizer", "check_prompt_length"]
+__all__ = ["LocalTokenizer", "check_prompt_length", "chunk_ends"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +41,24 @@ def check_prompt_length(n: int, params: SamplingParams, max_len: int) -> None:
         raise PromptTooLongError(n, max_len, params.max_tokens)
 
 
+def chunk_ends(text: str, size: int) -> list[int]:
+    """Where ``text`` is cut into chunks of at most ``size`` characters: each cut is just before a whitespace
+    character that follows a non-whitespace one (a pre-tokenizer's boundary: the word before ends there and the
+    next piece starts with that whitespace), searched in the chunk's second half; a chunk without one (a long
+    run without spaces) is cut at ``size``. The last end is ``len(text)``."""
+    ends: list[int] = []
+    start, n = 0, len(text)
+    while n - start > size:
+        end = start + size
+        cut = end
+        while cut > start + size // 2 and not (text[cut].isspace() and not text[cut - 1].isspace()):
+            cut -= 1
+        ends.append(cut if cut > start + size // 2 else end)
+        start = ends[-1]
+    ends.append(n)
+    return ends
+
+
 class LocalTokenizer:
     """The engine's tokenizer, rebuilt in this process from its tokenizer.json (``tokenizer_state``), and the
     checks that refuse a prompt before it reaches the engine. Work on large inputs runs on a small thread
@@ -42,6 +67,8 @@ class LocalTokenizer:
 
     INLINE_CHARS = 8192  # smaller inputs are handled on the event loop (faster than a thread hop)
     INLINE_MESSAGES = 32
+    CHUNK_CHARS = 16384  # longer texts are counted chunk by chunk before being tokenized whole
+    BOUNDARY_SLACK = 4  # tokens a chunk boundary may add to a count (0 at a clean cut for byte-level BPE)
 
     def __init__(self, tokenizer, max_token_bytes: int | None):
         self.tok = tokenizer
@@ -93,6 +120,11 @@ class LocalTokenizer:
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.tok.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def _count(self, text: str, start: int, end: int) -> int:
+        backend = self.tok.backend
+        fast = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no offsets: cheaper
+        return len(fast([text[start:end]], add_special_tokens=False)[0].ids)
+
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
 
@@ -116,17 +148,51 @@ class LocalTokenizer:
         except Exception as e:  # noqa: BLE001
             raise as_request_error(e, "Internal error while tokenizing") from None
 
+    async def count_at_least(self, text: str, most: int) -> int:
+        """At least this many tokens in ``text`` (without special tokens), counted chunk by chunk (one
+        pool job each) and stopping once the count exceeds ``most`` for certain: each chunk boundary may add
+        BOUNDARY_SLACK tokens, taken off. Short texts (CHUNK_CHARS) are not counted: 0."""
+        if len(text) <= self.CHUNK_CHARS:
+            return 0
+        counted, start = 0, 0
+        loop = asyncio.get_running_loop()
+        for k, end in enumerate(chunk_ends(text, self.CHUNK_CHARS)):
+            try:
+                counted += await loop.run_in_executor(self.pool, self._count, text, start, end)
+            except Exception as e:  # noqa: BLE001
+                raise as_request_error(e, "Internal error while tokenizing") from None
+            start = end
+            if counted - k * self.BOUNDARY_SLACK > most:
+                break
+        return max(counted - k * self.BOUNDARY_SLACK, 0)
+
+    async def encode_bounded(self, text: str, add_special_tokens: bool, most: int) -> list[int] | int:
+        """The ids of ``text`` (exactly encode()'s), or, when it surely has more than ``most`` tokens, that
+        lower bound (an int) after a bounded amount of work: count_at_least first for a long text."""
+        at_least = self.lower_bound(text)
+        if at_least and at_least > most:
+            return at_least
+        at_least = await self.count_at_least(text, most)
+        if at_least and at_least > most:
+            return at_least
+        return await self.encode(text, add_special_tokens)
+
     async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return await self._run(len(ids) <= self.INLINE_CHARS // 4, self._decode, ids, skip_special_tokens)
 
     # -- the client's tokenize / detokenize calls ------------------------------------------------------
     async def tokenize(self, prompt: str | None, messages: list[dict] | None, add_special_tokens: bool,
-                       add_generation_prompt: bool) -> list[int]:
+                       add_generation_prompt: bool, most: int | None = None) -> list[int] | int:
+        """The ids; with ``most``: the lower bound (an int) instead when there are surely more (encode_bounded)."""
         if messages is not None:
-            return await self.encode(await self.render(messages, add_generation_prompt), False)
-        if not isinstance(prompt, str):
+            text, add_special_tokens = await self.render(messages, add_generation_prompt), False
+        elif isinstance(prompt, str):
+            text = prompt
+        else:
             raise InvalidRequestError("Give 'prompt' (a string) or 'messages'.", param="prompt")
-        return await self.encode(prompt, add_special_tokens)
+        if most is None:
+            return await self.encode(text, add_special_tokens)
+        return await self.encode_bounded(text, add_special_tokens, most)
 
     async def detokenize(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         ids = list(token_ids)
@@ -149,14 +215,13 @@ class LocalTokenizer:
         else:
             raise InvalidRequestError("The prompt must be a string, a list of token ids, or chat messages.",
                                       param="prompt")
-        at_least = self.lower_bound(text)
-        if at_least and (at_least >= max_len or (params.max_tokens is not None
-                                                  and at_least + params.max_tokens > max_len)):
-            text = None
+        most = max_len - 1 if params.max_tokens is None else min(max_len - 1, max_len - params.max_tokens)
+        ids = await self.encode_bounded(text, special, most)
+        text = None
+        if isinstance(ids, int):  # surely too long: by its bytes, or counted in chunks up to the bound
+            at_least = ids
             raise PromptTooLongError(at_least, max_len, params.max_tokens if at_least < max_len else None,
                                      at_least=True)
-        ids = await self.encode(text, special)
-        text = None
         n = len(ids)
         if n >= max_len or (params.max_tokens is not None and n + params.max_tokens > max_len):
             ids = None  # not kept alive by the exception's traceback

@@ -267,18 +267,16 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
             S.check_text(req.prompt, "prompt")
             text, special = req.prompt, req.add_special_tokens is not False
         at_least = client.prompt_lower_bound(text)
-        if at_least > limit:
-            err = PromptTooLongError(at_least, ctx.info.max_model_len, at_least=True)
+        try:
+            if at_least > limit:
+                raise PromptTooLongError(at_least, ctx.info.max_model_len, at_least=True)
+            if ids is None:  # counted in chunks first: a text surely over the limit is not tokenized whole
+                ids = await client.tokenize(text, add_special_tokens=special, most=limit)
+        except PromptTooLongError as err:
             err.args = (f"/tokenize counts texts of up to {S.MAX_TOKENIZE_CONTEXTS} context lengths ({limit} "
                         f"tokens; this model's context is {ctx.info.max_model_len} tokens), and this one has at "
-                        f"least {at_least} tokens. Count a shorter text.",)
-            raise err
-        if ids is not None:
-            pass
-        elif req.messages is not None:
-            ids = await client.tokenize(text, add_special_tokens=False)
-        else:
-            ids = await client.tokenize(text, add_special_tokens=special)
+                        f"least {err.prompt_len} tokens. Count a shorter text.",)
+            raise
         return {"tokens": ids, "count": len(ids), "max_model_len": ctx.info.max_model_len}
 
     @app.post("/detokenize", response_model=protocol.DetokenizeResponse, responses=common)
@@ -355,7 +353,8 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
             except (asyncio.TimeoutError, EngineDeadError):
                 stats = None
         metrics.update(stats, healthy=client.is_alive, restarts=int(getattr(client, "restarts", 0) or 0),
-                       restarting=getattr(client, "state", None) == "restarting")
+                       restarting=getattr(client, "state", None) == "restarting",
+                       hangs=int(getattr(client, "hangs", 0) or 0), heartbeat_age=getattr(client, "heartbeat_age", None))
         body, ctype = metrics.render()
         return Response(body, media_type=ctype)
 

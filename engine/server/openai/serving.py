@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from engine.errors import InvalidRequestError, KestrelError, PromptTooLongError
 from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.server.openai.errors import ModelNotServedError, kestrel_error_parts
-from engine.tokenizer.grammar import parse_spec, structured_outputs_spec
+from engine.tokenizer.grammar import parse_spec
 
 if TYPE_CHECKING:
     from engine.frontend.client import EngineClient, RequestStream
@@ -147,16 +147,12 @@ def structured_output(req) -> StructuredOutput | None:
         if not isinstance(gj, (dict, bool)):
             raise _bad_format("a JSON Schema object", "guided_json")
         found.append(StructuredOutput("json_schema", encode_json(gj).decode()))
-    for name, kind in (("guided_regex", "regex"), ("guided_choice", "choice"), ("guided_grammar", "grammar")):
+    for name, kind in (("guided_regex", "regex"), ("guided_choice", "choice")):
         if extra.get(name) is not None:
             found.append(parse_spec(kind, extra[name]))
-    so = structured_outputs_spec(extra.get("structured_outputs"))  # vLLM's newer form of the guided_* fields
-    if so is not None:
-        found.append(so)
     if len(found) > 1:
-        raise InvalidRequestError("Only one of 'response_format', 'guided_json', 'guided_regex', 'guided_choice', "
-                                  "'guided_grammar' and 'structured_outputs' may constrain the output.",
-                                  param="response_format")
+        raise InvalidRequestError("Only one of 'response_format', 'guided_json', 'guided_regex' and "
+                                  "'guided_choice' may constrain the output.", param="response_format")
     return found[0] if found else None
 
 
@@ -312,10 +308,14 @@ def check_text(value: str, param: str) -> None:
 # streams
 
 
-async def start_streams(client: EngineClient, prompts: list[dict], params: SamplingParams
-                        ) -> list[RequestStream]:
+async def start_streams(client: EngineClient, prompts: list[dict], params: SamplingParams,
+                        raw: Request | None = None) -> list[RequestStream]:
     """One engine request per prompt (keyword arguments of add_request); waits until the engine has
-    accepted them all, so a refusal (prompt too long, ...) becomes an error response, not a broken stream."""
+    accepted them all, so a refusal (prompt too long, ...) becomes an error response, not a broken stream.
+    With ``raw``: a client that disconnects meanwhile stops the work (a long prompt's chunked tokenizing
+    included) and gets ClientGone."""
+    if raw is not None:
+        return await unless_disconnected(raw, start_streams(client, prompts, params))
     streams: list[RequestStream] = []
     try:
         for p in prompts:
@@ -409,7 +409,6 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     output_tokens: int = 0
-    prompt_logprobs: list | None = None  # the prompt's (SamplingParams.prompt_logprobs: /v1/completions' echo)
 
 
 async def collect(streams: list[RequestStream], n: int, n_choices: int) -> tuple[list[Choice], int]:
@@ -425,8 +424,6 @@ async def collect(streams: list[RequestStream], n: int, n_choices: int) -> tuple
                     c.text.append(d.text)
                 if d.logprobs:
                     c.logprobs.extend(d.logprobs)
-                if d.prompt_logprobs:
-                    c.prompt_logprobs = d.prompt_logprobs
                 if d.finished:
                     c.finish_reason, c.stop_reason, c.output_tokens = d.finish_reason, d.stop_reason, \
                         d.num_output_tokens
@@ -516,12 +513,23 @@ class SSEResponse(StreamingResponse):
                 self.on_close()
 
 
-class ClientGone(Exception):
-    pass
+class ClientGone(KestrelError):
+    """The client disconnected before its answer was ready (nginx's 499: nobody reads it)."""
+
+    status_code = 499
+    error_type = "client_closed_request"
 
 
 async def until_disconnect(request: Request, work: Awaitable[Response]) -> Response:
     """Run ``work``; if the client disconnects first, cancel it (its cleanup aborts the engine requests)."""
+    try:
+        return await unless_disconnected(request, work)
+    except ClientGone:
+        return Response(status_code=499)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """``work``'s result; if the client disconnects first, ``work`` is cancelled and ClientGone raised."""
     task = asyncio.ensure_future(work)
 
     async def watch() -> None:
@@ -545,4 +553,4 @@ async def until_disconnect(request: Request, work: Awaitable[Response]) -> Respo
         await task
     except (asyncio.CancelledError, Exception):
         pass
-    return Response(status_code=499)
+    raise ClientGone("The client disconnected.")

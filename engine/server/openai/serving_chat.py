@@ -156,15 +156,18 @@ def template_kwargs(extra: dict) -> dict:
 async def _render(ctx: S.ServerContext, messages: list[dict], tools: list[dict] | None, kwargs: dict,
                   add_generation_prompt: bool) -> list[int]:
     """The prompt's ids rendered here (with the tools, template variables or the server's template; on a worker
-    thread: templates are Python, tokenizing a long conversation takes a while)."""
+    thread: templates are Python), then tokenized by the client in bounded chunks: a text surely over
+    /tokenize's bound (S.MAX_TOKENIZE_CONTEXTS context lengths) is refused before it is tokenized whole."""
     tok = ctx.client.tokenizer
     try:
-        return await asyncio.to_thread(tok.apply_chat_template, messages, add_generation_prompt, True, tools=tools,
+        text = await asyncio.to_thread(tok.apply_chat_template, messages, add_generation_prompt, False, tools=tools,
                                        chat_template=ctx.chat_template, **kwargs)
     except KestrelError:
         raise
     except Exception as e:  # noqa: BLE001 - typed for the caller
         raise as_request_error(e, "Internal error while applying the chat template") from None
+    return await ctx.client.tokenize(text, add_special_tokens=False,
+                                     most=S.MAX_TOKENIZE_CONTEXTS * ctx.info.max_model_len)
 
 
 async def chat_prompt(ctx: S.ServerContext, messages: list[dict], extra: dict,
@@ -216,7 +219,7 @@ async def create_chat_completion(ctx: S.ServerContext, req: ChatCompletionReques
             plan = None
     if req.logprobs:
         await ctx.token_tables()
-    streams = await S.start_streams(ctx.client, [prompt], params)
+    streams = await S.start_streams(ctx.client, [prompt], params, raw)
     rid = S.new_id("chatcmpl")
     model = ctx.response_model(req.model)
     if req.stream:

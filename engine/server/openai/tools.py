@@ -260,8 +260,7 @@ def plan_tools(extra: dict, template: str | None, architecture: str | None,
         plan.fmt = fmt
         return plan
     if extra.get("response_format") not in (None, {"type": "text"}) or any(
-            extra.get(k) is not None for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                               "structured_outputs")):
+            extra.get(k) is not None for k in ("guided_json", "guided_regex", "guided_choice")):
         raise InvalidRequestError("'response_format' (or a guided_* field) cannot be combined with tool_choice "
                                   f"{'required' if choice == 'required' else 'a named function'}: both constrain "
                                   "the output.", param="tool_choice")
