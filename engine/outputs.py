@@ -35,9 +35,12 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # SamplingParams.prompt_logprobs (the first: NaN)
 
     def add(self, d: RequestDelta) -> None:
         self.text += d.text
+        if d.prompt_logprobs is not None:
+            self.prompt_logprobs = d.prompt_logprobs
         self.token_ids.extend(d.token_ids)
         if d.logprobs is not None:
             self.logprobs = (self.logprobs or []) + d.logprobs

@@ -7,14 +7,15 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
 
-STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice", "structural_tag")
+STRUCTURED_KINDS = ("json", "json_schema", "regex", "choice", "structural_tag", "grammar")
 
 
 @dataclass
 class StructuredOutput:
     """Constrained decoding (engine/tokenizer/grammar.py): ``kind`` "json" (any JSON object; ``spec`` unused),
     "json_schema" (``spec``: the schema as JSON text), "regex" (``spec``: the pattern) or "choice" (``spec``: a
-    JSON list of the allowed strings). Tool calling enforced by a grammar (``tool_choice`` "required" or a named
+    JSON list of the allowed strings) or "grammar" (``spec``: an EBNF / GBNF grammar whose start rule is
+    ``root``). Tool calling enforced by a grammar (``tool_choice`` "required" or a named
     function) is a "json_schema" whose ``param`` names the tools; tool_choice "auto" is a "structural_tag" (``spec``:
     xgrammar's structural tag as JSON text: free text until a call's marker, then the call)."""
 
@@ -45,6 +46,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs per generated token (0: only the sampled one)
+    # logprobs of the prompt's tokens (each scored by the logits of the position before it), with this many top
+    # logprobs beside each (0: only the prompt's token); None: not computed. Such a request takes no prefix-cache hit
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -70,6 +74,8 @@ class SamplingParams:
         self._check(-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
         self._check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
         self._check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]")
+        self._check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt_logprobs",
+                    "must be in [0, 20]")
         self._check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         if isinstance(self.structured, dict):
             self.structured = StructuredOutput(**self.structured)

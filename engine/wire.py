@@ -66,6 +66,9 @@ class RequestDelta(msgspec.Struct, omit_defaults=True):
     num_output_tokens: int = 0
     metrics: RequestMetrics | None = None  # set on the final delta
     embedding: bytes | None = None  # an embedding request's final delta: little-endian float32
+    # SamplingParams.prompt_logprobs: on the first delta with tokens, one entry per prompt token (the first has no
+    # logprob: NaN), each scored by the logits of the position before it
+    prompt_logprobs: list[TokenLogprobs] | None = None
     index: int = 0
     time: float = 0.0
 

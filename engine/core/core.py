@@ -24,7 +24,7 @@ from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.errors import InvalidRequestError, PromptTooLongError
 from engine.core.embedding import check_embedding_input
-from engine.wire import CommStepStats, EngineStats, RequestDelta, StepStats
+from engine.wire import CommStepStats, EngineStats, RequestDelta, StepStats, TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class _InFlight:
     sched: SchedulerOutput
     launched: object
     t0: float  # when it was scheduled
+    prompt_scores: object = None  # its prompt logprobs on the device (ModelRunner.take_prompt_scores)
 
 
 class EngineCore:
@@ -86,6 +87,7 @@ class EngineCore:
                                    self.max_model_len)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self.requests: dict[str, Tracked] = {}
+        self._prompt_logprobs: dict[str, list] = {}  # per request asking: its prompt's logprobs until its first delta
         self._grammars = None  # GrammarCache, built on the first structured request
         ckpt_path = getattr(self.checkpoint, "path", None)
         self.pooling = pooling_for(ckpt_path if ckpt_path is not None and ckpt_path.is_dir() else None,
@@ -199,6 +201,7 @@ class EngineCore:
         """Queue a plan on the device (``feed``: the step in flight whose sampled tokens are its input ids) and
         tell the scheduler, while the device runs it."""
         fl = _InFlight(sched, self.runner.launch(sched, feed), t0)
+        fl.prompt_scores = self.runner.take_prompt_scores()
         self.scheduler.launched(sched)
         return fl
 
@@ -222,6 +225,8 @@ class EngineCore:
         requests finished or aborted since its launch are dropped)."""
         sched = fl.sched
         reqs, tokens, lps, pooled = self.runner.collect(fl.launched)
+        if fl.prompt_scores is not None:
+            self._score_prompts(fl.prompt_scores)
         n_prefill = n_decode = 0
         for s in sched.scheduled:
             if s.num_new_tokens == 1 and (s.pending or s.request.output_token_ids):
@@ -250,7 +255,29 @@ class EngineCore:
         if self.executor is not None:
             d = self.executor.comm.stats.step_delta()
             self.recent_comm_steps.append(CommStepStats(now, d.calls, d.link_bytes, d.payload_bytes, d.seconds))
-        return [d for d in deltas if d is not None]
+        deltas = [d for d in deltas if d is not None]
+        if self._prompt_logprobs:
+            self._attach_prompt_logprobs(deltas)
+        return deltas
+
+    def _score_prompts(self, scores) -> None:
+        """A step's prompt logprobs into each request's list (one entry per prompt token, the first with no
+        logprob: NaN), by position, so a prompt recomputed after a preemption overwrites rather than repeats."""
+        for rid, first, lps in self.runner.prompt_logprobs(scores):
+            tr = self.requests.get(rid)
+            if tr is None or tr.request.output_token_ids:
+                continue  # finished, or already delivered
+            ids = tr.request.prompt_token_ids
+            held = self._prompt_logprobs.get(rid)
+            if held is None:
+                held = self._prompt_logprobs[rid] = [TokenLogprobs(ids[0], float("nan"))] + [None] * (len(ids) - 1)
+            held[first:first + len(lps)] = lps
+
+    def _attach_prompt_logprobs(self, deltas: list[RequestDelta]) -> None:
+        """A request's prompt logprobs ride on its first delta with tokens."""
+        for d in deltas:
+            if d.token_ids and d.request_id in self._prompt_logprobs:
+                d.prompt_logprobs = self._prompt_logprobs.pop(d.request_id)
 
     def _append(self, tr: Tracked, tok: int, lp, now: float) -> RequestDelta | None:
         """Output processing of one sampled token (engine/core/output.py): its text, the stop checks, its delta;
@@ -278,6 +305,8 @@ class EngineCore:
         req.finish_reason, req.stop_reason = reason, stop
         self.scheduler.finish(req)
         self.runner.remove_request(req.request_id)
+        if reason == "abort":
+            self._prompt_logprobs.pop(req.request_id, None)
         del self.requests[req.request_id]
         return finished_delta(tr, toks, lps, now)
 

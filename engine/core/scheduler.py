@@ -219,5 +219,12 @@ class Scheduler:
 
 def _may_share(req: Request) -> bool:
     """Whether a prefix-cache hit may skip the computation of the request's first tokens: not for an embedding
-    pooled over every token (mean) or on the first (CLS), whose runner needs their hidden states."""
+    pooled over every token (mean) or on the first (CLS), whose runner needs their hidden states; not for a request
+    that asks for its prompt's logprobs (the logits of every prompt position); and not for a seeded one (D5 of issue
+    47): the rows after a hit are computed in a smaller call than a cold prefill's (a 1-row GEMV where the cold
+    prompt's last row came from a GEMM on the CPU's GGUF kernels), whose logits differ in their last bits, so the
+    seed's draws would pick other tokens warm than cold."""
+    p = req.params
+    if p.seed is not None or p.prompt_logprobs is not None:
+        return False
     return req.pooling is None or req.pooling.mode == "last"

@@ -42,7 +42,8 @@ def align_block_size(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M
     flat = ids.reshape(-1)
     n = flat.numel()
     dev = flat.device
-    counts = torch.bincount(flat, minlength=num_experts)
+    # (a scatter-add, not torch.bincount: on CUDA bincount reads the largest id back to the host)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded

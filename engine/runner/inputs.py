@@ -22,6 +22,12 @@ class StepInputs:
     token_ids: list[int] = field(default_factory=list)
     seqs: list[SeqSpan] = field(default_factory=list)  # decodes first, then prefill chunks
     logit_rows: list[int] | None = field(default_factory=list)  # None: logits at every position
+    # prompt logprobs (score_prompt): the rows whose logits score the next prompt token, those tokens, the most top
+    # logprobs a request of the step asks for, and per request (id, first position scored, positions, its top count)
+    prompt_rows: list[int] = field(default_factory=list)
+    prompt_targets: list[int] = field(default_factory=list)
+    prompt_top: int = 0
+    prompt_spans: list[tuple[str, int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -65,6 +71,8 @@ def prepare_step(sched: ScheduledStep, block_size: int, per_token: bool = False,
             seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
         else:
             seqs.append(SeqSpan(q0, n, ctx, blocks))
+        if req.params.prompt_logprobs is not None:
+            score_prompt(inp, req, q0, start, n)
         if getattr(req, "pooling", None) is not None:
             pools.append(PoolSpan(req, q0, n, start))
         elif s.samples:
@@ -73,6 +81,20 @@ def prepare_step(sched: ScheduledStep, block_size: int, per_token: bool = False,
     if all_logits:
         inp.logit_rows = None
     return inp, sample_reqs, pools
+
+
+def score_prompt(inp: StepInputs, req: SequenceState, q0: int, start: int, n: int) -> None:
+    """A chunk's rows (from row ``q0``, positions ``start`` .. ``start + n``) whose logits score the prompt's next
+    token, into ``inp``: every position before the prompt's last (whose logits sample the first output token)."""
+    prompt = req.prompt_token_ids
+    end = min(start + n, len(prompt) - 1)
+    if end <= start:
+        return
+    inp.prompt_rows.extend(range(q0, q0 + end - start))
+    inp.prompt_targets.extend(prompt[start + 1:end + 1])
+    k = req.params.prompt_logprobs
+    inp.prompt_spans.append((req.request_id, start + 1, end - start, k))
+    inp.prompt_top = max(inp.prompt_top, k)
 
 
 def select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -28,6 +28,8 @@ from engine.runner.cpu_tape import DecodeTapes
 from engine.runner.cuda_graphs import DecodeGraphs, capture_sizes, reserve_bytes
 from engine.runner.device import default_block_size, physical_cores, resolve_device, resolve_dtype
 from engine.runner.inputs import PoolSpan, StepInputs, prepare_step, sampling_metadata, select_rows
+from engine.runner.prompt_logprobs import PromptScores, score_rows
+from engine.runner.prompt_logprobs import to_host as prompt_scores_to_host
 from engine.runner.kv_sizing import fixed_kv_blocks, gpu_kv_blocks, kv_bytes
 from engine.runner.load_checks import (check_deterministic, check_gguf_blocks, check_quantization,
                                        resolve_kv_cache_dtype, resolve_quantization)
@@ -107,6 +109,7 @@ class ModelRunner:
         self.penalties = PenaltyState(self.device)  # penalised requests' token counts (engine/layers/penalties.py)
         self.on_step: Callable[[StepInputs], None] | None = None  # TP: hands each step to the workers
         self.pooling_state: dict[str, torch.Tensor] = {}  # an embedding's pool over its chunks so far
+        self.prompt_scores: PromptScores | None = None  # the last step's prompt logprobs (take_prompt_scores)
 
     def use_prefill_attention(self, choice: str) -> None:
         """Bind the model's attention backend (engine/layers/attention.py ``select_backend``: KernelConfig's
@@ -304,7 +307,7 @@ class ModelRunner:
              fed: torch.Tensor | None = None) -> torch.Tensor | None:
         ops.set_batch_invariant(self.deterministic)  # process-wide: another engine here may differ
         if ((self.graphs is not None or self.tapes is not None) and inp.logit_rows and on_hidden is None
-                and len(inp.seqs) == len(inp.token_ids)):
+                and len(inp.seqs) == len(inp.token_ids) and not inp.prompt_rows):
             logits = self._run_graph(inp, fed)
             if logits is not None:
                 return logits
@@ -314,6 +317,8 @@ class ModelRunner:
         hidden = self.model(input_ids, meta)
         if on_hidden is not None:
             on_hidden(hidden)
+        if inp.prompt_rows:  # every rank: the LM head's all-gather is collective (rank 0's are taken)
+            self.prompt_scores = score_rows(self.model, hidden, inp, self.model_config.vocab_size)
         if inp.logit_rows is not None:
             if not inp.logit_rows:
                 return None
@@ -377,6 +382,18 @@ class ModelRunner:
             self.penalties.record(state_rows, sampled.tokens.index_select(
                 0, to_device(penalised, torch.long, self.device)))
         return Launched(reqs, sampled, pooled)
+
+    def take_prompt_scores(self) -> PromptScores | None:
+        """The prompt logprobs of the step just launched (engine/runner/prompt_logprobs.py), on the device; None
+        where it scored no prompt. Taken once, right after ``launch``."""
+        scores, self.prompt_scores = self.prompt_scores, None
+        return scores
+
+    @staticmethod
+    def prompt_logprobs(scores: PromptScores | None) -> list[tuple[str, int, list[TokenLogprobs]]]:
+        """A launched step's prompt scores on the host (call after ``collect``): (request id, first position scored,
+        TokenLogprobs per position) per request."""
+        return [] if scores is None else prompt_scores_to_host(scores)
 
     @staticmethod
     def collect(launched: "Launched") -> tuple[list[SequenceState], list[int], list[TokenLogprobs | None],

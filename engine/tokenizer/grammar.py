@@ -40,7 +40,7 @@ from engine.tokenizer.schema_support import merge_all_of, unenforced
 log = logging.getLogger(__name__)
 
 _PARAM = {"json": "response_format", "json_schema": "response_format", "regex": "guided_regex",
-          "choice": "guided_choice", "structural_tag": "tools"}
+          "choice": "guided_choice", "structural_tag": "tools", "grammar": "guided_grammar"}
 
 
 def token_bytes(tokenizer) -> list[bytes]:
@@ -138,6 +138,8 @@ class GrammarCache:
                                                              strict_mode=True)
                 if so.kind == "regex":
                     return self.compiler.compile_regex(so.spec)
+                if so.kind == "grammar":  # guided_grammar / structured_outputs.grammar: EBNF (GBNF's syntax)
+                    return self.compiler.compile_grammar(so.spec)
                 if so.kind == "structural_tag":  # tool_choice "auto" (engine.server.openai.tools.auto_grammar)
                     return self.compiler.compile_structural_tag(enforceable_tag(so))
                 return self.compiler.compile_grammar(_choice_ebnf(so.spec))
@@ -193,8 +195,58 @@ def parse_spec(kind: str, value: Any) -> StructuredOutput:
             raise InvalidRequestError("Invalid value for 'guided_choice': a non-empty list of non-empty strings.",
                                       param="guided_choice")
         return StructuredOutput("choice", json.dumps(value))
-    if kind == "regex":
-        if not isinstance(value, str) or not value:
-            raise InvalidRequestError("Invalid value for 'guided_regex': a non-empty string.", param="guided_regex")
-        return StructuredOutput("regex", value)
+    if kind in ("regex", "grammar"):
+        name = f"guided_{kind}"
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidRequestError(f"Invalid value for '{name}': a non-empty string.", param=name)
+        return StructuredOutput(kind, value, param=name)
     raise ValueError(kind)
+
+
+# vLLM's ``structured_outputs`` object: its constraint keys, and the options that change nothing here
+_STRUCTURED_OUTPUTS = ("json", "regex", "choice", "grammar", "json_object")
+_STRUCTURED_OUTPUTS_NEUTRAL = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties",
+                               "whitespace_pattern", "backend")
+
+
+def structured_outputs_spec(value: Any) -> StructuredOutput | None:
+    """vLLM's ``structured_outputs`` ({"json": schema, "regex": ..., "choice": [...], "grammar": EBNF,
+    "json_object": true}: exactly one) -> StructuredOutput; an unknown key or two constraints is a 400 naming it.
+    None for an empty object. (JSON output is compact whatever its whitespace options say.)"""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequestError("Invalid value for 'structured_outputs': an object such as {\"json\": schema}, "
+                                  "{\"regex\": ...}, {\"choice\": [...]}, {\"grammar\": ...} or "
+                                  "{\"json_object\": true}.", param="structured_outputs")
+    for key in value:
+        if key not in _STRUCTURED_OUTPUTS and key not in _STRUCTURED_OUTPUTS_NEUTRAL:
+            raise InvalidRequestError(f"Unknown parameter: 'structured_outputs.{key}' (one of "
+                                      f"{', '.join(_STRUCTURED_OUTPUTS)}).", param=f"structured_outputs.{key}")
+    given = [k for k in _STRUCTURED_OUTPUTS if value.get(k) not in (None, False)]
+    if len(given) > 1:
+        raise InvalidRequestError(f"Only one constraint in 'structured_outputs': {', '.join(given)} were given.",
+                                  param="structured_outputs")
+    if not given:
+        return None
+    key = given[0]
+    param, spec = f"structured_outputs.{key}", value[key]
+    if key == "json_object":
+        return StructuredOutput("json", param=param)
+    if key == "json":
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except ValueError:
+                raise InvalidRequestError(f"Invalid value for '{param}': not valid JSON.", param=param) from None
+        if not isinstance(spec, (dict, bool)):
+            raise InvalidRequestError(f"Invalid value for '{param}': a JSON Schema object.", param=param)
+        return StructuredOutput("json_schema", json.dumps(spec), param=param)
+    if key == "choice":
+        if not isinstance(spec, list) or not spec or not all(isinstance(c, str) and c for c in spec):
+            raise InvalidRequestError(f"Invalid value for '{param}': a non-empty list of non-empty strings.",
+                                      param=param)
+        return StructuredOutput("choice", json.dumps(spec), param=param)
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidRequestError(f"Invalid value for '{param}': a non-empty string.", param=param)
+    return StructuredOutput(key, spec, param=param)

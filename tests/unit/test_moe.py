@@ -130,6 +130,29 @@ def test_routing_from_config():
     assert (v3.scoring, v3.group_score, v3.renormalize) == ("sigmoid", GROUP_TOP2_SUM, True)
 
 
+def test_moe_config_fields_and_sparse_layers():
+    """ModelConfig from the config.json of each family (as real checkpoints and transformers 5 write them)."""
+    base = dict(vocab_size=8, hidden_size=8, intermediate_size=16, num_hidden_layers=6, num_attention_heads=2)
+    mixtral = ModelConfig.from_hf({**base, "architectures": ["MixtralForCausalLM"], "num_local_experts": 8,
+                                   "num_experts_per_tok": 2})
+    assert (mixtral.num_experts, mixtral.moe_intermediate_size, mixtral.norm_topk_prob) == (8, 16, True)
+    assert all(mixtral.is_moe_layer(i) for i in range(6))
+    qwen2 = ModelConfig.from_hf({**base, "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4,
+                                 "num_experts_per_tok": 2, "moe_intermediate_size": 4, "decoder_sparse_step": 2,
+                                 "mlp_only_layers": [3], "shared_expert_intermediate_size": 12,
+                                 "router_aux_loss_coef": 0.001})
+    assert [qwen2.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
+    assert qwen2.attention_bias and qwen2.shared_expert_intermediate_size == 12 and not qwen2.norm_topk_prob
+    qwen3 = ModelConfig.from_hf({**base, "architectures": ["Qwen3MoeForCausalLM"], "num_local_experts": 4,
+                                 "num_experts_per_tok": 2, "moe_intermediate_size": 4, "norm_topk_prob": True})
+    assert qwen3.num_experts == 4 and qwen3.norm_topk_prob and qwen3.qk_norm and not qwen3.attention_bias
+    deepseek = ModelConfig(architecture="DeepseekV2ForCausalLM", head_dim=4, num_key_value_heads=2, num_experts=4,
+                           first_k_dense_replace=1, moe_layer_freq=2, **base)
+    assert [deepseek.is_moe_layer(i) for i in range(6)] == [False, False, True, False, True, False]
+    dense = ModelConfig.from_hf({**base, "architectures": ["Qwen3ForCausalLM"]})
+    assert dense.num_experts == 0 and not any(dense.is_moe_layer(i) for i in range(6))
+
+
 class _Weights:
     """A checkpoint of named tensors (the WeightSource calls FusedMoE.load makes)."""
 
@@ -253,3 +276,62 @@ def test_triton_fused_moe_equals_the_loop(T, E, k, inter, dtype):
     ref = fm.fused_moe_reference(x, w13, w2, w, ids)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def _hf_block_weights(block, prefix="mlp"):
+    """The checkpoint names of a transformers MoE block's tensors (its experts stored per expert, as on disk)."""
+    t = {}
+    for name, p in block.state_dict().items():
+        if name == "experts.gate_up_proj":
+            inter = p.shape[1] // 2
+            for e in range(p.shape[0]):
+                t[f"{prefix}.experts.{e}.gate_proj.weight"] = p[e, :inter]
+                t[f"{prefix}.experts.{e}.up_proj.weight"] = p[e, inter:]
+        elif name == "experts.down_proj":
+            for e in range(p.shape[0]):
+                t[f"{prefix}.experts.{e}.down_proj.weight"] = p[e]
+        else:
+            t[f"{prefix}.{name}"] = p
+    return _Weights(t)
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
+def test_moe_block_equals_transformers_block(family):
+    """engine/models/moe_block.py's MoEBlock against transformers' whole block: Qwen2-MoE's (shared expert scaled by
+    its sigmoid gate) and DeepSeek-V3's (sigmoid routing with the correction bias in groups, routed scaling, shared
+    experts), at TP=1."""
+    from engine.models.moe_block import MoEBlock
+
+    if family == "qwen2_moe":
+        hf_cfg = transformers.Qwen2MoeConfig(hidden_size=H, num_hidden_layers=1, num_attention_heads=4,
+                                             num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16,
+                                             shared_expert_intermediate_size=24, vocab_size=64)
+        mod = importlib.import_module("transformers.models.qwen2_moe.modeling_qwen2_moe")
+        block = mod.Qwen2MoeSparseMoeBlock(hf_cfg)
+        arch, kw = "Qwen2MoeForCausalLM", dict(shared_intermediate=24, shared_gate=True)
+    else:
+        hf_cfg = transformers.DeepseekV3Config(hidden_size=H, num_hidden_layers=1, num_attention_heads=4,
+                                               n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=16,
+                                               n_shared_experts=2, n_group=4, topk_group=2, norm_topk_prob=True,
+                                               routed_scaling_factor=2.5, vocab_size=64)
+        mod = importlib.import_module("transformers.models.deepseek_v3.modeling_deepseek_v3")
+        block = mod.DeepseekV3MoE(hf_cfg)
+        arch, kw = "DeepseekV3ForCausalLM", dict(shared_intermediate=32, correction_bias=True,
+                                                 shared_name="shared_experts")
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in list(block.parameters()) + list(block.buffers()):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    block = block.float().eval()
+    cfg = ModelConfig(architecture=arch, vocab_size=64, hidden_size=H, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=4, head_dim=8, num_experts=hf_cfg.num_experts
+                      if family == "qwen2_moe" else 8, num_experts_per_tok=hf_cfg.num_experts_per_tok,
+                      moe_intermediate_size=16, norm_topk_prob=bool(hf_cfg.norm_topk_prob))
+    if family == "deepseek_v3":
+        cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor = 4, 2, 2.5
+    ours = MoEBlock(cfg, torch.float32, TPContext(), **kw)
+    ours.load(_hf_block_weights(block), "mlp")
+    x = torch.randn(11, H, generator=g)
+    with torch.no_grad():
+        ref = block(x.unsqueeze(0))[0]
+    torch.testing.assert_close(ours(x), ref, atol=1e-5, rtol=1e-5)

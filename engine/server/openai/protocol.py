@@ -93,9 +93,10 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         ..., description="A string, a list of strings, token ids, or a list of token-id lists")
-    max_tokens: int | None = _f(16, None, minimum=1)
-    logprobs: int | None = _f(None, "Top logprobs per token", minimum=0, maximum=20)
-    echo: bool | None = False
+    max_tokens: int | None = _f(16, "0 only with echo: the prompt scored, nothing generated", minimum=0)
+    logprobs: int | None = _f(None, "Top logprobs per token (with echo: the prompt's tokens too)", minimum=0,
+                              maximum=20)
+    echo: bool | None = _f(False, "The prompt before the completion (with logprobs: the prompt's logprobs)")
     suffix: str | None = None
     best_of: int | None = None
 
@@ -139,6 +140,8 @@ _HARMLESS: dict[str, tuple[tuple[Any, ...], str]] = {
     "guided_json": ((), ""),  # vLLM's extra fields, the same
     "guided_regex": ((), ""),
     "guided_choice": ((), ""),
+    "guided_grammar": ((), ""),  # EBNF / GBNF (engine.tokenizer.grammar)
+    "structured_outputs": ((), ""),  # vLLM's object form of the guided_* fields
     "store": ((None, False), "stored completions are not supported"),
     "metadata": ((), ""),  # only meaningful with store
     "service_tier": ((None, "auto", "default"), "service tiers are not supported"),
@@ -173,9 +176,6 @@ def check_fields(req: BaseModel, where: str = "") -> None:
             if (req.model_extra or {}).get(name) not in (None, [], "none", "auto"):
                 raise InvalidRequestError(f"Unsupported parameter '{name}' on /v1/completions: tool calling is "
                                           "for /v1/chat/completions.", param=name)
-        if req.echo:
-            raise InvalidRequestError("Unsupported value for 'echo': echoing the prompt is not supported.",
-                                      param="echo")
         if req.suffix:
             raise InvalidRequestError("Unsupported value for 'suffix': insertion (suffix) is not supported.",
                                       param="suffix")

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from engine.errors import InvalidRequestError, KestrelError, PromptTooLongError
 from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.server.openai.errors import ModelNotServedError, kestrel_error_parts
-from engine.tokenizer.grammar import parse_spec
+from engine.tokenizer.grammar import parse_spec, structured_outputs_spec
 
 if TYPE_CHECKING:
     from engine.frontend.client import EngineClient, RequestStream
@@ -147,12 +147,16 @@ def structured_output(req) -> StructuredOutput | None:
         if not isinstance(gj, (dict, bool)):
             raise _bad_format("a JSON Schema object", "guided_json")
         found.append(StructuredOutput("json_schema", encode_json(gj).decode()))
-    for name, kind in (("guided_regex", "regex"), ("guided_choice", "choice")):
+    for name, kind in (("guided_regex", "regex"), ("guided_choice", "choice"), ("guided_grammar", "grammar")):
         if extra.get(name) is not None:
             found.append(parse_spec(kind, extra[name]))
+    so = structured_outputs_spec(extra.get("structured_outputs"))  # vLLM's newer form of the guided_* fields
+    if so is not None:
+        found.append(so)
     if len(found) > 1:
-        raise InvalidRequestError("Only one of 'response_format', 'guided_json', 'guided_regex' and "
-                                  "'guided_choice' may constrain the output.", param="response_format")
+        raise InvalidRequestError("Only one of 'response_format', 'guided_json', 'guided_regex', 'guided_choice', "
+                                  "'guided_grammar' and 'structured_outputs' may constrain the output.",
+                                  param="response_format")
     return found[0] if found else None
 
 
@@ -409,6 +413,7 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     output_tokens: int = 0
+    prompt_logprobs: list | None = None  # the prompt's (SamplingParams.prompt_logprobs: /v1/completions' echo)
 
 
 async def collect(streams: list[RequestStream], n: int, n_choices: int) -> tuple[list[Choice], int]:
@@ -424,6 +429,8 @@ async def collect(streams: list[RequestStream], n: int, n_choices: int) -> tuple
                     c.text.append(d.text)
                 if d.logprobs:
                     c.logprobs.extend(d.logprobs)
+                if d.prompt_logprobs:
+                    c.prompt_logprobs = d.prompt_logprobs
                 if d.finished:
                     c.finish_reason, c.stop_reason, c.output_tokens = d.finish_reason, d.stop_reason, \
                         d.num_output_tokens

@@ -260,7 +260,8 @@ def plan_tools(extra: dict, template: str | None, architecture: str | None,
         plan.fmt = fmt
         return plan
     if extra.get("response_format") not in (None, {"type": "text"}) or any(
-            extra.get(k) is not None for k in ("guided_json", "guided_regex", "guided_choice")):
+            extra.get(k) is not None for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                               "structured_outputs")):
         raise InvalidRequestError("'response_format' (or a guided_* field) cannot be combined with tool_choice "
                                   f"{'required' if choice == 'required' else 'a named function'}: both constrain "
                                   "the output.", param="tool_choice")
