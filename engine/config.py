@@ -20,6 +20,9 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    # multi-head latent attention + mixture of experts (engine/models/deepseek.py)
+    "DeepseekV2ForCausalLM": "deepseek2",
+    "DeepseekV3ForCausalLM": "deepseek3",
 }
 
 # The names of --comm-strategy, defined once: engine/parallel/comm/group.py implements them, engine/capabilities.py
@@ -98,6 +101,22 @@ class ModelConfig:
     n_shared_experts: int = 0  # shared experts of width n_shared_experts * moe_intermediate_size, ungated
     first_k_dense_replace: int = 0  # the first k layers keep a dense MLP
     moe_layer_freq: int = 1
+    # Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none): the KV cache holds per token the
+    # compressed latent (kv_lora_rank) and the rope key (qk_rope_head_dim) only (engine/layers/mla.py)
+    q_lora_rank: int | None = None  # None: q_proj directly (V2-Lite), else q_a_proj -> q_a_layernorm -> q_b_proj
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = True  # rope over interleaved pairs (V2 always; V3 unless its config says False)
+
+    @property
+    def kv_cache_layout(self) -> tuple[int, int, int]:
+        """(tensors, heads, head size) of one token's KV cache entry per layer: keys and values of the KV heads, or
+        one latent row (kv_lora_rank + qk_rope_head_dim) under multi-head latent attention."""
+        if self.kv_lora_rank:
+            return 1, 1, self.kv_lora_rank + self.qk_rope_head_dim
+        return 2, self.num_key_value_heads, self.head_dim
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` has a mixture-of-experts block instead of the dense MLP (transformers'
@@ -153,7 +172,22 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
             **_moe_fields(cfg, arch),
+            **_mla_fields(cfg, arch),
         )
+
+
+def _mla_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """ModelConfig's multi-head latent attention fields (DeepSeek-V2/V3; empty for other models)."""
+    if arch not in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        return {}
+    return dict(
+        q_lora_rank=cfg.get("q_lora_rank") or None,
+        kv_lora_rank=int(cfg["kv_lora_rank"]),
+        qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+        v_head_dim=int(cfg["v_head_dim"]),
+        rope_interleave=arch == "DeepseekV2ForCausalLM" or cfg.get("rope_interleave", True) is not False,
+    )
 
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """ModelConfig's mixture-of-experts fields from a Hugging Face config (empty for a dense model)."""

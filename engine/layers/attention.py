@@ -179,6 +179,8 @@ class AttentionMetadata:
 
 
 class Attention(torch.nn.Module):
+    cache_tensors = 2  # keys and values (engine/layers/mla.py's latent cache: 1)
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, layer_index: int):
         super().__init__()
         self.num_heads = num_heads

@@ -74,13 +74,18 @@ def expected_shapes(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], di
     (optional if config.tie_word_embeddings else required)["lm_head.weight"] = (vocab, h)
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
+        if config.kv_lora_rank:  # multi-head latent attention (DeepSeek): its projections in place of q/k/v
+            required.update(_mla_shapes(config, p + "self_attn."))
+        else:
+            required.update({
+                p + "self_attn.q_proj.weight": (q_out, h),
+                p + "self_attn.k_proj.weight": (kv_out, h),
+                p + "self_attn.v_proj.weight": (kv_out, h),
+                p + "self_attn.o_proj.weight": (h, q_out),
+            })
         required.update({
             p + "input_layernorm.weight": (h,),
             p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q_out, h),
-            p + "self_attn.k_proj.weight": (kv_out, h),
-            p + "self_attn.v_proj.weight": (kv_out, h),
-            p + "self_attn.o_proj.weight": (h, q_out),
         })
         required.update(_moe_shapes(config, p) if config.is_moe_layer(i) else {
             p + "mlp.gate_proj.weight": (inter, h),
@@ -102,6 +107,25 @@ def expected_shapes(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], di
             p + "mlp.down_proj.bias": (h,),
         })
     return required, optional
+
+
+def _mla_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """The attention tensors of a DeepSeek layer (engine/models/deepseek.py), prefix ``p`` = "...self_attn."."""
+    h, heads, rank = config.hidden_size, config.num_attention_heads, config.kv_lora_rank
+    rope, q_rank = config.qk_rope_head_dim, config.q_lora_rank
+    qk = config.qk_nope_head_dim + rope
+    shapes = {
+        p + "kv_a_proj_with_mqa.weight": (rank + rope, h),
+        p + "kv_a_layernorm.weight": (rank,),
+        p + "kv_b_proj.weight": (heads * (config.qk_nope_head_dim + config.v_head_dim), rank),
+        p + "o_proj.weight": (h, heads * config.v_head_dim),
+    }
+    if q_rank:
+        shapes.update({p + "q_a_proj.weight": (q_rank, h), p + "q_a_layernorm.weight": (q_rank,),
+                       p + "q_b_proj.weight": (heads * qk, q_rank)})
+    else:
+        shapes[p + "q_proj.weight"] = (heads * qk, h)
+    return shapes
 
 
 def _moe_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:

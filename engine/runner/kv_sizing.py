@@ -16,10 +16,12 @@ CPU_DEFAULT_KV_GIB = 2.0
 ACTIVATION_MARGIN_BYTES = 256 << 20  # allocator fragmentation, cuBLAS workspaces
 
 
-def kv_bytes(layers: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block of keys and values over every layer, in the cache's element type."""
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
+             tensors: int = 2) -> int:
+    """Bytes of one block of keys and values over every layer, in the cache's element type. ``tensors``: 2 (keys
+    and values), or 1 for a multi-head latent attention cache (one latent row per token: engine/layers/mla.py)."""
     elem = torch.tensor([], dtype=dtype).element_size()  # 1 for fp8: twice the blocks
-    return 2 * layers * block_size * kv_heads * head_dim * elem
+    return tensors * layers * block_size * kv_heads * head_dim * elem
 
 
 def fixed_kv_blocks(config, device: torch.device, per_block: Callable[[], int]) -> int | None:

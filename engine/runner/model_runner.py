@@ -116,6 +116,8 @@ class ModelRunner:
         prefill_attention on this device) to every attention layer; start-up does, and a benchmark comparing the
         backends on one loaded model (the decode graphs take the decode kernel whatever the backend)."""
         layers = self.model.attention_layers()
+        if layers and getattr(layers[0], "prefill_attention", None):  # MLA (engine/layers/mla.py): its own routes
+            choice = layers[0].prefill_attention
         self.attention = select_backend(choice, self.device, layers[0].head_dim if layers else 0)
         for attn in layers:
             attn.backend = self.attention
@@ -136,10 +138,10 @@ class ModelRunner:
     # -- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
         layer = self.model.layers[0].self_attn.attn
-        return self._kv_bytes(len(self.model.layers), layer.num_kv_heads, layer.head_dim)
+        return self._kv_bytes(len(self.model.layers), layer.num_kv_heads, layer.head_dim, layer.cache_tensors)
 
-    def _kv_bytes(self, layers: int, kv_heads: int, head_dim: int) -> int:
-        return kv_bytes(layers, kv_heads, head_dim, self.block_size, self.kv_cache_dtype)
+    def _kv_bytes(self, layers: int, kv_heads: int, head_dim: int, tensors: int = 2) -> int:
+        return kv_bytes(layers, kv_heads, head_dim, self.block_size, self.kv_cache_dtype, tensors)
 
     def _kv_tokens_before_model(self, mc: ModelConfig, defer_kv: bool) -> int | None:
         """The tokens the KV cache will hold (num_kv_blocks_that_fit's blocks), where that needs no model: one
@@ -147,8 +149,9 @@ class ModelRunner:
         --kv-cache-memory-gib). None where it takes the model (a GPU's profiling forward) or the executor (TP)."""
         if defer_kv or self.tp.size > 1:
             return None
+        tensors, heads, head_dim = mc.kv_cache_layout
         blocks = fixed_kv_blocks(self.config, self.device, lambda: self._kv_bytes(
-            mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim))
+            mc.num_hidden_layers, heads, head_dim, tensors))
         return None if blocks is None else blocks * self.block_size
 
     def num_kv_blocks_that_fit(self) -> int:
@@ -258,7 +261,8 @@ class ModelRunner:
         fp8 = self.kv_cache_dtype != self.dtype
         for attn in self.model.attention_layers():
             attn.k_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
-            attn.v_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
+            attn.v_cache = (torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
+                            if attn.cache_tensors == 2 else None)  # MLA: one latent cache (engine/layers/mla.py)
             if fp8:  # per-tensor scales: device tensors read by the kernels (no host sync; CUDA graphs capture
                 # their addresses), kept across reallocations; 1.0 until the first step with a prefill sets them
                 # from its keys and values (Attention._calibrate_scales), again after each allocation
