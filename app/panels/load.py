@@ -48,6 +48,23 @@ def weights_text(info, config) -> str:
     return info.dtype
 
 
+def tool_mode_text(mode: dict | None) -> str:
+    """What tool_choice "auto" (what agent frameworks send) does on the loaded model, from engine.server.openai.tools
+    ``tool_mode`` (GET /v1/server_info's ``tools`` says the same): the chat template's own tool support, or Kestrel's
+    built-in tool prompt where the template takes no tools; the parser that reads the calls."""
+    if mode is None:
+        return ""
+    parser = f"read by the {mode.get('parser')} parser"
+    if mode.get("auto") == "builtin_prompt":
+        how = ("its chat template takes no tools, so Kestrel's built-in tool prompt describes them and asks for "
+               f"<tool_call> blocks, {parser}")
+    else:
+        how = f"its chat template's own tool support, calls {parser}"
+    grammar = "; a grammar keeps each call's arguments valid" if mode.get("grammar") else ""
+    return (f"Tool calling (loaded model): {how}{grammar}. kestrel serve chooses with --chat-template and "
+            "--tool-call-parser.")
+
+
 class LoadPanel(OptionsMixin, QWidget):
     def __init__(self, ctx: AppContext):
         super().__init__()
@@ -113,6 +130,11 @@ class LoadPanel(OptionsMixin, QWidget):
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextSelectableByMouse)
         ml.addWidget(self.summary)
+        self.tool_mode = QLabel()  # which tool calling applies to the loaded model (tool_mode_text)
+        self.tool_mode.setObjectName("hint")
+        self.tool_mode.setWordWrap(True)
+        self.tool_mode.hide()
+        ml.addWidget(self.tool_mode)
         self.model_warning = QLabel()
         self.model_warning.setObjectName("warningBox")
         self.model_warning.setWordWrap(True)
@@ -373,6 +395,7 @@ class LoadPanel(OptionsMixin, QWidget):
         self._show_message("Loading was cancelled.", "warningBox")
 
     def _on_unloaded(self) -> None:
+        self.tool_mode.hide()
         self._show_message("No model is loaded.", "hint")  # not the last load's (or failure's) message
 
     # the engine died: while it restarts by itself each attempt shows, and "Press Load" only once it gave up
@@ -409,8 +432,11 @@ class LoadPanel(OptionsMixin, QWidget):
             f"{info.num_kv_blocks:,} KV blocks of {info.block_size} tokens, in {took:.1f} s.{graphs_text}", "okBox")
         if reverted:
             self._show_message(f"{reverted}\n{self.message.text()}", "warningBox")
+        self.tool_mode.setText(tool_mode_text(self.engine.tool_mode))
+        self.tool_mode.setVisible(self.engine.tool_mode is not None)
 
     def _on_failed(self, message: str) -> None:
+        self.tool_mode.hide()
         self._show_message(f"The model could not be loaded.\n{message}", "errorBox")
 
     def _show_message(self, text: str, kind: str) -> None:

@@ -86,6 +86,7 @@ class EngineWorker(QObject):
         self.loop = asyncio.new_event_loop()
         self.client: EngineClient | None = None  # touched on the loop's thread only
         self.info = None  # the loaded model's ModelInfo (read anywhere)
+        self.tool_mode: dict | None = None  # what tool_choice "auto" does on it (client_tool_mode; read anywhere)
         self.config: EngineConfig | None = None
         self._core_factory: str | None = None  # the loaded config's core_factory (tests' stand-in cores)
         self.state = EMPTY
@@ -277,6 +278,9 @@ class EngineWorker(QObject):
         """A started client becomes the loaded model: READY, ``loaded``, the model listeners told."""
         self.client = client
         self.info = client.info
+        from engine.server.openai.tools import client_tool_mode
+
+        self.tool_mode = client_tool_mode(client)
         client.add_listener(self.requestRecorded.emit)
         client.add_state_listener(functools.partial(self._on_client_state, client))
         self._stats_task = asyncio.ensure_future(self._poll_stats(client))

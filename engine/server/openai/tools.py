@@ -190,6 +190,20 @@ def tool_mode(template: str | None, architecture: str | None, parser: str | None
     return {"auto": "chat_template", "parser": fmt.name, "grammar": fmt.marker is not None and fmt.name == "hermes"}
 
 
+def client_tool_mode(client, parser: str | None = None) -> dict:
+    """``tool_mode`` for an EngineClient's model, from its tokenizer's template (the one a request with tools is
+    rendered with): what the app's Load panel shows (the app's endpoint uses the model's template and no
+    --tool-call-parser); ``kestrel serve`` reports the same through GET /v1/server_info's ``tools``."""
+    tok = getattr(client, "tokenizer", None)
+    template = None
+    if tok is not None:
+        try:
+            template = tok.get_chat_template(None, tools=[{}])
+        except Exception:  # noqa: BLE001 - no template: the built-in prompt is what applies
+            template = None
+    return tool_mode(template, client.info.architecture, parser)
+
+
 def template_takes_tools(template: str | None) -> bool:
     """Whether a chat template reads the ``tools`` variable (HF templates with tool support do)."""
     return bool(template) and re.search(r"\btools\b", template) is not None
