@@ -275,6 +275,11 @@ class EngineConfig:
     deterministic: bool = _opt("Batch-invariant CPU kernels: a greedy (or seeded) request gives the same tokens "
                                "alone or beside any other requests, at some speed (CPU, tensor-parallel size 1)",
                                default=False)
+    speculative_config: str | None = _opt("Speculative decoding, vLLM's JSON: {\"method\": \"ngram\", "
+                                          "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
+                                          "\"prompt_lookup_min\": 2} (prompt lookup) or {\"model\": PATH, "
+                                          "\"num_speculative_tokens\": 4} (a draft model with the same "
+                                          "tokenizer): several tokens per step, the same output distribution")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

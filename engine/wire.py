@@ -121,6 +121,13 @@ class EngineStats(msgspec.Struct):
     comm_by_strategy: dict[str, Any] = {}  # name -> {calls, payload_bytes, link_bytes, seconds}
     comm_table: list[Any] | None = None  # auto's start-up micro-benchmark (per size: latency by strategy, choice)
     recent_comm_steps: list[CommStepStats] = []
+    # speculative decoding (--speculative-config; zeros without): proposed tokens verified, of them accepted,
+    # verify passes (request-steps with proposals) and the tokens those passes emitted, since start
+    spec_method: str | None = None  # its description (engine/spec/config.py), None: off
+    spec_proposed_total: int = 0
+    spec_accepted_total: int = 0
+    spec_verify_steps_total: int = 0
+    spec_emitted_total: int = 0
 
 
 class ModelInfo(msgspec.Struct):

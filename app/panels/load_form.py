@@ -14,7 +14,7 @@ LABELS = {
     "comm_strategy": "Communication strategy", "block_size": "KV block size", "num_kv_blocks": "KV blocks",
     "max_num_seqs": "Max concurrent requests", "max_num_batched_tokens": "Token budget per step",
     "num_threads": "CPU threads", "seed": "Seed", "enforce_eager": "No decode graphs or tapes",
-    "async_scheduling": "Async scheduling",
+    "async_scheduling": "Async scheduling", "speculative_config": "Speculative decoding",
 }
 CHOICE_LABELS = {
     "comm_strategy": {"auto": "Auto (measured at start-up)", "nccl": "NCCL", "int8": "Int8-quantized all-reduce",
@@ -33,7 +33,9 @@ RANGES = {"max_model_len": (0, 1 << 20), "gpu_memory_utilization": (0.05, 0.99),
           "max_num_seqs": (1, 65536), "max_num_batched_tokens": (16, 1 << 20), "num_threads": (0, 1024),
           "seed": (0, 2**31 - 1)}
 NONE_TEXT = {"max_model_len": "model's (≤ 8192)", "kv_cache_memory_gib": "auto (2 GiB)", "num_kv_blocks": "auto",
-             "num_threads": "physical cores", "block_size": "auto (GPU 64, CPU 16)"}
+             "num_threads": "physical cores", "block_size": "auto (GPU 64, CPU 16)",
+             "speculative_config": 'off; {"method": "ngram", "num_speculative_tokens": 4} guesses the next tokens '
+                                   'from the text so far: faster copies and edits, the same output'}
 SUFFIXES = {"kv_cache_memory_gib": " GiB", "max_model_len": " tokens"}
 
 

@@ -30,6 +30,16 @@ STOPPED = ("abort", "error")  # finish reasons of requests that did not end by t
 COLORS = ["#ea580c", "#2563eb", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#4b5563"]
 
 
+def speculative_text(stats) -> str:
+    """The summary's speculative-decoding part: acceptance and tokens per verify pass ('' while it is off)."""
+    if not getattr(stats, "spec_method", None):
+        return ""
+    proposed, steps = stats.spec_proposed_total, stats.spec_verify_steps_total
+    rate = stats.spec_accepted_total / proposed if proposed else 0.0
+    per_step = stats.spec_emitted_total / steps if steps else 0.0
+    return f" · speculative ({stats.spec_method}): {100 * rate:.0f}% accepted, {per_step:.2f} tokens per step"
+
+
 def moving_median(values: np.ndarray, window: int = MEDIAN_WINDOW) -> np.ndarray:
     """Trailing median over up to ``window`` points."""
     out = np.empty(len(values))
@@ -213,7 +223,8 @@ class PerformancePanel(QWidget):
         self.summary.setText(
             f"{stats.generation_tokens_per_s:.1f} tokens/s · {stats.num_running} running · {stats.num_waiting} "
             f"waiting · KV cache {100 * stats.kv_usage:.1f}% of {stats.num_kv_blocks:,} blocks · "
-            f"prefix-cache hits {100 * stats.prefix_cache_hit_rate:.0f}% · {self._requests_text()}")
+            f"prefix-cache hits {100 * stats.prefix_cache_hit_rate:.0f}% · {self._requests_text()}"
+            + speculative_text(stats))
 
     def _requests_text(self) -> str:
         n = self.num_requests

@@ -32,6 +32,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "of 1.4B parameters, 0.33B active), or .gguf paths; no names: the first three")
     p.add_argument("--skip-dequantized", action="store_true",
                    help="with --gguf-models: leave out the dequantized Kestrel row (the file's blocks kept only)")
+    p.add_argument("--speculative", default=None, metavar="JSON",
+                   help="compare decoding with and without speculative decoding (--speculative-config's JSON) in one "
+                        "run, the arms interleaved: a code-edit prompt (repeat a 300-line file) and a chat prompt, "
+                        "greedy at batch 1; --gen-len tokens, --repeats passes per arm (engine/bench/speculative.py)")
     p.add_argument("--workdir", default=None,
                    help="where --gguf-models writes and then reuses its random models (default: the user cache, "
                         "e.g. ~/.cache/kestrel/bench-models)")
@@ -111,6 +115,13 @@ def main(args) -> int:
         "results": [],
     }
     threads = torch.get_num_threads()
+    if args.speculative:
+        from engine.bench.speculative import run as run_speculative
+
+        report["speculative"] = {"config": args.speculative, "threads": threads,
+                                 "results": run_speculative(llm, args.speculative, args.gen_len, args.repeats)}
+        _write_json(report, args.json)
+        return 0
     for batch in args.batch:
         prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
         run_engine(llm, [p[:32] for p in prompts], 4)  # warm-up

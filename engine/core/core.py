@@ -96,9 +96,23 @@ class EngineCore:
         self.generation_tokens_total = 0
         self.recent_steps: deque[StepStats] = deque(maxlen=256)
         self.recent_comm_steps: deque[CommStepStats] = deque(maxlen=256)
-        self.async_scheduling = async_scheduling_enabled(config.async_scheduling, self.runner)
+        # speculative decoding (--speculative-config, engine/spec): proposals verified in the normal batch; its
+        # steps wait for their acceptance on the host, so no step is launched ahead
         self._in_flight: _InFlight | None = None  # the step launched ahead (the scheduler's ``ahead``), on the device
+        self.spec = None
+        self.set_speculative(getattr(config, "speculative_config", None))
         self._last_step_end = 0.0
+
+    def set_speculative(self, text: str | None) -> None:
+        """Speculative decoding on (--speculative-config's JSON) or off (None), while no request runs: start-up,
+        and ``kestrel bench offline --speculative`` comparing both on one loaded model."""
+        from engine.spec.decoder import build_speculative
+
+        if self.has_unfinished():
+            raise RuntimeError("speculative decoding is switched between requests, not while they run")
+        self.spec = build_speculative(text, target=self) if text else None
+        self.async_scheduling = (async_scheduling_enabled(self.config.async_scheduling, self.runner)
+                                 and self.spec is None)
 
     @property
     def num_steps_ahead(self) -> int:
@@ -188,6 +202,8 @@ class EngineCore:
             if not self.scheduler.has_unfinished():
                 return []
             t0 = time.monotonic()
+            if self.spec is not None:
+                self.spec.propose(self.scheduler.running, self.max_model_len)
             sched = self.scheduler.schedule()
             if not sched.scheduled:
                 return []
@@ -229,7 +245,7 @@ class EngineCore:
             self._score_prompts(fl.prompt_scores)
         n_prefill = n_decode = 0
         for s in sched.scheduled:
-            if s.num_new_tokens == 1 and (s.pending or s.request.output_token_ids):
+            if (s.num_new_tokens == 1 or s.spec) and (s.pending or s.request.output_token_ids):
                 n_decode += 1
             else:
                 n_prefill += s.num_new_tokens
@@ -241,7 +257,12 @@ class EngineCore:
             tr = live.get(req.request_id)
             if tr is None or tr.request is not req or req.is_finished:
                 continue  # finished or aborted while this step ran
-            deltas.append(self._append(tr, tok, lp, now))
+            if isinstance(tok, list):  # a verify step (speculative decoding): its emitted tokens
+                deltas.append(self._append(tr, tok, lp, now))
+            else:
+                deltas.append(self._append(tr, [tok], [lp] if lp is not None else None, now))
+        if self.spec is not None:
+            self._settle_speculative(sched, reqs, tokens)
         self.scheduler.update_from_output(reqs)
         for req, vec in pooled:
             delta = self._finish(self.requests[req.request_id], "stop", None, [])
@@ -279,24 +300,35 @@ class EngineCore:
             if d.token_ids and d.request_id in self._prompt_logprobs:
                 d.prompt_logprobs = self._prompt_logprobs.pop(d.request_id)
 
-    def _append(self, tr: Tracked, tok: int, lp, now: float) -> RequestDelta | None:
-        """Output processing of one sampled token (engine/core/output.py): its text, the stop checks, its delta;
-        a request it finishes leaves the scheduler and the runner."""
+    def _append(self, tr: Tracked, toks: list[int], lps: list | None, now: float) -> RequestDelta | None:
+        """Output processing of a step's tokens of one request (one, or a verify step's accepted ones; engine/core/
+        output.py): their text, the stop checks after each, one delta; a token that finishes the request drops
+        the ones after it, and the request leaves the scheduler and the runner."""
         req = tr.request
-        req.output_token_ids.append(tok)
-        self.generation_tokens_total += 1
         if req.timings.first_token is None:
             req.timings.first_token = now
         req.timings.last_token = now
-        tr.text += tr.detok.add(tok)
-        reason, stop = check_stop(tr, tok, self.max_model_len)
-        lps = [lp] if lp is not None else None
-        if reason is not None:
-            if not isinstance(stop, str):  # text cut at a stop string keeps no held-back tail
-                tr.text += tr.detok.flush()
-            return self._finish(tr, reason, stop, [tok], lps)
-        return RequestDelta(req.request_id, [tok], take_text(tr), lps, num_prompt_tokens=req.num_prompt_tokens,
+        for n, tok in enumerate(toks, 1):
+            req.output_token_ids.append(tok)
+            self.generation_tokens_total += 1
+            tr.text += tr.detok.add(tok)
+            reason, stop = check_stop(tr, tok, self.max_model_len)
+            if reason is not None:
+                if not isinstance(stop, str):  # text cut at a stop string keeps no held-back tail
+                    tr.text += tr.detok.flush()
+                return self._finish(tr, reason, stop, toks[:n], lps[:n] if lps is not None else None)
+        return RequestDelta(req.request_id, toks, take_text(tr), lps, num_prompt_tokens=req.num_prompt_tokens,
                             num_cached_tokens=req.num_cached_tokens, num_output_tokens=len(req.output_token_ids))
+
+    def _settle_speculative(self, sched: SchedulerOutput, reqs, tokens) -> None:
+        """After a step's tokens are appended: each verifying request's computed tokens back to its accepted ones
+        (Scheduler.settle_speculative) and the proposer's counts and back-off."""
+        emitted = {id(r): len(t) if isinstance(t, list) else 1 for r, t in zip(reqs, tokens)}
+        for s in sched.scheduled:
+            if s.spec and not s.request.is_finished:  # (a finished one gave its blocks back)
+                n = emitted.get(id(s.request), 0)
+                self.scheduler.settle_speculative(s, n)
+                self.spec.settle(s.request.request_id, len(s.spec), n)
 
     def _finish(self, tr: Tracked, reason: str, stop, toks: list[int], lps=None) -> RequestDelta:
         req = tr.request
@@ -307,6 +339,8 @@ class EngineCore:
         self.runner.remove_request(req.request_id)
         if reason == "abort":
             self._prompt_logprobs.pop(req.request_id, None)
+        if self.spec is not None:
+            self.spec.remove(req.request_id)
         del self.requests[req.request_id]
         return finished_delta(tr, toks, lps, now)
 
@@ -336,6 +370,11 @@ class EngineCore:
             prefix_cache_hit_rate=(b.prefix_hits / b.prefix_queries) if b.prefix_queries else 0.0,
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
             num_preemptions=sc.num_preemptions, recent_steps=list(self.recent_steps)[-recent:])
+        if self.spec is not None:
+            c = self.spec.counts
+            st.spec_method = self.spec.config.describe()
+            st.spec_proposed_total, st.spec_accepted_total = c.proposed, c.accepted
+            st.spec_verify_steps_total, st.spec_emitted_total = c.verify_steps, c.emitted
         if self.executor is not None:
             c = self.executor.comm_stats()
             st.tp_size, st.comm_strategy = c["tp_size"], c["comm_strategy"]

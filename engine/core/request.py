@@ -52,6 +52,7 @@ class Request:
     timings: RequestTimings = field(default_factory=RequestTimings)
     grammar: Any = None  # params.structured's matcher (engine/tokenizer/grammar.py), advanced by each token
     pooling: Any = None  # an embedding request: its engine.loader.pooling.Pooling (prefill only, no sampling)
+    spec_token_ids: list[int] = field(default_factory=list)  # proposed next tokens (engine/spec), to verify
 
     @property
     def num_prompt_tokens(self) -> int:

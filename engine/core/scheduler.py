@@ -24,11 +24,13 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
     pending: int = 0  # tokens of the request still on the device (a step launched ahead: its input is one)
+    spec: "list[int] | tuple" = ()  # proposed tokens verified this step (after its last token)
 
     @property
     def samples(self) -> bool:
-        """Whether this step reaches the end of the request's tokens, so a token is sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens + self.pending
+        """Whether this step reaches the end of the request's tokens (and proposals), so a token is sampled."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens + self.pending + len(self.spec)
 
 
 @dataclass
@@ -77,7 +79,7 @@ class Scheduler:
         for r in self.running:  # one pass: a busy endpoint runs ~1,000 of them per step
             left = len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens
             if left == 1:
-                decodes.append((r, 1))
+                decodes.append((r, 1 + len(r.spec_token_ids)))  # its proposals verified in the same pass
             elif left > 1:
                 prefills.append((r, left))
         scheduled: dict[int, ScheduledRequest] = {}
@@ -87,6 +89,9 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(left, budget)
+            spec = req.spec_token_ids[:n - 1] if req.spec_token_ids and n > 1 and _decoding(req) else []
+            if spec and not blocks.allocate(req, n):
+                n, spec = 1, []  # no room for the proposals: a plain decode (before preempting anyone)
             while not blocks.allocate(req, n):
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -95,7 +100,7 @@ class Scheduler:
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            scheduled[id(req)] = ScheduledRequest(req, n)
+            scheduled[id(req)] = ScheduledRequest(req, n, spec=spec)
             budget -= n
         # admit waiting requests while there is budget, room and memory (no preemption for them)
         admitted_decode = False  # one whose prefix hits leave one token: it belongs with the decodes
@@ -162,8 +167,18 @@ class Scheduler:
         cache = out is not self.ahead
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-            if cache:
+            if cache and not s.spec:  # proposals are not tokens yet: settle_speculative registers their blocks
                 self.blocks.cache_full_blocks(s.request)
+
+    def settle_speculative(self, s: ScheduledRequest, emitted: int) -> None:
+        """A verify step's request kept ``emitted`` tokens (its accepted proposals and one more): its computed
+        tokens drop to the accepted ones (the rejected proposals' KV slots are overwritten by the next step) and the
+        blocks they filled join the prefix cache; a finished request has already given its blocks back."""
+        req = s.request
+        if req.is_finished:
+            return
+        req.num_computed_tokens -= len(s.spec) + 1 - emitted
+        self.blocks.cache_full_blocks(req)
 
     def update_from_output(self, sampled: Sequence[Request]) -> None:
         """A step's tokens are on the host and appended to its requests (those that sampled, ``sampled``; the ones

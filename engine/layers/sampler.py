@@ -151,6 +151,11 @@ class Sampler:
             tokens = self._draw(x, metadata, draw, tokens)
         return self._finish(logits, metadata, tokens)
 
+    def processed(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The logits each row samples from before temperature and filtering (a grammar's mask, bias, min_tokens,
+        penalties): speculative decoding's verification (engine/layers/rejection_sampler.py) starts from them."""
+        return self._process(logits.float(), metadata)
+
     # -- logit processing ----------------------------------------------------------------------
     def _process(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Logits after bias, min_tokens masking and penalties (a finite copy when anything applies)."""

@@ -22,6 +22,9 @@ class StepInputs:
     token_ids: list[int] = field(default_factory=list)
     seqs: list[SeqSpan] = field(default_factory=list)  # decodes first, then prefill chunks
     logit_rows: list[int] | None = field(default_factory=list)  # None: logits at every position
+    # speculative decoding: each sampling request's proposed tokens (aligned with prepare_step's requests; its
+    # len + 1 logit rows are consecutive); empty where no request of the step verifies proposals
+    drafts: list = field(default_factory=list)
     # prompt logprobs (score_prompt): the rows whose logits score the next prompt token, those tokens, the most top
     # logprobs a request of the step asks for, and per request (id, first position scored, positions, its top count)
     prompt_rows: list[int] = field(default_factory=list)
@@ -55,12 +58,17 @@ def prepare_step(sched: ScheduledStep, block_size: int, per_token: bool = False,
     sample_reqs: list[SequenceState] = []
     pools: list[PoolSpan] = []
     token_ids, seqs, logit_rows = inp.token_ids, inp.seqs, inp.logit_rows
+    drafts: list = []
     for s in sched.scheduled:  # once per running request and step: kept lean
         req, n = s.request, s.num_new_tokens
         start = req.num_computed_tokens
         q0 = len(token_ids)
+        spec = s.spec
         if n == 1:  # past the list's end: a token still on the device (launch's feed), staged as 0
             token_ids.append(req.token_at(start) if start < req.num_tokens else 0)
+        elif spec:  # its last token and its proposals
+            token_ids.append(req.token_at(start))
+            token_ids.extend(spec)
         else:
             token_ids.extend(req.all_token_ids[start:start + n])
         ctx = start + n
@@ -76,8 +84,14 @@ def prepare_step(sched: ScheduledStep, block_size: int, per_token: bool = False,
         if getattr(req, "pooling", None) is not None:
             pools.append(PoolSpan(req, q0, n, start))
         elif s.samples:
-            logit_rows.append(q0 + n - 1)
+            if spec:  # every proposal's row and the one after them: the verifier's
+                logit_rows.extend(range(q0 + n - 1 - len(spec), q0 + n))
+            else:
+                logit_rows.append(q0 + n - 1)
             sample_reqs.append(req)
+            drafts.append(spec)
+    if any(drafts):
+        inp.drafts = drafts
     if all_logits:
         inp.logit_rows = None
     return inp, sample_reqs, pools

@@ -33,6 +33,7 @@ from engine.runner.prompt_logprobs import to_host as prompt_scores_to_host
 from engine.runner.kv_sizing import fixed_kv_blocks, gpu_kv_blocks, kv_bytes
 from engine.runner.load_checks import (check_deterministic, check_gguf_blocks, check_quantization,
                                        resolve_kv_cache_dtype, resolve_quantization)
+from engine.runner.speculative import verify_step
 from engine.runner.step import ScheduledStep, SequenceState
 
 log = logging.getLogger(__name__)
@@ -376,7 +377,18 @@ class ModelRunner:
         if not reqs:
             return Launched([], None, pooled)
         gens = [self.generators.get(r.request_id) for r in reqs]
-        md = sampling_metadata(reqs, gens, pending=1 if feed is not None else 0)
+        if inp.drafts:  # speculative decoding: some requests verify proposals (engine/runner/speculative.py)
+            verified = verify_step(self.sampler, logits, reqs, inp.drafts, gens, lambda rows, idx: self._sample(
+                rows, [reqs[i] for i in idx], [gens[i] for i in idx], 0))
+            for r, d in zip(reqs, inp.drafts):
+                if d and has_penalty(r.params):  # counted from its host lists again at its next plain step
+                    self.penalties.release(r.request_id)
+            return Launched(reqs, verified, pooled)
+        return Launched(reqs, self._sample(logits, reqs, gens, 1 if feed is not None else 0), pooled)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[SequenceState], gens: list, pending: int) -> Sampled:
+        """One token for each request (row i of the logits for reqs[i])."""
+        md = sampling_metadata(reqs, gens, pending=pending)
         penalised = [i for i, r in enumerate(reqs) if has_penalty(r.params)]
         if penalised:  # their token counts live on the device: gathered here, the new tokens counted below
             state_rows = self.penalties.rows([reqs[i] for i in penalised], logits.shape[-1])
@@ -385,7 +397,7 @@ class ModelRunner:
         if penalised:
             self.penalties.record(state_rows, sampled.tokens.index_select(
                 0, to_device(penalised, torch.long, self.device)))
-        return Launched(reqs, sampled, pooled)
+        return sampled
 
     def take_prompt_scores(self) -> PromptScores | None:
         """The prompt logprobs of the step just launched (engine/runner/prompt_logprobs.py), on the device; None

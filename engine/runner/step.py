@@ -60,6 +60,9 @@ class ScheduledSequence(Protocol):
     @property
     def samples(self) -> bool: ...  # the step reaches the end of the request's tokens: a token is sampled
 
+    @property
+    def spec(self) -> Sequence[int]: ...  # proposed tokens verified after its last token (speculative decoding)
+
 
 @runtime_checkable
 class ScheduledStep(Protocol):
