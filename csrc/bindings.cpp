@@ -9,6 +9,7 @@
 
 #include "cpu/gemm_pool.h"
 #include "cpu/gguf_ops.h"
+#include "cpu/moe_ops.h"
 #include "cpu/ops.h"
 #ifdef KESTREL_WITH_CUDA
 #include "cuda/ops.h"
@@ -94,6 +95,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("gguf_dequantize", &kestrel::cpu::gguf_dequantize, release(), py::arg("dtype"), py::arg("out"),
         py::arg("weight"), py::arg("row_bytes"), py::arg("qtype"), py::arg("N"), py::arg("K"),
         "out[N, K] = the GGUF weight's N rows dequantized to dtype, on the linear threads");
+  m.def("moe_experts", &kestrel::cpu::moe_experts, release(), py::arg("dtype"), py::arg("out"), py::arg("x"),
+        py::arg("x_stride"), py::arg("T"), py::arg("H"), py::arg("I"), py::arg("k"), py::arg("logits"), py::arg("E"),
+        py::arg("route"), py::arg("ids"), py::arg("weights"), py::arg("w13"), py::arg("row_bytes13"),
+        py::arg("qtype13"), py::arg("w2"), py::arg("row_bytes2"), py::arg("qtype2"),
+        "A mixture of experts' routed step on GGUF experts (csrc/cpu/moe_ops.h): softmax top-k routing (route 1 / 2) "
+        "and every chosen expert's gate_up, SiLU-and-mul and down, grouped by expert");
   m.def("gguf_has_kernel", &kestrel::cpu::gguf_has_kernel, py::arg("qtype"), "Whether a ggml type id has a kernel");
   m.def("gguf_isa", &kestrel::cpu::gguf_isa, "Level the GGUF kernels use now: scalar, avx2, avxvnni or avx512vnni");
   m.def("gguf_isas", &kestrel::cpu::gguf_isas, "GGUF kernel levels this build and CPU have");

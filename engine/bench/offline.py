@@ -199,6 +199,8 @@ def _child_main() -> int:
     from engine.bench.llamacpp_peer import resident_set
     from engine.bench.report import resolved_config
     from engine.layers.linear import LinearBase
+    from engine.layers.moe import FusedMoE
+    from engine.layers.moe_gguf import expert_bytes
     from engine.llm import LLM
     from engine.ops.native import amx_bf16
 
@@ -223,6 +225,7 @@ def _child_main() -> int:
         "kv_cache_bytes": runner.kv_bytes_per_block() * llm.core.blocks.num_blocks,
         "gguf_linear_bytes": sum(m.gguf.nbytes for m in linears if m.gguf is not None),
         "gguf_table_bytes": sum(t.gguf.nbytes for t in tables if t.gguf is not None),
+        "gguf_expert_bytes": sum(expert_bytes(m) for m in runner.model.modules() if isinstance(m, FusedMoE)),
         "cpu_amx": amx_bf16(),  # bfloat16 prefill on torch's oneDNN GEMM (KESTREL_CPU_AMX)
         "float_linear_layers": sum(m.gguf is None for m in linears),
         "config": resolved_config(llm.core),
@@ -238,7 +241,7 @@ def _summary(result: dict | str, file_bytes: int) -> dict | str:
         return result
     out = _median(result["runs"])
     for key in ("rss_before_load", "rss_after_load", "rss_after_run", "rss_peak", "kv_cache_bytes",
-                "gguf_linear_bytes", "gguf_table_bytes"):
+                "gguf_linear_bytes", "gguf_table_bytes", "gguf_expert_bytes"):
         if result.get(key) is not None:
             out[key.removesuffix("_bytes") + "_mib"] = round(result[key] / _MIB, 1)
     if result.get("rss_after_run") and result.get("rss_before_load"):

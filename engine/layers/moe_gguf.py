@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from engine import ops
+from engine.ops.gguf_moe import GGUFExpertTable, moe_experts
 from engine.ops.gguf_quant import fuse_rows
 
 
@@ -37,8 +40,23 @@ def load_gguf_experts(moe, weights, names: Callable[[int], tuple[str, str, str]]
                              f"do not fit this rank's expert {want_gu} / {want_down}")
         experts.append((gate_up, down_w))
     moe.quantized_experts = experts
+    moe.gguf_table = GGUFExpertTable.build(experts)  # the one-call routed step (routed_native), where it applies
     moe.drop_float()
     return True
+
+
+def routed_native(moe, router, x: torch.Tensor) -> torch.Tensor | None:
+    """The routed experts' output [T, H] (this rank's partial sum) in one native call (engine/ops/gguf_moe.py:
+    the router's logits by the native linear, then softmax top-k and the experts grouped by expert), for GGUF
+    experts of one type per projection under a plain softmax top-k router (Mixtral, Qwen2/3-MoE); None otherwise
+    (the caller routes with ``router(x)`` and runs ``moe(x, weights, ids)``)."""
+    table = getattr(moe, "gguf_table", None)
+    r = router.routing
+    if (table is None or not x.is_cpu or r.scoring != "softmax" or r.group_score is not None
+            or r.routed_scaling_factor != 1.0 or r.logits_fp32 or router.correction_bias is not None
+            or router.weight.dtype != x.dtype or x.stride(-1) != 1):
+        return None
+    return moe_experts(x, table, r.top_k, logits=router.logits(x), renormalize=r.renormalize)
 
 
 def expert_bytes(moe) -> int:

@@ -10,6 +10,7 @@ import torch
 from engine import ops
 from engine.config import ModelConfig
 from engine.layers.moe import FusedMoE, Router, Routing
+from engine.layers.moe_gguf import routed_native
 from engine.models.llama import LlamaMLP
 from engine.parallel.context import TPContext
 
@@ -36,8 +37,10 @@ class MoEBlock(torch.nn.Module):
     def forward(self, x: torch.Tensor, reduce: bool = True, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The block's output [T, H], summed over the ranks unless ``reduce`` is False (one all-reduce for the
         routed and the shared experts together: both are this rank's partial sums)."""
-        weights, ids = self.gate(x)
-        out = self.experts(x, weights, ids)
+        out = routed_native(self.experts, self.gate, x)  # GGUF experts: route and run in one native call
+        if out is None:
+            weights, ids = self.gate(x)
+            out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x, reduce=False)
             if self.shared_expert_gate is not None:

@@ -100,3 +100,42 @@ def test_blocks_kept_close_to_transformers(case):
         assert float(near.float().mean()) >= 0.75
     finally:
         llm.close()
+
+
+def test_decode_tape_covers_the_routed_step(case):
+    """With the experts' blocks kept, a decode step's routed part is one native call (engine/ops/gguf_moe.py), so the
+    CPU decode tape records it: the batch-1 bucket (and every bucket of Mixtral, which has no per-head q/k norm) is
+    replayed, giving the eager bucketed forward's tokens and logits bit for bit."""
+    kind, qtype, path, _ = case
+    from engine.layers.moe import FusedMoE
+
+    def decode(tapes: bool):
+        with LLM(str(path), dtype="float32", quantization="gguf", enable_prefix_caching=False,
+                 kv_cache_memory_gib=0.05, max_num_seqs=4) as llm:
+            runner = llm.core.runner
+            assert all(m.gguf_table is not None for m in runner.model.modules() if isinstance(m, FusedMoE))
+            if not tapes:
+                runner.tapes = runner._decode_tapes(runner.tapes.sizes, capture=False)
+            seen = []
+            real = runner.tapes.run
+
+            def spy(*a, **k):
+                out = real(*a, **k)
+                seen.append(None if out is None else out.clone())
+                return out
+
+            runner.tapes.run = spy
+            ids = _prompt(20)
+            outs = llm.generate([ids[:7], ids[5:9]], [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+                                                     for n in (8, 3)])
+            return [o.outputs[0].token_ids for o in outs], seen, runner.tapes
+
+    eager_tokens, eager_logits, _ = decode(False)
+    tokens, logits, tapes = decode(True)
+    assert tokens == eager_tokens and len(logits) == len(eager_logits)
+    for a, b in zip(logits, eager_logits):
+        assert torch.equal(a, b)
+    refused = {b: t.refused for b, t in tapes.tapes.items() if t.refused}
+    assert 1 in tapes.tapes and 1 not in refused, refused
+    if kind == "mixtral":
+        assert not refused, refused
