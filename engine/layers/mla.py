@@ -141,6 +141,10 @@ class LatentAttention(torch.nn.Module):
         self.calibrate_scales = False
         self.backend = None  # bound by the runner; unused (the module's own routes)
 
+    def warm_up_kernels(self) -> list[str]:
+        """The runner's start-up hook for the Triton prefill variants (Attention.warm_up_kernels): none here."""
+        return []
+
     def _w_uk_uv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [heads, qk_nope, rank] and W_UV [heads, v_head, rank]: views of kv_b_proj's rows."""
         w = self.kv_b_weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)

@@ -156,6 +156,30 @@ def test_prefix_cache_hits_equal_the_plain_path(deepseek, plain):
     _assert_idle(llm)
 
 
+def test_padded_decode_buckets_equal_solo(deepseek, solo):
+    """The decode graphs' path run eagerly (what a GPU captures): static buffers, block tables of the full context
+    width, padding rows with slot -1 and context 0 and no SeqSpan; the same tokens."""
+    prompts, ref = solo
+    path, _ = deepseek("v3")
+    llm = LLM(str(path), dtype="float32", kv_cache_memory_gib=0.02, enable_prefix_caching=False, max_num_seqs=8)
+    runner = llm.core.runner
+    runner.tapes = None
+    runner.graph_sizes = [1, 2, 4, 8]
+    runner.capture_decode_graphs(capture=False)
+    buckets = []
+    real = runner.graphs.run
+
+    def counted(*a, **k):
+        out = real(*a, **k)
+        buckets.append(out is not None)
+        return out
+
+    runner.graphs.run = counted
+    outs = llm.generate(prompts[:3], GREEDY)  # 3 sequences: the bucket of 4 has a padding row
+    assert buckets and all(buckets)
+    assert [o.outputs[0].token_ids for o in outs] == ref[:3]
+
+
 def test_preemption_equals_solo(deepseek, solo):
     prompts, ref = solo
     path, _ = deepseek("v3")
