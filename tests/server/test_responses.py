@@ -149,6 +149,33 @@ def test_stream_named_function_arguments_stream_as_written(api):
     jsonschema.validate(json.loads("".join(deltas)), SCHEMAS["get_weather"])
 
 
+def _few_shot_items() -> list[dict]:
+    """Three earlier turns that called get_weather, as Responses items, then the question (the model imitates)."""
+    items: list[dict] = []
+    for i, city in enumerate(["London", "Rome", "Berlin"]):
+        items += [{"role": "user", "content": f"What is the weather in {city}?"},
+                  {"type": "function_call", "call_id": f"call_{i}", "name": "get_weather",
+                   "arguments": json.dumps({"city": city, "unit": "celsius"})},
+                  {"type": "function_call_output", "call_id": f"call_{i}", "output": "20 degrees"},
+                  {"role": "assistant", "content": [{"type": "output_text", "text": f"It is 20 degrees in {city}."}]}]
+    return items + [{"role": "user", "content": ASK}]
+
+
+def test_auto_calls_stream_and_match_the_unstreamed_response(api):
+    """tool_choice "auto" (the built-in tool prompt, the grammar once a call opens): the calls the model makes come
+    back as function_call items, streamed as the same items."""
+    kw = dict(model=MODEL, input=_few_shot_items(), tools=TOOLS, max_output_tokens=60, temperature=0)
+    full = api.responses.create(**kw)
+    _check_calls(full)
+    events = _events(api.responses.create(**kw, stream=True))
+    done = events[-1].response
+    assert [(o.type, getattr(o, "name", None), getattr(o, "arguments", None)) for o in done.output] == \
+        [(o.type, getattr(o, "name", None), getattr(o, "arguments", None)) for o in full.output]
+    items_done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.id for i in items_done] == [o.id for o in done.output]
+    assert [e.output_index for e in events if e.type == "response.output_item.added"] == list(range(len(done.output)))
+
+
 @pytest.mark.parametrize("kw, param", [
     ({"store": True}, "store"),
     ({"previous_response_id": "resp_123"}, "previous_response_id"),
