@@ -280,11 +280,6 @@ class EngineConfig:
                                           "\"prompt_lookup_min\": 2} (prompt lookup) or {\"model\": PATH, "
                                           "\"num_speculative_tokens\": 4} (a draft model with the same "
                                           "tokenizer): several tokens per step, the same output distribution")
-    speculative_config: str | None = _opt("Speculative decoding, vLLM's JSON: {\"method\": \"ngram\", "
-                                          "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
-                                          "\"prompt_lookup_min\": 2} (prompt lookup) or {\"model\": PATH, "
-                                          "\"num_speculative_tokens\": 4} (a draft model with the same "
-                                          "tokenizer): several tokens per step, the same output distribution")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

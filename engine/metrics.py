@@ -197,17 +197,6 @@ class PrometheusMetrics:
                                      "Accepted / proposed tokens since start (0 without speculative decoding)")
         self.spec_tokens_per_step = gauge("kestrel_spec_decode_tokens_per_step",
                                           "Tokens a verify pass emits on average (1 + accepted proposals)")
-        # speculative decoding (vLLM's spec_decode counters): proposed, accepted, verify passes, their tokens
-        self.spec_proposed = Counter("kestrel_spec_decode_num_draft_tokens", "Proposed tokens verified (speculative "
-                                     "decoding)", labels, registry=r).labels(**self._labels)
-        self.spec_accepted = Counter("kestrel_spec_decode_num_accepted_tokens", "Proposed tokens accepted",
-                                     labels, registry=r).labels(**self._labels)
-        self.spec_steps = Counter("kestrel_spec_decode_num_drafts", "Verify passes (request-steps with proposals)",
-                                  labels, registry=r).labels(**self._labels)
-        self.spec_acceptance = gauge("kestrel_spec_decode_acceptance_rate",
-                                     "Accepted / proposed tokens since start (0 without speculative decoding)")
-        self.spec_tokens_per_step = gauge("kestrel_spec_decode_tokens_per_step",
-                                          "Tokens a verify pass emits on average (1 + accepted proposals)")
         self._totals: dict[str, float] = {}
 
     # fed by EngineClient.add_listener
@@ -267,13 +256,6 @@ class PrometheusMetrics:
         self._advance(self.generation_tokens, "gen", stats.generation_tokens_total)
         self._advance(self.prefix_queries, "pq", stats.prefix_cache_queries)
         self._advance(self.prefix_hits, "ph", stats.prefix_cache_hits)
-        proposed, accepted = getattr(stats, "spec_proposed_total", 0), getattr(stats, "spec_accepted_total", 0)
-        steps, emitted = getattr(stats, "spec_verify_steps_total", 0), getattr(stats, "spec_emitted_total", 0)
-        self._advance(self.spec_proposed, "spec_proposed", proposed)
-        self._advance(self.spec_accepted, "spec_accepted", accepted)
-        self._advance(self.spec_steps, "spec_steps", steps)
-        self.spec_acceptance.set(accepted / proposed if proposed else 0.0)
-        self.spec_tokens_per_step.set(emitted / steps if steps else 0.0)
         proposed, accepted = getattr(stats, "spec_proposed_total", 0), getattr(stats, "spec_accepted_total", 0)
         steps, emitted = getattr(stats, "spec_verify_steps_total", 0), getattr(stats, "spec_emitted_total", 0)
         self._advance(self.spec_proposed, "spec_proposed", proposed)

@@ -40,16 +40,6 @@ def speculative_text(stats) -> str:
     return f" · speculative ({stats.spec_method}): {100 * rate:.0f}% accepted, {per_step:.2f} tokens per step"
 
 
-def speculative_text(stats) -> str:
-    """The summary's speculative-decoding part: acceptance and tokens per verify pass ('' while it is off)."""
-    if not getattr(stats, "spec_method", None):
-        return ""
-    proposed, steps = stats.spec_proposed_total, stats.spec_verify_steps_total
-    rate = stats.spec_accepted_total / proposed if proposed else 0.0
-    per_step = stats.spec_emitted_total / steps if steps else 0.0
-    return f" · speculative ({stats.spec_method}): {100 * rate:.0f}% accepted, {per_step:.2f} tokens per step"
-
-
 def moving_median(values: np.ndarray, window: int = MEDIAN_WINDOW) -> np.ndarray:
     """Trailing median over up to ``window`` points."""
     out = np.empty(len(values))

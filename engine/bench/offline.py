@@ -36,10 +36,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="compare decoding with and without speculative decoding (--speculative-config's JSON) in one "
                         "run, the arms interleaved: a code-edit prompt (repeat a 300-line file) and a chat prompt, "
                         "greedy at batch 1; --gen-len tokens, --repeats passes per arm (engine/bench/speculative.py)")
-    p.add_argument("--speculative", default=None, metavar="JSON",
-                   help="compare decoding with and without speculative decoding (--speculative-config's JSON) in one "
-                        "run, the arms interleaved: a code-edit prompt (repeat a 300-line file) and a chat prompt, "
-                        "greedy at batch 1; --gen-len tokens, --repeats passes per arm (engine/bench/speculative.py)")
     p.add_argument("--workdir", default=None,
                    help="where --gguf-models writes and then reuses its random models (default: the user cache, "
                         "e.g. ~/.cache/kestrel/bench-models)")

@@ -25,9 +25,6 @@ class StepInputs:
     # speculative decoding: each sampling request's proposed tokens (aligned with prepare_step's requests; its
     # len + 1 logit rows are consecutive); empty where no request of the step verifies proposals
     drafts: list = field(default_factory=list)
-    # speculative decoding: each sampling request's proposed tokens (aligned with prepare_step's requests; its
-    # len + 1 logit rows are consecutive); empty where no request of the step verifies proposals
-    drafts: list = field(default_factory=list)
     # prompt logprobs (score_prompt): the rows whose logits score the next prompt token, those tokens, the most top
     # logprobs a request of the step asks for, and per request (id, first position scored, positions, its top count)
     prompt_rows: list[int] = field(default_factory=list)

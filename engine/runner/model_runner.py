@@ -34,7 +34,6 @@ from engine.runner.kv_sizing import fixed_kv_blocks, gpu_kv_blocks, kv_bytes
 from engine.runner.load_checks import (check_deterministic, check_gguf_blocks, check_quantization,
                                        resolve_kv_cache_dtype, resolve_quantization)
 from engine.runner.speculative import verify_step
-from engine.runner.speculative import verify_step
 from engine.runner.step import ScheduledStep, SequenceState
 
 log = logging.getLogger(__name__)

@@ -63,9 +63,6 @@ class ScheduledSequence(Protocol):
     @property
     def spec(self) -> Sequence[int]: ...  # proposed tokens verified after its last token (speculative decoding)
 
-    @property
-    def spec(self) -> Sequence[int]: ...  # proposed tokens verified after its last token (speculative decoding)
-
 
 @runtime_checkable
 class ScheduledStep(Protocol):

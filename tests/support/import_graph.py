@@ -57,8 +57,6 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("engine.core",), "the engine process's loop, EngineCore's steps, the scheduler, the KV-cache blocks, requests"),
     (("engine.spec",), "speculative decoding: the proposers (n-gram prompt lookup, a draft model), the core's "
                        "proposals, counts and back-off"),
-    (("engine.spec",), "speculative decoding: the proposers (n-gram prompt lookup, a draft model), the core's "
-                       "proposals, counts and back-off"),
     (("engine.executor",), "tensor parallelism's driving side: TPExecutor, the worker processes, the mailbox"),
     (("engine.runner",), "one device's model, KV cache and forward pass (ModelRunner), CUDA graphs, CPU tapes"),
     (("engine.models",), "the architectures (llama and its relatives), the overlap forward, the registry"),
