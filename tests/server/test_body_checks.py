@@ -16,6 +16,7 @@ ROUTES = {
     "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     "/v1/completions": {"model": MODEL, "prompt": "hi", "max_tokens": 2},
     "/v1/embeddings": {"model": MODEL, "input": "hi"},
+    "/v1/responses": {"model": MODEL, "input": "hi", "max_output_tokens": 2},
     "/tokenize": {"model": MODEL, "prompt": "hi"},
     "/detokenize": {"model": MODEL, "tokens": [1, 2]},
 }

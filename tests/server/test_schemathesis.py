@@ -23,10 +23,11 @@ from tests.server.conftest import MODEL, make_server  # noqa: E402
 
 OPERATIONS = ["GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions", "POST /v1/completions",
               "POST /tokenize", "POST /detokenize", "GET /health", "GET /version", "GET /metrics",
-              "GET /v1/server_info", "POST /v1/embeddings"]
+              "GET /v1/server_info", "POST /v1/embeddings", "POST /v1/responses"]
 GENERATE = ("POST /v1/chat/completions", "POST /v1/completions")
 CASES = ([(op, "positive") for op in OPERATIONS] + [(op, "negative") for op in OPERATIONS if op.startswith("POST")]
-         + [(op, "nudged") for op in (*GENERATE, "POST /tokenize", "POST /detokenize", "POST /v1/embeddings")])
+         + [(op, "nudged") for op in (*GENERATE, "POST /tokenize", "POST /detokenize", "POST /v1/embeddings",
+                                      "POST /v1/responses")])
 VOCAB = 49152
 
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "kestrel-hypothesis")  # not .hypothesis/ in the work tree
@@ -66,7 +67,7 @@ def nudge(body: dict) -> None:
         body["dimensions"] = min(body["dimensions"], 576)
     if isinstance(body.get("tokens"), list):
         body["tokens"] = [abs(t) % VOCAB for t in body["tokens"]]
-    for k in ("max_tokens", "max_completion_tokens"):
+    for k in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if isinstance(body.get(k), int):
             body[k] = min(body[k], 8)
     for k, top in (("min_tokens", 8), ("n", 3)):
