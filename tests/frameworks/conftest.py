@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.frameworks import venv
+from tests.support.xdist_plan import add_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -31,12 +32,12 @@ _DROPPED = re.compile(r"dropped|suppressed", re.I)
 
 
 @pytest.fixture(scope="session")
-def framework_python() -> Path:
+def framework_python(pytestconfig) -> Path:
     if not venv.ready():
         if os.environ.get("CI", "").lower() != "true":
             pytest.skip(f"the frameworks venv is absent: python -m tests.frameworks.venv makes it ({venv.venv_dir()})")
         took = venv.build()
-        print(f"\nframeworks venv built in {took:.0f} s: {venv.venv_dir()}")
+        add_summary(pytestconfig, "frameworks tier", f"venv built in {took:.0f} s (one pip install): {venv.venv_dir()}")
     return venv.python()
 
 
@@ -63,7 +64,7 @@ class Served:
         log = "".join(self.lines[start:])
         assert proc.returncode == 0, proc.stderr[-3000:]
         report = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"\n{script}: {json.dumps(report)[:4000]}")
+        print(f"\n{script}: {json.dumps(report)[:4000]}")  # what each run did (-s shows it)
         return report, self.requests(start), log
 
     def _mark(self) -> None:
