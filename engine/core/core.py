@@ -84,7 +84,7 @@ class EngineCore:
         self.blocks = BlockManager(self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching,
                                    salt=str(self.checkpoint.path))
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len)
+                                   self.max_model_len, exact_hits=config.deterministic)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self.requests: dict[str, Tracked] = {}
         self._prompt_logprobs: dict[str, list] = {}  # per request asking: its prompt's logprobs until its first delta

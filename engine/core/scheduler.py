@@ -45,11 +45,12 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, exact_hits: bool = False):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len  # a request's last position (schedule_ahead's length check)
+        self.exact_hits = exact_hits  # a hit computes the same bits as a cold prefill (--deterministic): seeds share
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last one is the newest
         self.num_preemptions = 0
@@ -106,7 +107,7 @@ class Scheduler:
         admitted_decode = False  # one whose prefix hits leave one token: it belongs with the decodes
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             req = self.waiting[0]
-            hits = blocks.match_prefix(req) if req.num_computed_tokens == 0 and _may_share(req) else []
+            hits = blocks.match_prefix(req) if req.num_computed_tokens == 0 and _may_share(req, self.exact_hits) else []
             cached = len(hits) * blocks.block_size
             n = min(req.num_tokens - req.num_computed_tokens - cached, budget)
             if not blocks.allocate(req, n, hits):
@@ -232,14 +233,15 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
 
 
-def _may_share(req: Request) -> bool:
+def _may_share(req: Request, exact_hits: bool = False) -> bool:
     """Whether a prefix-cache hit may skip the computation of the request's first tokens: not for an embedding
     pooled over every token (mean) or on the first (CLS), whose runner needs their hidden states; not for a request
     that asks for its prompt's logprobs (the logits of every prompt position); and not for a seeded one (D5 of issue
     47): the rows after a hit are computed in a smaller call than a cold prefill's (a 1-row GEMV where the cold
     prompt's last row came from a GEMM on the CPU's GGUF kernels), whose logits differ in their last bits, so the
-    seed's draws would pick other tokens warm than cold."""
+    seed's draws would pick other tokens warm than cold. With ``exact_hits`` (--deterministic: every row computed
+    alike whatever the call) a seeded request shares."""
     p = req.params
-    if p.seed is not None or p.prompt_logprobs is not None:
+    if p.prompt_logprobs is not None or (p.seed is not None and not exact_hits):
         return False
     return req.pooling is None or req.pooling.mode == "last"
