@@ -259,7 +259,7 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True):
     sent: float  # the engine's time.monotonic()
     passes: int  # loop passes so far (a new pass: the loop moved on)
     busy_for: float  # seconds in the current pass (0.0: idle, waiting for messages)
-    cpu_s: float  # the process's CPU time so far (all threads)
+    cpu_s: float  # the process's CPU time so far (all threads, and its children waited for)
 
 
 EngineMessage = Progress | Ready | LoadFailed | StepOutput | Reply | Fatal | Heartbeat

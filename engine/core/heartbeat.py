@@ -12,6 +12,7 @@ heartbeat at all means the whole process stopped (SIGSTOP, a frozen machine) or 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -66,7 +67,9 @@ class Heartbeat:
         p = self.progress
         now = time.monotonic()
         since = p.busy_since
-        return wire.Heartbeat(now, p.passes, 0.0 if since is None else max(now - since, 0.0), time.process_time())
+        t = os.times()  # the children's too (those waited for: a compiler run by a JIT, for instance)
+        cpu = t.user + t.system + t.children_user + t.children_system
+        return wire.Heartbeat(now, p.passes, 0.0 if since is None else max(now - since, 0.0), cpu)
 
     def _run(self) -> None:
         sock = self.ctx.socket(zmq.PUSH)

@@ -376,8 +376,9 @@ class EngineClient:
                                     add_special_tokens=add_special_tokens, add_generation_prompt=add_generation_prompt)
         self._check()
         ids = await tok.tokenize(prompt, messages, add_special_tokens, add_generation_prompt, most)
-        if isinstance(ids, int):
-            raise PromptTooLongError(ids, self.info.max_model_len, at_least=True)
+        if isinstance(ids, int) or (most is not None and len(ids) > most):
+            n = ids if isinstance(ids, int) else len(ids)
+            raise PromptTooLongError(n, self.info.max_model_len, at_least=isinstance(ids, int))
         return ids
 
     async def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -149,26 +149,28 @@ class LocalTokenizer:
             raise as_request_error(e, "Internal error while tokenizing") from None
 
     async def count_at_least(self, text: str, most: int) -> int:
-        """At least this many tokens in ``text`` (without special tokens), counted chunk by chunk (one
-        pool job each) and stopping once the count exceeds ``most`` for certain: each chunk boundary may add
-        BOUNDARY_SLACK tokens, taken off. Short texts (CHUNK_CHARS) are not counted: 0."""
-        if len(text) <= self.CHUNK_CHARS:
-            return 0
+        """At least this many tokens (more than ``most``) in ``text`` (without special tokens), counted chunk by
+        chunk (one pool job each) and stopping once the count exceeds ``most`` for certain (each chunk boundary
+        may add BOUNDARY_SLACK tokens: taken off) with more than a chunk of text left; 0 when no such verdict
+        came (a short text, not counted; or one whose count passes ``most`` only within its last two chunks: a
+        whole encode then gives its exact count at a bounded cost)."""
+        ends = chunk_ends(text, self.CHUNK_CHARS)
         counted, start = 0, 0
         loop = asyncio.get_running_loop()
-        for k, end in enumerate(chunk_ends(text, self.CHUNK_CHARS)):
+        for k, end in enumerate(ends[:-1]):
             try:
                 counted += await loop.run_in_executor(self.pool, self._count, text, start, end)
             except Exception as e:  # noqa: BLE001
                 raise as_request_error(e, "Internal error while tokenizing") from None
             start = end
-            if counted - k * self.BOUNDARY_SLACK > most:
-                break
-        return max(counted - k * self.BOUNDARY_SLACK, 0)
+            if counted - k * self.BOUNDARY_SLACK > most:  # a verdict, unless the rest is short: exact is cheap
+                return counted - k * self.BOUNDARY_SLACK if len(text) - end > self.CHUNK_CHARS else 0
+        return 0
 
     async def encode_bounded(self, text: str, add_special_tokens: bool, most: int) -> list[int] | int:
         """The ids of ``text`` (exactly encode()'s), or, when it surely has more than ``most`` tokens, that
-        lower bound (an int) after a bounded amount of work: count_at_least first for a long text."""
+        lower bound (an int) after a bounded amount of work: by its bytes, then count_at_least. The ids may still
+        be more than ``most`` (by up to about a chunk): the caller's length check gives the exact count."""
         at_least = self.lower_bound(text)
         if at_least and at_least > most:
             return at_least

@@ -34,7 +34,8 @@ CPU_PROGRESS_S = 0.05  # CPU seconds that count as progress (the heartbeat threa
 
 
 def process_cpu(pid: int) -> Callable[[], float | None]:
-    """The process's CPU seconds so far (user + system, all threads), or None where they cannot be read."""
+    """The process's CPU seconds so far (user + system, all threads, and its children waited for), or None where
+    they cannot be read."""
     try:
         import psutil
 
@@ -47,7 +48,7 @@ def process_cpu(pid: int) -> Callable[[], float | None]:
             t = proc.cpu_times()
         except Exception:  # noqa: BLE001 - exited meanwhile
             return None
-        return t.user + t.system
+        return t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
 
     return read
 
