@@ -16,33 +16,58 @@ CODE_LINES = 300
 RENAME = ("compute_total", "compute_sum")
 
 
-def code_file(lines: int = CODE_LINES) -> str:
-    """A deterministic Python file of ``lines`` lines: small functions of a bookkeeping module."""
-    out = ['"""Bookkeeping helpers."""', "", "import math", ""]
-    i = 0
+WORDS = ("order invoice customer ledger balance account payment refund tax discount shipment parcel route "
+         "warehouse stock item price label report summary batch record entry journal period budget forecast "
+         "supplier vendor contract region branch").split()
+
+
+def code_file(lines: int = CODE_LINES, seed: int = 7) -> str:
+    """A deterministic Python file of ``lines`` lines: a bookkeeping module of varied small functions and
+    dataclasses (names and constants drawn from ``seed``, so that a model must copy it rather than guess it)."""
+    import random
+
+    rng = random.Random(seed)
+    out = ['"""Bookkeeping helpers for the warehouse ledger."""', "", "import math",
+           "from dataclasses import dataclass", ""]
     while len(out) < lines - 8:
-        out += [f"def item_{i}(values, rate={i % 7 + 1}):",
-                f"    \"\"\"Scale the values by {i % 7 + 1} and add {i}.\"\"\"",
-                "    result = []",
-                "    for v in values:",
-                f"        result.append(v * rate + {i})",
-                "    return result", ""]
-        i += 1
+        a, b, c = rng.sample(WORDS, 3)
+        k = rng.randint(2, 97)
+        kind = rng.randrange(4)
+        if kind == 0:
+            body = [f"def {a}_{b}_total({a}s, {c}_rate={k / 10}):",
+                    f'    """Sum the {a}s of a {b}, scaled by the {c} rate."""', "    total = 0.0",
+                    f"    for {a} in {a}s:", f"        total += {a}.amount * {c}_rate",
+                    f"    return round(total, {k % 4 + 1})"]
+        elif kind == 1:
+            body = [f"def find_{a}_by_{b}({a}s, {b}_id):", f"    for {a} in {a}s:", f"        if {a}.{b}_id == {b}_id:",
+                    f"            return {a}", f'    raise KeyError(f"no {a} for {b} {{{b}_id}}")']
+        elif kind == 2:
+            body = ["@dataclass", f"class {a.title()}{b.title()}:", f"    {a}_id: int",
+                    f'    {c}: str = "{rng.choice(WORDS)}"', f"    limit: int = {k * 10}"]
+        else:
+            body = [f"def {a}_{c}_ratio({a}, {c}):", f"    if not {c}:", "        return 0.0",
+                    f"    return math.floor({a} * {k} / {c}) / {k}"]
+        out += body + [""]
     out += [f"def {RENAME[0]}(values):", "    total = 0", "    for v in values:", "        total += v",
-            "    return total", "", f"print({RENAME[0]}(item_1([1, 2, 3])))"]
+            "    return total", "", f"print({RENAME[0]}([1, 2, 3]))"]
     return "\n".join(out[:lines]) + "\n"
 
 
-def prompts(tokenizer) -> dict[str, list[int]]:
-    code = (f"Repeat this Python file exactly, but rename the function {RENAME[0]} to {RENAME[1]}. Output only "
-            f"the code.\n\n{code_file()}")
+def prompts(tokenizer, lines: int = CODE_LINES) -> dict[str, list[int]]:
+    """The two prompts' token ids. The code prompt's answer is started for the model (the assistant turn opens
+    with the code fence and the file's first 4 lines, as a "continue" would): the embedded 135M model otherwise
+    writes a short function of its own instead of the file."""
+    code = code_file(lines)
+    ask = (f"Repeat this Python file exactly, but rename the function {RENAME[0]} to {RENAME[1]}. Output only "
+           f"the code.\n\n{code}")
     chat = "Write a short friendly paragraph about why people enjoy walking in the park on a sunny morning."
 
     def ids(text):
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=True)
 
-    return {"code": ids(code), "chat": ids(chat)}
+    started = "```python\n" + "\n".join(code.splitlines()[:4]) + "\n"
+    return {"code": ids(ask) + tokenizer.encode(started, add_special_tokens=False), "chat": ids(chat)}
 
 
 def decode_run(llm, ids: list[int], gen_len: int) -> dict:
@@ -80,7 +105,13 @@ def run(llm, spec_json: str, gen_len: int, repeats: int) -> list[dict]:
     """Per prompt kind: both arms' median decode tok/s, the speedup, the acceptance and tokens per step."""
     rows = []
     core = llm.core
-    for kind, ids in prompts(llm.tokenizer).items():
+    lines = CODE_LINES
+    while True:  # a model with a short context gets a shorter file (the row says how long)
+        kinds = prompts(llm.tokenizer, lines)
+        if len(kinds["code"]) + gen_len < core.max_model_len or lines <= 20:
+            break
+        lines -= 20
+    for kind, ids in kinds.items():
         arms: dict[str, list[dict]] = {"plain": [], "speculative": []}
         decode_run(llm, ids[:64], 4)  # warm-up (the decode tape's first step records it)
         for _ in range(repeats):
@@ -92,6 +123,7 @@ def run(llm, spec_json: str, gen_len: int, repeats: int) -> list[dict]:
         s = arms["speculative"]
         rows.append({
             "prompt": kind, "prompt_tokens": len(ids), "generated": len(s[0]["tokens"]),
+            "code_lines": lines if kind == "code" else None,
             "plain_decode_tok_s": med["plain"], "speculative_decode_tok_s": med["speculative"],
             "speedup": med["speculative"] / med["plain"] if med["plain"] else 0.0,
             "plain_runs": [round(r["decode_tok_s"], 2) for r in arms["plain"]],

@@ -75,7 +75,8 @@ def prepare_step(sched: ScheduledStep, block_size: int, per_token: bool = False,
         ids = req.block_ids
         nb = -(-ctx // bs)
         blocks = tuple(ids) if nb == len(ids) else tuple(ids[:nb])
-        if per_token and n > 1:
+        if (per_token or spec) and n > 1:  # a verify span too: each row a decode's (the paged decode kernel,
+            # and a step of verify and decode rows only replays a decode tape / CUDA graph bucket)
             seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
         else:
             seqs.append(SeqSpan(q0, n, ctx, blocks))

@@ -3,8 +3,9 @@ logits: engine/runner/inputs.py ``prepare_step`` says which rows get logits). Th
 per position as a plain step would process them with the accepted tokens so far (penalties count the proposals
 before the row, min_tokens their number, a grammar's bitmask is its matcher's after the proposals before the row),
 then engine/layers/rejection_sampler.py keeps a prefix; the step's other sampling requests go through the plain
-sampler (``sample_plain``), exactly as without speculation. Eager (no decode graph or tape) and synchronising: the
-acceptance decisions are made on the host."""
+sampler (``sample_plain``), exactly as without speculation. The forward pass is the step's own (prepare_step makes
+each verify row a decode row, so a step of decode and verify rows replays a decode tape or CUDA graph bucket); the
+acceptance is decided on the host, so the step synchronises."""
 
 from __future__ import annotations
 

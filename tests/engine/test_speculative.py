@@ -151,7 +151,7 @@ def test_prefix_cache_only_ever_holds_accepted_tokens(smollm2_fp32):
         assert spec.counts.proposed > spec.counts.accepted > 0  # some proposals were rejected
         sequences = [list(ids) + list(o[0]) for (ids, _, _), o in zip(items, outs)]
         by_key = {b.key: b for b in blocks.blocks if b.key is not None}
-        assert len(by_key) > 10
+        assert len(by_key) > 5
         for b in by_key.values():  # each cached block's chain of tokens is a prefix of a real sequence
             chain = []
             k = b.key
