@@ -8,7 +8,8 @@
   folders: a virtualenv in ~/.cache, a folder of screenshots), else its module's (a module-scoped fixture is built
   once). Session fixtures are built once per worker that needs them (at most twice in all).
 - Order. Groups holding a test marked ``slow`` start first, the costliest first (``slow(seconds=N)``: about N
-  seconds on the 2-core CI machine; a bare ``slow`` counts ``SLOW_DEFAULT_SECONDS``), so the soak, the install
+  seconds on the 2-core CI machine, for the test or, as a module's ``pytestmark``, for the module; a group counts
+  its largest N; a bare ``slow`` counts ``SLOW_DEFAULT_SECONDS``), so the soak, the install
   tier and the CUDA compile run beside the many short tests instead of after them. The order is the same in
   every worker (xdist requires identical collections) and only applies under xdist.
 - Seconds per folder close the run (setup, call and teardown of its tests, summed: under xdist more than the
@@ -73,7 +74,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     first_seen: dict[str, int] = {}
     for i, item in enumerate(items):
         g = groups[item.nodeid]
-        cost[g] = cost.get(g, 0.0) + cost_of(item)
+        cost[g] = max(cost.get(g, 0.0), cost_of(item))  # a module-wide mark is the module's, not each test's
         first_seen.setdefault(g, i)
     items.sort(key=lambda it: (-cost[groups[it.nodeid]], first_seen[groups[it.nodeid]]))
 
