@@ -5,8 +5,11 @@ against ``kestrel serve`` on the default model (tests/frameworks/conftest.py).
 
 Every run's requests are answered below 400. Where the first turn's tool call is forced (tool_choice required, the
 way each framework allows it) the call's arguments are valid (the framework parsed them into the tool's typed
-parameters and ran it) and its result reaches the final answer; a 135M model may answer poorly under "auto" (or
-call the tool again and again): those runs are recorded (printed), not judged, beyond the protocol holding."""
+parameters and ran it); in openai-agents (stop_on_first_tool) and LangChain (a return_direct tool) its result is the
+final answer. pydantic-ai forces every turn of a structured output: its loop ends in the output tool's validated
+arguments once the tool is no longer offered; whether the model copies the tool's result into them is recorded, not
+judged. A 135M model may answer poorly under "auto" (or call the tool again and again): those runs are recorded
+(printed with -s), not judged, beyond the protocol holding."""
 
 from __future__ import annotations
 
@@ -59,9 +62,11 @@ def test_pydantic_ai_tool_and_structured_output(framework_python, kestrel_serve)
     assert {path for _, path, _ in requests} == {"/v1/chat/completions"}
     runs = _runs(report)
     looping = runs["structured_output"]  # every turn forced: the tiny model may call get_weather until the limit
-    assert looping["calls"] and (looping["ok"] or looping["error"].startswith("UsageLimitExceeded")), looping
+    assert looping["ok"] or (looping["calls"] and looping["error"].startswith("UsageLimitExceeded")), looping
     once = runs["structured_output_tool_once"]
-    assert once["ok"] and len(once["calls"]) == 1 and isinstance(once["calls"][0]["city"], str), once
+    # turn 1 is forced between the tool and the output tool (sampled: the output tool may come first, or parallel
+    # calls of the tool), turn 2 has only the output tool left: the loop always ends in the structured output
+    assert once["ok"] and once["requests"] <= 2 and all(isinstance(c["city"], str) for c in once["calls"]), once
     assert set(once["final"]) == {"city", "forecast"}, once  # the output tool's arguments, validated by pydantic
     native = runs["native_output"]  # response_format json_schema with the tool under "auto": the schema's JSON, or
     if native["ok"]:  # calls (sampled: the tiny model may call until the request limit, each call valid)
