@@ -1,7 +1,8 @@
-// Integer-weight linear layers on the tensor cores (W4A16 / W8A16): y[M, N] = x[M, K] @ W^T (+ bias) for 1..16
-// rows of x, W's 4- or 8-bit codes dequantized in registers straight into the operand of mma.m16n8k16, and
-// the dequantization of a whole weight (the GEMM of a prefill). The weight's layout ("mma", packed by
-// engine/weight_quant.py IntCodes.pack) is the MMA's A fragment order, so that one 16-byte load per lane gives it
+// Integer-weight linear layers on the tensor cores (W4A16 / W8A16): y[M, N] = x[M, K] @ W^T (+ bias) for 1..64
+// rows of x (groups of whole quads: int_gemm_wide.cuh; groups of 16 / 32: 1..16 rows, the kernel below), W's
+// 4- or 8-bit codes dequantized in registers straight into the operand of mma.m16n8k16, and the dequantization
+// of a whole weight (the GEMM of a prefill). The weight's layout ("mma", packed by engine/weight_quant.py
+// IntCodes.pack) is the MMA's A fragment order, so that one 16-byte load per lane gives it
 // four fragments and no shared memory stands between the load and the product (Marlin's idea):
 //
 //   rows in tiles of 16 (nt), K in quads of 64 (kq), both padded with code 0; for each (nt, kq) 32 lanes x WPL
@@ -76,7 +77,7 @@ __device__ __forceinline__ void nibble_pairs(uint32_t w, uint32_t r[4]) {
 
 // The four A registers of one k-tile, (code - zero) [* scale]: registers 0 and 2 hold row g, 1 and 3 row g + 8.
 // 4 bits: w[0]; 8 bits: w[0] the high nibbles, w[1] the low. zb[h]: bias + zero (4 bits) or the zero code (8
-// bits) of row g + 8 h, in both halves; sc[h]: the scale (LANE_GROUPS only).
+// bits) of row g + 8 h, in both halves; sc[h]: the scale (SCALED only: groups of 16 / 32).
 template <class T, int BITS, bool SCALED>
 __device__ __forceinline__ void dequant_tile(const uint32_t* w, const typename Half2<T>::V zb[2],
                                              const typename Half2<T>::V sc[2], uint32_t a[4]) {
@@ -151,10 +152,90 @@ struct IntArgs {
   int M, N, K, group, kq_total, kq_per_warp;
 };
 
-// One block per tile of 16 output rows; its warps split the quads of K; fp32 partial sums meet in shared memory.
-// MT: 8-row groups of x (1: M <= 8, 2: M <= 16). U: quads per loop step (the weight loads of the next step are in
-// flight while this one computes). LANE_GROUPS: groups of 16 / 32 positions (the weight scaled in registers).
-template <class T, int BITS, int MT, int U, bool LANE_GROUPS>
+// The scale and zero of group gi for a lane's two rows (row[0] = g, row[1] = g + 8 of its tile).
+__device__ __forceinline__ void load_group(const IntArgs& p, const int row[2], int gi, float s[2], float z[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    z[h] = float(p.zeros[int64_t(row[h]) * p.z_stride + gi]);
+    s[h] = load_scale(p.scales, int64_t(row[h]) * p.s_stride + gi, p.sdt);
+  }
+}
+
+// The zeros as dequant_tile subtracts them: bias + zero (4 bits) or the zero code (8 bits), in both halves.
+template <class T, int BITS>
+__device__ __forceinline__ void zero_pairs(const float z[2], typename Half2<T>::V zb[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) zb[h] = Half2<T>::pair(BITS == 4 ? Half2<T>::kBias + z[h] : z[h]);
+}
+
+// Groups of whole quads, scaled after the products (the x-sharing kernel): a group's products accumulate unscaled in
+// `part` and go into `acc` times the group's scale (per row half) when the walk over K enters the next group, and
+// at its end (flush). The next group's scale and zero are loaded a group ahead.
+template <class T, int BITS, int MT>
+struct QuadGroups {
+  using V = typename Half2<T>::V;
+  float acc[MT][4] = {};
+  float part[MT][4] = {};
+  float sc[2] = {0.f, 0.f}, nsc[2] = {0.f, 0.f}, nzf[2] = {0.f, 0.f};
+  V zb[2];
+  int cur = 0, last = 0;
+
+  __device__ __forceinline__ void begin(const IntArgs& p, const int row[2], int kbeg, int kend) {
+    last = (p.K - 1) / p.group;
+    cur = (kbeg * 64) / p.group;
+    if (kbeg < kend) {
+      float zf[2];
+      load_group(p, row, cur, sc, zf);
+      if (cur < last) load_group(p, row, cur + 1, nsc, nzf);
+      zero_pairs<T, BITS>(zf, zb);
+    }
+  }
+  // Before quad kq's products: its group is at most one past the current one (groups span whole quads).
+  __device__ __forceinline__ void enter(const IntArgs& p, const int row[2], int kq) {
+    const int gi = (kq * 64) / p.group;
+    if (gi == cur) return;
+    flush();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sc[h] = nsc[h];
+    zero_pairs<T, BITS>(nzf, zb);
+    cur = gi;
+    if (gi < last) load_group(p, row, gi + 1, nsc, nzf);
+  }
+  __device__ __forceinline__ void flush() {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][i] += sc[i >> 1] * part[mt][i], part[mt][i] = 0.f;
+  }
+};
+
+// One quad's products (both kernels): the lane's weight words w of the quad's four k-tiles, dequantized (zb; sc
+// too where SCALED), times x's B fragments xv (the lane's 16 positions of each 8-row group of x), added into c.
+template <class T, int BITS, int MT, bool SCALED>
+__device__ __forceinline__ void quad_products(const uint4* w, const typename Half2<T>::V zb[2],
+                                              const typename Half2<T>::V sc[2], const uint4 xv[MT][2],
+                                              float c[MT][4]) {
+  constexpr int WV = BITS / 4;
+  const uint32_t* wq = reinterpret_cast<const uint32_t*>(w);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t a[4];
+    const uint32_t wj[2] = {wq[j * WV], WV == 2 ? wq[j * WV + 1] : 0u};
+    dequant_tile<T, BITS, SCALED>(wj, zb, sc, a);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const uint32_t* xw = reinterpret_cast<const uint32_t*>(xv[mt]);
+      mma<T>(c[mt], a, xw[2 * j], xw[2 * j + 1]);
+    }
+  }
+}
+
+// Groups of 16 / 32 positions (a lane's 16 positions of a quad lie in one group: the weight is scaled in
+// registers, one more rounding): one block per tile of 16 output rows; its warps split the quads of K; fp32 partial
+// sums meet in shared memory. MT: 8-row groups of x (1: M <= 8, 2: M <= 16). U: quads per loop step (the weight
+// loads of the next step are in flight while this one computes). Groups of whole quads take the x-sharing kernel
+// (int_gemm_wide.cuh), which replaced this one for them at every M (its sweep there).
+template <class T, int BITS, int MT, int U>
 __global__ void __launch_bounds__(kMaxWarps * 32) int_mma_kernel(IntArgs p) {
   using V = typename Half2<T>::V;
   constexpr int WV = BITS / 4;  // 16-byte words per lane per quad
@@ -177,29 +258,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) int_mma_kernel(IntArgs p) {
   wait_for_producer();  // x is the previous kernel's output
 
   float acc[MT][4] = {};
-  float part[MT][4] = {};
-  // Groups of whole quads: this group's scale and zero per row half, and the next group's, loaded a group ahead.
-  float sc[2] = {0.f, 0.f}, zf[2] = {0.f, 0.f}, nsc[2] = {0.f, 0.f}, nzf[2] = {0.f, 0.f};
-  V zb[2], wsc[2];
-  const int last_group = (p.K - 1) / p.group;
-  auto load_group = [&](int gi, float s[2], float z[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      z[h] = float(p.zeros[int64_t(row[h]) * p.z_stride + gi]);
-      s[h] = load_scale(p.scales, int64_t(row[h]) * p.s_stride + gi, p.sdt);
-    }
-  };
-  auto zero_pairs = [&](const float z[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) zb[h] = Half2<T>::pair(BITS == 4 ? Half2<T>::kBias + z[h] : z[h]);
-  };
-  int cur_group = (kbeg * 64) / p.group;
-  if (!LANE_GROUPS && kbeg < kend) {
-    load_group(cur_group, sc, zf);
-    if (cur_group < last_group) load_group(cur_group + 1, nsc, nzf);
-    zero_pairs(zf);
-  }
-
   for (int kq0 = kbeg; kq0 < kend; kq0 += U) {
     uint4 nbuf[U][WV];
 #pragma unroll
@@ -208,35 +266,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32) int_mma_kernel(IntArgs p) {
       for (int v = 0; v < WV; ++v)
         nbuf[u][v] = kq0 + U + u < kend ? load_stream(q + int64_t(kq0 + U + u) * 32 * WV + v)
                                         : make_uint4(0, 0, 0, 0);
-    float lsc[LANE_GROUPS ? U : 1][2], lzf[LANE_GROUPS ? U : 1][2];  // groups of 16 / 32: each quad's, per lane
-    if constexpr (LANE_GROUPS) {
+    float lsc[U][2], lzf[U][2];  // each quad's group scale and zero, per lane
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (kq0 + u < kend) load_group(min((kq0 + u) * 64 + t * 16, p.K - 1) / p.group, lsc[u], lzf[u]);
-    }
+    for (int u = 0; u < U; ++u)
+      if (kq0 + u < kend) load_group(p, row, min((kq0 + u) * 64 + t * 16, p.K - 1) / p.group, lsc[u], lzf[u]);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kq = kq0 + u;
       if (kq >= kend) break;
       const int xk = kq * 64 + t * 16;  // (a lane past K: its x is 0, any group will do)
-      if constexpr (LANE_GROUPS) {
-        zero_pairs(lzf[u]);
+      V zb[2], wsc[2];
+      zero_pairs<T, BITS>(lzf[u], zb);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) wsc[h] = Half2<T>::pair(lsc[u][h]);
-      } else {
-        const int gi = (kq * 64) / p.group;  // at most one past cur_group: groups span whole quads
-        if (gi != cur_group) {
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[mt][i] += sc[i >> 1] * part[mt][i], part[mt][i] = 0.f;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) sc[h] = nsc[h], zf[h] = nzf[h];
-          zero_pairs(zf);
-          cur_group = gi;
-          if (gi < last_group) load_group(gi + 1, nsc, nzf);
-        }
-      }
+      for (int h = 0; h < 2; ++h) wsc[h] = Half2<T>::pair(lsc[u][h]);
       uint4 xv[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -249,29 +291,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) int_mma_kernel(IntArgs p) {
           xv[mt][0] = xv[mt][1] = make_uint4(0, 0, 0, 0);
         }
       }
-      const uint32_t* wq = reinterpret_cast<const uint32_t*>(wbuf[u]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t a[4];
-        uint32_t wj[2] = {wq[j * WV], WV == 2 ? wq[j * WV + 1] : 0u};
-        dequant_tile<T, BITS, LANE_GROUPS>(wj, zb, wsc, a);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const uint32_t* xw = reinterpret_cast<const uint32_t*>(xv[mt]);
-          mma<T>(LANE_GROUPS ? acc[mt] : part[mt], a, xw[2 * j], xw[2 * j + 1]);
-        }
-      }
+      quad_products<T, BITS, MT, true>(wbuf[u], zb, wsc, xv, acc);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int v = 0; v < WV; ++v) wbuf[u][v] = nbuf[u][v];
-  }
-  if (!LANE_GROUPS) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][i] += sc[i >> 1] * part[mt][i];
   }
 
 #pragma unroll
@@ -342,14 +367,11 @@ int warps_for(int ntiles, int kq_total, int u, int device) {
 }
 
 template <class T, int BITS, int MT, int U>
-void launch_gemm(IntArgs a, bool lane_groups, int device, cudaStream_t st) {
+void launch_lane_groups(IntArgs a, int device, cudaStream_t st) {
   const int ntiles = (a.N + 15) / 16;
   const int w = warps_for(ntiles, a.kq_total, U, device);
   a.kq_per_warp = (a.kq_total + w - 1) / w;
-  if (lane_groups)
-    launch("int_mma_linear", int_mma_kernel<T, BITS, MT, U, true>, dim3(ntiles), dim3(w * 32), st, device, a);
-  else
-    launch("int_mma_linear", int_mma_kernel<T, BITS, MT, U, false>, dim3(ntiles), dim3(w * 32), st, device, a);
+  launch("int_mma_linear", int_mma_kernel<T, BITS, MT, U>, dim3(ntiles), dim3(w * 32), st, device, a);
 }
 
 }  // namespace
@@ -382,15 +404,15 @@ void int_mma_linear(int dtype, uintptr_t out, int64_t out_stride, uintptr_t x, i
   auto st = reinterpret_cast<cudaStream_t>(stream);
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    if (!lane_groups && (tiles_per_block > 0 || wide::takes(int(M), int((N + 15) / 16), sm_count(device)))) {
+    if (!lane_groups) {  // groups of whole quads: the x-sharing kernel (int_gemm_wide.cuh) at every M
       if (bits == 4) wide::linear<T, 4>(a, int(tiles_per_block), int(k_groups), device, st);
       else wide::linear<T, 8>(a, int(tiles_per_block), int(k_groups), device, st);
     } else if (bits == 4) {
-      if (M <= 8) launch_gemm<T, 4, 1, 4>(a, lane_groups, device, st);
-      else launch_gemm<T, 4, 2, 2>(a, lane_groups, device, st);
+      if (M <= 8) launch_lane_groups<T, 4, 1, 4>(a, device, st);
+      else launch_lane_groups<T, 4, 2, 2>(a, device, st);
     } else {
-      if (M <= 8) launch_gemm<T, 8, 1, 2>(a, lane_groups, device, st);
-      else launch_gemm<T, 8, 2, 2>(a, lane_groups, device, st);
+      if (M <= 8) launch_lane_groups<T, 8, 1, 2>(a, device, st);
+      else launch_lane_groups<T, 8, 2, 2>(a, device, st);
     }
   };
   if (dtype == kBFloat16) run(__nv_bfloat16{});

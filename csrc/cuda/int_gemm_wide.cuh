@@ -85,29 +85,9 @@ __global__ void __launch_bounds__(NB * max_k_groups<NB, MT>() * 32) kernel(IntAr
   load_x(kbeg, xr);
   store_x(xr);
 
-  float acc[MT][4] = {};
-  float part[MT][4] = {};
-  float sc[2] = {0.f, 0.f}, zf[2] = {0.f, 0.f}, nsc[2] = {0.f, 0.f}, nzf[2] = {0.f, 0.f};
-  V zb[2];
+  QuadGroups<T, BITS, MT> acc;
+  acc.begin(p, row, kbeg, kend);
   const V unused[2] = {Half2<T>::pair(1.f), Half2<T>::pair(1.f)};
-  const int last_group = (p.K - 1) / p.group;
-  auto load_group = [&](int gi, float s[2], float z[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      z[h] = float(p.zeros[int64_t(row[h]) * p.z_stride + gi]);
-      s[h] = load_scale(p.scales, int64_t(row[h]) * p.s_stride + gi, p.sdt);
-    }
-  };
-  auto zero_pairs = [&](const float z[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) zb[h] = Half2<T>::pair(BITS == 4 ? Half2<T>::kBias + z[h] : z[h]);
-  };
-  int cur_group = (kbeg * 64) / p.group;
-  if (kbeg < kend) {
-    load_group(cur_group, sc, zf);
-    if (cur_group < last_group) load_group(cur_group + 1, nsc, nzf);
-    zero_pairs(zf);
-  }
   group_barrier(1 + kg, GT);
 
   for (int kq0 = kbeg; kq0 < kend; kq0 += U) {
@@ -124,18 +104,7 @@ __global__ void __launch_bounds__(NB * max_k_groups<NB, MT>() * 32) kernel(IntAr
     for (int u = 0; u < U; ++u) {
       const int kq = kq0 + u;
       if (kq >= kend) break;
-      const int gi = (kq * 64) / p.group;  // at most one past cur_group: groups span whole quads
-      if (gi != cur_group) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[mt][i] += sc[i >> 1] * part[mt][i], part[mt][i] = 0.f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) sc[h] = nsc[h], zf[h] = nzf[h];
-        zero_pairs(zf);
-        cur_group = gi;
-        if (gi < last_group) load_group(gi + 1, nsc, nzf);
-      }
+      acc.enter(p, row, kq);
       uint4 xv[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -143,18 +112,7 @@ __global__ void __launch_bounds__(NB * max_k_groups<NB, MT>() * 32) kernel(IntAr
         xv[mt][0] = xp[0];
         xv[mt][1] = xp[1];
       }
-      const uint32_t* wq = reinterpret_cast<const uint32_t*>(wbuf[u]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t a[4];
-        uint32_t wj[2] = {wq[j * WV], WV == 2 ? wq[j * WV + 1] : 0u};
-        dequant_tile<T, BITS, false>(wj, zb, unused, a);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const uint32_t* xw = reinterpret_cast<const uint32_t*>(xv[mt]);
-          mma<T>(part[mt], a, xw[2 * j], xw[2 * j + 1]);
-        }
-      }
+      quad_products<T, BITS, MT, false>(wbuf[u], acc.zb, unused, xv, acc.part);
     }
     if (more) {
       group_barrier(1 + kg, GT);  // every warp of the k-group is done with this chunk
@@ -166,10 +124,7 @@ __global__ void __launch_bounds__(NB * max_k_groups<NB, MT>() * 32) kernel(IntAr
 #pragma unroll
       for (int v = 0; v < WV; ++v) wbuf[u][v] = nbuf[u][v];
   }
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[mt][i] += sc[i >> 1] * part[mt][i];
+  acc.flush();
 
   // The k-groups' sums, added in k-group order in shared memory (x's chunks are dead by then).
   float* red = reinterpret_cast<float*>(smem);  // [NB][MT * 4][32]
@@ -181,7 +136,7 @@ __global__ void __launch_bounds__(NB * max_k_groups<NB, MT>() * 32) kernel(IntAr
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           float& r = red[(sub * MT * 4 + mt * 4 + i) * 32 + lane];
-          r = s == 0 ? acc[mt][i] : r + acc[mt][i];
+          r = s == 0 ? acc.acc[mt][i] : r + acc.acc[mt][i];
         }
     }
     __syncthreads();
@@ -199,23 +154,25 @@ __global__ void __launch_bounds__(NB * max_k_groups<NB, MT>() * 32) kernel(IntAr
   }
 }
 
-// Tiles per block and k-groups, measured on an H100 (132 SMs; the dev run above swept NB 2 / 4 / 8 x KW 1 / 2 / 4):
-// shapes of many tiles (gate_up 1,792, the LM head 8,016: over 4 per SM) take 8 tiles and one k-group from 9 rows
-// (2 x 2 below: more blocks for 1-8 rows), the others 4 k-groups of 4 tiles (qkv: 384 tiles) or 2 (o, down: 256).
+// Tiles per block and k-groups, measured on an H100 (132 SMs; the dev run above swept NB 2 / 4 / 8 x KW 1 / 2 / 4,
+// the engine-build sweep of 2026-12-07 NB x KW up to 8 at 1-16 rows): shapes of many tiles (gate_up 1,792, the LM
+// head 8,016: over 4 per SM) take 8 tiles and one k-group from 9 rows (2 x 2 below: more blocks for 1-8 rows); qkv
+// (384 tiles) 4 k-groups of 4 tiles; the shapes of few tiles (o and down, 256) 8 k-groups of 2 tiles, which put 16
+// warps on each SM instead of 8 (int4 at 1 row: o 10.2 -> 7.3 us, down 30.2 -> 17.0 us; int8: 14.7 -> 9.7,
+// 44.9 -> 24.4; at 16 rows o 9.7 -> 8.0, down 23.8 -> 21.4, where the per-tile kernel had taken them).
 inline void choose(int ntiles, int M, int sms, int& nb, int& kw) {
   if (ntiles > 4 * sms) {
     nb = M > 8 ? 8 : 2;
     kw = M > 8 ? 1 : 2;
-  } else {
-    nb = 2 * ntiles >= 5 * sms ? 4 : 2;
+  } else if (2 * ntiles >= 5 * sms) {
+    nb = 4;
     kw = 4;
+  } else {
+    nb = 2;
+    kw = 8;
   }
 }
 
-// Whether this kernel takes M rows of a weight of `ntiles` tiles, else the per-tile kernel (M <= 16): the per-tile
-// one won at 9-16 rows on the shapes of few tiles (o and down, 256 tiles on 132 SMs: 9.6 / 23.8 us against 10.3 /
-// 29.7 at 16 rows, int4), this one everywhere else but for ties within 3% (the dev run above).
-inline bool takes(int M, int ntiles, int sms) { return M > 16 || M <= 8 || ntiles > 2 * sms; }
 
 template <class T, int BITS, int MT, int U, int NB>
 void launch_nb(IntArgs a, int kw, int device, cudaStream_t st) {

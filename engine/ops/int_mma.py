@@ -1,10 +1,11 @@
 """Launchers of csrc/cuda/int_gemm.cu: integer weights in the "mma" layout (engine/weight_quant.py) on the tensor
-cores. ``linear`` multiplies up to SLICED_MAX_M rows (decode batches) in one launch: the kernel whose blocks share
-x between their output tiles (csrc/cuda/int_gemm_wide.cuh: on an H100, 2026-12-07, batch-64 linears 2.2-2.8x faster
-than the per-tile kernel sliced by 16, batch-1 up to 1.2x), or the per-tile kernel where it measured faster (9-16
-rows of a weight of few tiles: ``wide::takes``); for groups of 16 / 32 positions (the weight scaled in registers)
-the per-tile kernel, one launch per 16 rows; ``dequantize`` writes the whole weight for the GEMM of
-a prefill. Reached through engine/ops/quant_linear.py. ``available()`` says whether engine._C has the kernels (built with CUDA)."""
+cores. ``linear`` multiplies up to SLICED_MAX_M rows (decode batches) in one launch of the kernel whose blocks share
+x between their output tiles (csrc/cuda/int_gemm_wide.cuh; on an H100, 2026-12-07: batch-64 linears 2.2-2.8x faster
+than the per-tile kernel sliced by 16, and with 8 k-groups for the weights of few tiles, o and down, 1-16 rows
+1.1-1.8x faster than the per-tile kernel, which it replaced for groups of whole quads); for groups of 16 / 32
+positions (the weight scaled in registers) the per-tile kernel, one launch per 16 rows; ``dequantize`` writes the
+whole weight for the GEMM of a prefill. Reached through engine/ops/quant_linear.py. ``available()`` says whether
+engine._C has the kernels (built with CUDA)."""
 
 from __future__ import annotations
 
