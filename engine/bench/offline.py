@@ -323,7 +323,7 @@ def main_gguf_models(args) -> int:
             if isinstance(row["llama.cpp"], dict):
                 row["ratio_vs_llama.cpp"] = {
                     engine: {k: row[engine][k] / row["llama.cpp"][k] for k in ("prefill_tok_s", "decode_tok_s")}
-                    for engine in ENGINES if isinstance(row[engine], dict)}
+                    for engine in ENGINES if isinstance(row.get(engine), dict)}
         for engine in (*ENGINES, "llama.cpp"):
             if isinstance(row.get(engine), dict):
                 row[engine]["decode_share_of_limit"] = round(row[engine]["decode_tok_s"] / row["decode_limit_tok_s"], 3)
