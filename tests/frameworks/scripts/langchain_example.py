@@ -16,11 +16,14 @@ from langchain_openai import ChatOpenAI
 
 BASE_URL, MODEL = sys.argv[1], sys.argv[2]
 RESULT = "Sunny, 23 degrees"
+SEED = 47  # greedy (temperature 0) and seeded: each run the same on every run of the tier
+calls = []  # get_weather's calls, kept when a run ends in an error (the recursion limit under "auto")
 MAX_TOKENS = 160  # a 135M model may ramble to the end of its context: answers kept short, the loop still whole
 
 
 def get_weather(city: str) -> str:
     """Get weather for a given city."""
+    calls.append({"name": "get_weather", "args": {"city": city}})
     return f"{RESULT} in {city}."
 
 
@@ -46,15 +49,16 @@ def describe(messages) -> dict:
 
 
 def run(name: str, fn) -> dict:
+    calls.clear()
     try:
         return {"run": name, "ok": True, **fn()}
     except Exception as e:  # recorded: a 135M model may not finish under "auto"
-        return {"run": name, "ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
+        return {"run": name, "ok": False, "calls": list(calls), "error": f"{type(e).__name__}: {e}"[:500]}
 
 
 def model() -> ChatOpenAI:
     return ChatOpenAI(model=MODEL, base_url=BASE_URL, api_key="unused", max_retries=0, max_tokens=MAX_TOKENS,
-                      temperature=0)
+                      temperature=0, seed=SEED)
 
 
 def auto() -> dict:

@@ -1,6 +1,7 @@
 """openai-agents' minimal example (an Agent with a function tool, run by Runner) on its default model, the Responses
 API (OpenAIResponsesModel), pointed at a Kestrel server: ``python openai_agents_example.py BASE_URL MODEL``.
-Prints one JSON line: what each run did. No max_tokens: openai-agents takes a response cut by max_output_tokens
+Prints one JSON line: what each run did. Temperature 0 and a seed (``seed`` is no parameter of
+``responses.create``: sent through ModelSettings.extra_body). No max_tokens: openai-agents takes a response cut by max_output_tokens
 (status incomplete, as OpenAI sends it) for a ModelBehaviorError. Runs in the frameworks tier's scratch venv
 (tests/frameworks/venv.py)."""
 
@@ -14,6 +15,7 @@ from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_
 
 BASE_URL, MODEL = sys.argv[1], sys.argv[2]
 RESULT = "Sunny, 23 degrees"
+SEED = 47  # greedy (temperature 0) and seeded: each run the same on every run of the tier
 calls = []
 
 
@@ -28,7 +30,7 @@ def agent(tool_choice: str | None = None, **kw) -> Agent:
     client = AsyncOpenAI(base_url=BASE_URL, api_key="unused")
     return Agent(name="Assistant", instructions="You are a helpful assistant. Use the tools.",
                  model=OpenAIResponsesModel(model=MODEL, openai_client=client), tools=[get_weather],
-                 model_settings=ModelSettings(tool_choice=tool_choice), **kw)
+                 model_settings=ModelSettings(tool_choice=tool_choice, temperature=0, extra_body={"seed": SEED}), **kw)
 
 
 async def run(name: str, make, streamed: bool = False) -> dict:
