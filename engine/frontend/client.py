@@ -16,7 +16,9 @@ checks are engine.frontend.tokenizer's (LocalTokenizer, check_prompt_length).
 
 The engine process itself (starting it, its sockets, watching it, stopping it and cleaning up, also at
 interpreter exit) is supervisor.EngineSupervisor's (this package), and so are RestartPolicy and the restart loop
-(Restarter); a request's deltas arrive in a request_stream.RequestStream, which pending.StreamTable routes
+(Restarter). What the client does when the engine is lost (a crash, a hang, a broken connection: every
+pending request and call fails, then the restart) is crash_recovery.CrashRecovery's, a base class of
+EngineClient. A request's deltas arrive in a request_stream.RequestStream, which pending.StreamTable routes
 them to; calls wait on pending.CallTable. This module is the request API on top: requests, calls, the reader,
 the client's state. RequestStream and RestartPolicy are importable from here too.
 """
@@ -39,11 +41,11 @@ from engine import wire
 from engine.frontend.tokenizer import LocalTokenizer, check_prompt_length
 from engine.config import EngineConfig
 from engine.core.embedding import check_embedding_input
-from engine.frontend.supervisor import EngineSupervisor, Restarter, RestartPolicy, describe_exit
+from engine.frontend.crash_recovery import CrashRecovery, cancel_task
+from engine.frontend.supervisor import EngineSupervisor, Restarter, RestartPolicy
 from engine.frontend.watchdog import WatchdogPolicy
 from engine.errors import (
     EngineDeadError,
-    EngineRestartingError,
     EngineShuttingDownError,
     InvalidRequestError,
     KestrelError,
@@ -64,7 +66,7 @@ __all__ = ["EngineClient", "EngineStats", "ModelInfo", "RequestDelta", "RequestR
 _ids = itertools.count()
 
 
-class EngineClient:
+class EngineClient(CrashRecovery):
     def __init__(self) -> None:  # use `await EngineClient.start(...)`
         self.info: ModelInfo | None = None
         self.config: EngineConfig | None = None
@@ -455,82 +457,6 @@ class EngineClient:
         elif isinstance(msg, wire.Fatal):
             self._fatal = msg.error
 
-    def _on_exit(self, code: int) -> None:
-        """The supervisor's news that the engine process exited (on the loop)."""
-        if self._closing or self._dead is not None:
-            return  # asked to stop, already dead, or a restart's own attempt (which handles its failure)
-        reason = f"The engine process exited unexpectedly ({describe_exit(code)})"
-        if self._fatal is not None:
-            reason += f": {self._fatal.type}: {self._fatal.message}"
-        else:
-            tail = [ln for ln in self._engine.last_output() if ln.strip()]
-            if tail:
-                reason += f"; its last output: {tail[-1]}"
-        self._lost(reason)
-
-    def _on_hang(self, why: str) -> None:
-        """The supervisor killed the engine process: it stopped answering (its watchdog). As after a crash."""
-        if not self._closing and self._dead is None:
-            self.hangs += 1
-            self._lost(f"The engine process stopped answering ({why}) and was stopped")
-
-    def _lost(self, reason: str) -> None:
-        """The engine is gone (``reason``, in words): every request and call fails; restart it if allowed."""
-        if self._restarter.allowed():
-            self._mark_dead(EngineRestartingError(reason + ". It is being restarted; retry shortly."))
-            self._restart_task = self.loop.create_task(self._restart(reason), name="engine-restart")
-            return
-        self._mark_dead(EngineDeadError(reason + self._restarter.limit_note() + ". Reload the model to continue."))
-        self._set_state("dead", str(self._dead))
-
-    def _mark_dead(self, err: EngineDeadError) -> None:
-        if self._dead is None:
-            self._dead = err
-            log.error("%s", err)
-        self._fail_all(err)
-
-    def _fail_all(self, err: BaseException) -> None:
-        self._requests.fail_all(err)
-        self._calls.fail_all(err)
-
-    # ------------------------------------------------------------------------------------------------
-    # restarts
-
-    async def _restart(self, reason: str) -> None:
-        """Start the engine again (same model and options) after a back-off, until it loads or the policy's
-        limit is reached (supervisor.Restarter); requests meanwhile get EngineRestartingError."""
-        reason = await self._restarter.run(reason, dispose=self._dispose_engine,
-                                           launch=lambda: self._launch(self._on_progress),
-                                           on_restarting=self._on_restarting, on_dead=self._on_restarts_spent)
-        if reason is None:
-            return
-        self._dead = None
-        self._fatal = None
-        self._token_bytes = None
-        self.restarts += 1
-        log.warning("the engine was restarted (pid %s)", self.engine_pid)
-        self._set_state("ready", f"The engine was restarted after: {reason}.")
-
-    def _on_restarting(self, message: str, detail: str) -> None:
-        self._dead = EngineRestartingError(message)
-        self._set_state("restarting", detail)
-
-    def _on_restarts_spent(self, message: str) -> None:
-        err = EngineDeadError(message)
-        self._dead = err
-        self._fail_all(err)
-        self._set_state("dead", message)
-
-    async def _dispose_engine(self) -> None:
-        """Stop reading from the current engine process and release it and its sockets."""
-        reader, self._reader = self._reader, None
-        await _cancel(reader)
-        engine = self._engine
-        if engine is not None:
-            await engine.stop(kill=True)
-            engine.close(join_timeout=1.0)
-        self._fail_all(self._dead or EngineDeadError("The engine process was replaced."))
-
     # ------------------------------------------------------------------------------------------------
     # shutdown
 
@@ -541,7 +467,7 @@ class EngineClient:
             return
         self._closing = True
         task, self._restart_task = self._restart_task, None
-        await _cancel(task)
+        await cancel_task(task)
         self._fail_all(EngineShuttingDownError("The engine is shutting down."))
         engine = self._engine
         if engine is not None and engine.running and self._dead is None and self._in is not None:
@@ -557,7 +483,7 @@ class EngineClient:
         self._closing = True
         if self._engine is not None:
             await self._engine.stop(kill)
-        await _cancel(self._reader)
+        await cancel_task(self._reader)
         self._closed = True
         if self._engine is not None:
             self._engine.close()
@@ -572,13 +498,3 @@ class EngineClient:
     async def __aexit__(self, *exc) -> None:
         await self.shutdown()
 
-
-async def _cancel(task: asyncio.Task | None) -> None:
-    """Cancel a task (if any; a no-op when done) and wait until it has ended, whatever it raised."""
-    if task is None:
-        return
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):
-        pass

@@ -44,7 +44,7 @@ from engine.server.args import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES
 from engine.server.guard import HostCheckMiddleware
 from engine.server.memory import return_large_blocks
 from engine.server.openai import errors, protocol
-from engine.server.openai.body_checks import check_json_body
+from engine.server.openai.body_checks import PRECHECKED_PATHS, check_json_body, precheck_body
 from engine.server.openai import serving as S
 from engine.server.openai.serving_chat import chat_prompt, convert_messages, create_chat_completion, tool_mode_of
 from engine.server.openai.serving_completions import create_completion
@@ -95,7 +95,7 @@ class BodyLimitMiddleware:
     connection closed) when the body stalls for ``timeout`` seconds or takes more than four times that in all:
     a client cannot hold a connection open by sending its body a byte at a time. A POST's body is read here
     whole and refused (400) before anything parses it when it nests too deep or holds an unpaired surrogate
-    (``body_checks.check_json_body``); for the routes that take lists (``serving.PRECHECKED_PATHS``)
+    (``body_checks.check_json_body``); for the routes that take lists (``body_checks.PRECHECKED_PATHS``)
     ``precheck(path, body)`` may refuse it too (a KestrelError); then it is handed on as it came."""
 
     def __init__(self, app: ASGIApp, limit: int, timeout: float = DEFAULT_BODY_TIMEOUT_S, precheck=None):
@@ -165,7 +165,7 @@ class BodyLimitMiddleware:
                 await asyncio.to_thread(check_json_body, body)
             else:
                 check_json_body(body)
-            if self.precheck is not None and scope["path"] in S.PRECHECKED_PATHS:
+            if self.precheck is not None and scope["path"] in PRECHECKED_PATHS:
                 self.precheck(scope["path"], body)
         except KestrelError as e:
             await errors.kestrel_error_response(e)(scope, receive, send)
@@ -359,7 +359,7 @@ def build_app(client: EngineClient, *, served_model_names: list[str] | None = No
         return Response(body, media_type=ctype)
 
     app.add_middleware(BodyLimitMiddleware, limit=max_request_bytes, timeout=body_timeout,
-                       precheck=lambda path, body: S.precheck_body(path, body, ctx.info.max_model_len))
+                       precheck=lambda path, body: precheck_body(path, body, ctx.info.max_model_len))
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if allowed_origins:

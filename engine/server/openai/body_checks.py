@@ -1,4 +1,5 @@
-"""Checks of a request body's JSON text before anything parses it: nesting depth and unpaired UTF-16 surrogates.
+"""Checks of a request body's JSON text before anything parses it: nesting depth, unpaired UTF-16 surrogates and,
+on the routes that take lists (PRECHECKED_PATHS), the lists' sizes (precheck_body).
 
 Python's json module (FastAPI's parser) recurses once per nesting level and fails with RecursionError near 1,000
 levels, which would be a 500; a ``\\ud800`` escape without its pair parses into a str that cannot be encoded, which
@@ -13,9 +14,20 @@ from __future__ import annotations
 
 import re
 
+import msgspec
 import numpy as np
 
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.server.openai.limits import (
+    MAX_CHOICES,
+    MAX_CONTENT_PARTS,
+    MAX_DETOKENIZE_TOKENS,
+    MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    check_count,
+)
 
 MAX_JSON_DEPTH = 128  # nesting levels of objects and arrays (a tool's JSON schema needs a dozen)
 
@@ -87,3 +99,75 @@ def check_json_body(body: bytes) -> None:
     if bad is not None:
         raise InvalidRequestError(f"The request body holds the escape {bad}: half of a UTF-16 surrogate pair "
                                   "without its other half, which is not a character. Send text as valid Unicode.")
+
+
+# ------------------------------------------------------------------------------------------------
+# the sizes of the body's lists (engine.server.openai.limits), before it is parsed
+
+
+class _Body(msgspec.Struct):
+    """The list-valued fields of a request, left undecoded (msgspec.Raw) to be counted cheaply."""
+
+    messages: msgspec.Raw = msgspec.Raw()
+    prompt: msgspec.Raw = msgspec.Raw()
+    stop: msgspec.Raw = msgspec.Raw()
+    stop_token_ids: msgspec.Raw = msgspec.Raw()
+    logit_bias: msgspec.Raw = msgspec.Raw()
+    tokens: msgspec.Raw = msgspec.Raw()
+
+
+class _Message(msgspec.Struct):
+    content: msgspec.Raw = msgspec.Raw()
+
+
+def _first(raw: msgspec.Raw) -> bytes:
+    return bytes(memoryview(raw)[:1]) if len(raw) else b""
+
+
+def _items(raw: msgspec.Raw) -> list[msgspec.Raw] | None:
+    return msgspec.json.decode(raw, type=list[msgspec.Raw]) if _first(raw) == b"[" else None
+
+
+PRECHECKED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+
+
+def precheck_body(path: str, body: bytes, max_model_len: int) -> None:
+    """Refuse a body whose lists are over their bounds before it is parsed: pydantic takes ~1 s (on the event
+    loop, stalling every stream) to build 200,000 message objects only to have them refused. The errors are
+    the ones the handlers would raise; a body that is not a JSON object of the expected shape is left to them
+    (422)."""
+    try:
+        b = msgspec.json.decode(body, type=_Body)
+        messages = _items(b.messages)
+        if messages is not None:
+            if len(messages) > MAX_MESSAGES:
+                raise InvalidRequestError(f"Too many messages: {len(messages)}, at most {MAX_MESSAGES}.",
+                                          param="messages")
+            for i, raw in enumerate(messages):
+                if _first(raw) == b"{":
+                    parts = _items(msgspec.json.decode(raw, type=_Message).content)
+                    if parts is not None and len(parts) > MAX_CONTENT_PARTS:
+                        raise InvalidRequestError(f"Too many content parts in messages[{i}]: {len(parts)}, at most "
+                                                  f"{MAX_CONTENT_PARTS}.", param=f"messages[{i}].content")
+        prompt = _items(b.prompt) if path == "/v1/completions" else None
+        if prompt:
+            if _first(prompt[0]) not in (b"[", b'"'):  # token ids
+                if len(prompt) >= max_model_len:
+                    raise PromptTooLongError(len(prompt), max_model_len)
+            elif len(prompt) > MAX_CHOICES:
+                raise InvalidRequestError(f"Too many prompts: {len(prompt)}, at most {MAX_CHOICES}.", param="prompt")
+            else:
+                for raw in prompt:
+                    ids = _items(raw)
+                    if ids is not None and len(ids) >= max_model_len:
+                        raise PromptTooLongError(len(ids), max_model_len)
+        for name, most in (("stop", MAX_STOP_STRINGS), ("stop_token_ids", MAX_STOP_TOKEN_IDS),
+                           ("tokens", MAX_DETOKENIZE_TOKENS)):
+            items = _items(getattr(b, name))
+            if items is not None and len(items) > most:
+                raise InvalidRequestError(f"Too many entries in '{name}': {len(items)}, at most {most}.", param=name)
+        if _first(b.logit_bias) == b"{":
+            bias = msgspec.json.decode(b.logit_bias, type=dict[str, msgspec.Raw])
+            check_count("logit_bias", bias, MAX_LOGIT_BIAS)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return

@@ -1,5 +1,7 @@
 """What the chat and completions handlers share: the served-model context, request -> SamplingParams,
-streams of several prompts merged, logprobs in OpenAI's shapes, SSE with client-disconnect detection."""
+streams of several prompts merged, logprobs in OpenAI's shapes, SSE with client-disconnect detection. The
+bounds (MAX_*, ranges) are engine.server.openai.limits', importable from here too; the body's list sizes are
+checked before parsing by engine.server.openai.body_checks.precheck_body."""
 
 from __future__ import annotations
 
@@ -16,29 +18,31 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.errors import InvalidRequestError, KestrelError, PromptTooLongError
+from engine.errors import InvalidRequestError, KestrelError
 from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.server.openai.errors import ModelNotServedError, kestrel_error_parts
+from engine.server.openai.limits import (  # noqa: F401 - the handlers read the bounds as serving.MAX_*
+    INT64_RANGE,
+    MAX_CHOICES,
+    MAX_CONTENT_PARTS,
+    MAX_DETOKENIZE_TOKENS,
+    MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOKENIZE_CONTEXTS,
+    REPETITION_PENALTY_MAX,
+    TEMPERATURE_RANGE,
+    check_count,
+)
 from engine.tokenizer.grammar import parse_spec, structured_outputs_spec
 
 if TYPE_CHECKING:
     from engine.frontend.client import EngineClient, RequestStream
     from engine.metrics import PrometheusMetrics
     from engine.wire import RequestDelta
-
-MAX_N = 128  # samples per prompt
-MAX_CHOICES = 256  # prompts x n per HTTP request
-MAX_MESSAGES = 10_000  # chat messages per request
-MAX_CONTENT_PARTS = 1024  # text parts per message
-MAX_STOP_STRINGS = 64
-MAX_STOP_CHARS = 4096  # per stop string
-MAX_STOP_TOKEN_IDS = 1024
-MAX_LOGIT_BIAS = 1024  # entries
-MAX_TOKENIZE_CONTEXTS = 8  # /tokenize refuses a text of surely more than 8 context lengths
-MAX_DETOKENIZE_TOKENS = 1 << 20
-TEMPERATURE_RANGE = (0.0, 2.0)  # OpenAI's
-REPETITION_PENALTY_MAX = 2.0
-_INT64 = (-(2**63), 2**63 - 1)
 
 _json = msgspec.json.Encoder()
 
@@ -85,7 +89,7 @@ def encode_json(obj: Any) -> bytes:
 # request -> SamplingParams
 
 
-def _check_int(name: str, value: int | None, lo: int = _INT64[0], hi: int = _INT64[1]) -> None:
+def _check_int(name: str, value: int | None, lo: int = INT64_RANGE[0], hi: int = INT64_RANGE[1]) -> None:
     if value is not None and not lo <= value <= hi:
         raise InvalidRequestError(f"Invalid value for '{name}': must be in [{lo}, {hi}].", param=name)
 
@@ -96,11 +100,6 @@ def _check_float(name: str, value: float | None, lo: float, hi: float, lo_open: 
     if not (lo < value <= hi if lo_open else lo <= value <= hi):
         lo_s = f"({lo:g}" if lo_open else f"[{lo:g}"
         raise InvalidRequestError(f"Invalid value for '{name}': {value:g} is not in {lo_s}, {hi:g}].", param=name)
-
-
-def _check_count(name: str, items, most: int) -> None:
-    if items is not None and len(items) > most:
-        raise InvalidRequestError(f"Too many entries in '{name}': {len(items)}, at most {most}.", param=name)
 
 
 def _bad_format(what: str, param: str = "response_format") -> InvalidRequestError:
@@ -180,22 +179,22 @@ def sampling_params(ctx: ServerContext, req, *, max_tokens: int | None, max_toke
     _check_float("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
     _check_float("repetition_penalty", req.repetition_penalty, 0.0, REPETITION_PENALTY_MAX, lo_open=True)
     stop_in = [req.stop] if isinstance(req.stop, str) else req.stop
-    _check_count("stop", stop_in, MAX_STOP_STRINGS)
+    check_count("stop", stop_in, MAX_STOP_STRINGS)
     if stop_in and any(len(x) > MAX_STOP_CHARS for x in stop_in):
         raise InvalidRequestError(f"Invalid value for 'stop': a stop string is longer than {MAX_STOP_CHARS} "
                                   "characters.", param="stop")
-    _check_count("stop_token_ids", req.stop_token_ids, MAX_STOP_TOKEN_IDS)
-    _check_count("logit_bias", req.logit_bias, MAX_LOGIT_BIAS)
-    _check_int(max_tokens_name, max_tokens, 1, _INT64[1])
+    check_count("stop_token_ids", req.stop_token_ids, MAX_STOP_TOKEN_IDS)
+    check_count("logit_bias", req.logit_bias, MAX_LOGIT_BIAS)
+    _check_int(max_tokens_name, max_tokens, 1, INT64_RANGE[1])
     if max_tokens is not None and max_tokens > ctx.info.max_model_len:
         raise InvalidRequestError(
             f"Invalid value for '{max_tokens_name}': {max_tokens} is more than the model's context length "
             f"({ctx.info.max_model_len} tokens).", param=max_tokens_name)
     min_tokens = req.min_tokens or 0
     _check_int("min_tokens", min_tokens, 0, ctx.info.max_model_len)
-    _check_int("seed", req.seed, _INT64[0], _INT64[1] - n)
+    _check_int("seed", req.seed, INT64_RANGE[0], INT64_RANGE[1] - n)
     top_k = pick(req.top_k, "top_k", 0)
-    _check_int("top_k", top_k, -1, _INT64[1])
+    _check_int("top_k", top_k, -1, INT64_RANGE[1])
     if top_k >= vocab > 0:
         top_k = 0  # keeps every token: the same as no top-k
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -226,78 +225,6 @@ def sampling_params(ctx: ServerContext, req, *, max_tokens: int | None, max_toke
         seed=req.seed, stop=stop, stop_token_ids=stop_ids, ignore_eos=bool(req.ignore_eos), logprobs=logprobs,
         logit_bias=bias, include_stop_str_in_output=bool(req.include_stop_str_in_output),
         skip_special_tokens=req.skip_special_tokens is not False, structured=structured_output(req))
-
-
-# ------------------------------------------------------------------------------------------------
-# the body's sizes, before it is parsed
-
-
-class _Body(msgspec.Struct):
-    """The list-valued fields of a request, left undecoded (msgspec.Raw) to be counted cheaply."""
-
-    messages: msgspec.Raw = msgspec.Raw()
-    prompt: msgspec.Raw = msgspec.Raw()
-    stop: msgspec.Raw = msgspec.Raw()
-    stop_token_ids: msgspec.Raw = msgspec.Raw()
-    logit_bias: msgspec.Raw = msgspec.Raw()
-    tokens: msgspec.Raw = msgspec.Raw()
-
-
-class _Message(msgspec.Struct):
-    content: msgspec.Raw = msgspec.Raw()
-
-
-def _first(raw: msgspec.Raw) -> bytes:
-    return bytes(memoryview(raw)[:1]) if len(raw) else b""
-
-
-def _items(raw: msgspec.Raw) -> list[msgspec.Raw] | None:
-    return msgspec.json.decode(raw, type=list[msgspec.Raw]) if _first(raw) == b"[" else None
-
-
-PRECHECKED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
-
-
-def precheck_body(path: str, body: bytes, max_model_len: int) -> None:
-    """Refuse a body whose lists are over their bounds before it is parsed: pydantic takes ~1 s (on the event
-    loop, stalling every stream) to build 200,000 message objects only to have them refused. The errors are
-    the ones the handlers would raise; a body that is not a JSON object of the expected shape is left to them
-    (422)."""
-    try:
-        b = msgspec.json.decode(body, type=_Body)
-        messages = _items(b.messages)
-        if messages is not None:
-            if len(messages) > MAX_MESSAGES:
-                raise InvalidRequestError(f"Too many messages: {len(messages)}, at most {MAX_MESSAGES}.",
-                                          param="messages")
-            for i, raw in enumerate(messages):
-                if _first(raw) == b"{":
-                    parts = _items(msgspec.json.decode(raw, type=_Message).content)
-                    if parts is not None and len(parts) > MAX_CONTENT_PARTS:
-                        raise InvalidRequestError(f"Too many content parts in messages[{i}]: {len(parts)}, at most "
-                                                  f"{MAX_CONTENT_PARTS}.", param=f"messages[{i}].content")
-        prompt = _items(b.prompt) if path == "/v1/completions" else None
-        if prompt:
-            if _first(prompt[0]) not in (b"[", b'"'):  # token ids
-                if len(prompt) >= max_model_len:
-                    raise PromptTooLongError(len(prompt), max_model_len)
-            elif len(prompt) > MAX_CHOICES:
-                raise InvalidRequestError(f"Too many prompts: {len(prompt)}, at most {MAX_CHOICES}.", param="prompt")
-            else:
-                for raw in prompt:
-                    ids = _items(raw)
-                    if ids is not None and len(ids) >= max_model_len:
-                        raise PromptTooLongError(len(ids), max_model_len)
-        for name, most in (("stop", MAX_STOP_STRINGS), ("stop_token_ids", MAX_STOP_TOKEN_IDS),
-                           ("tokens", MAX_DETOKENIZE_TOKENS)):
-            items = _items(getattr(b, name))
-            if items is not None and len(items) > most:
-                raise InvalidRequestError(f"Too many entries in '{name}': {len(items)}, at most {most}.", param=name)
-        if _first(b.logit_bias) == b"{":
-            bias = msgspec.json.decode(b.logit_bias, type=dict[str, msgspec.Raw])
-            _check_count("logit_bias", bias, MAX_LOGIT_BIAS)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return
 
 
 def check_text(value: str, param: str) -> None:
