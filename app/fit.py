@@ -51,6 +51,10 @@ class ModelShape:
     num_experts: int | None = None
     experts_used: int | None = None
     shared_intermediate_size: int | None = None
+    dense_intermediate_size: int | None = None  # an MoE's dense MLP layers' width (DeepSeek's first layers)
+    # multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one row of kv_lora_rank + qk_rope_head_dim
+    # values per token and layer (engine/layers/mla.py), the same on every TP rank; None: full K and V
+    kv_latent_size: int | None = None
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelShape | None:
@@ -61,11 +65,17 @@ class ModelShape:
             ffn = cfg.get("intermediate_size")
             tied = cfg.get("tie_word_embeddings")
             experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
-            shared = None
+            shared = dense = None
             if experts:  # Mixtral: intermediate_size is an expert's width; the others name it moe_intermediate_size
                 ffn = cfg.get("moe_intermediate_size") or ffn
                 shared = cfg.get("shared_expert_intermediate_size") or (
                     (cfg.get("n_shared_experts") or 0) * (cfg.get("moe_intermediate_size") or 0)) or None
+                if cfg.get("moe_intermediate_size") and (cfg.get("first_k_dense_replace") or cfg.get("mlp_only_layers")
+                                                         or (cfg.get("decoder_sparse_step") or 1) > 1
+                                                         or (cfg.get("moe_layer_freq") or 1) > 1):
+                    dense = cfg.get("intermediate_size")
+            latent = (int(cfg.get("kv_lora_rank") or 0) + int(cfg.get("qk_rope_head_dim") or 0)
+                      if cfg.get("kv_lora_rank") else None)
             return cls(
                 num_layers=int(cfg["num_hidden_layers"]),
                 num_attention_heads=heads,
@@ -79,6 +89,8 @@ class ModelShape:
                 num_experts=int(experts) if experts else None,
                 experts_used=int(cfg.get("num_experts_per_tok") or 0) or None if experts else None,
                 shared_intermediate_size=int(shared) if shared else None,
+                dense_intermediate_size=int(dense) if isinstance(dense, int) and dense > 0 else None,
+                kv_latent_size=latent,
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             return None
@@ -101,13 +113,15 @@ class ModelShape:
             if experts:  # llama.cpp's MoE keys (a Mixtral file's feed_forward_length is already an expert's)
                 ffn = get("expert_feed_forward_length") or ffn
             shared = get("expert_shared_feed_forward_length") if experts else None
+            kv_lora = get("attention.kv_lora_rank")  # llama.cpp's deepseek2: MLA, with the rope part's width
+            latent = int(kv_lora) + int(get("rope.dimension_count") or 0) if kv_lora else None
             return cls(num_layers=int(get("block_count")), num_attention_heads=heads, num_kv_heads=kv,
                        head_dim=int(head_dim), hidden_size=hidden, vocab_size=int(vocab_size or 0),
                        max_context=get("context_length"),
                        intermediate_size=int(ffn) if isinstance(ffn, int) and ffn > 0 else None,
                        num_experts=int(experts) if experts else None,
                        experts_used=int(get("expert_used_count") or 0) or None if experts else None,
-                       shared_intermediate_size=int(shared) if shared else None)
+                       shared_intermediate_size=int(shared) if shared else None, kv_latent_size=latent)
         except (TypeError, ValueError, ZeroDivisionError):
             return None
 
@@ -135,7 +149,10 @@ class ModelShape:
 
     def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
         """K and V of every layer for one token, on one rank (KV heads are split across ranks, and
-        replicated when there are fewer of them than ranks)."""
+        replicated when there are fewer of them than ranks); under multi-head latent attention the one latent row
+        per layer (engine.config.ModelConfig.kv_cache_layout), which every rank holds whole."""
+        if self.kv_latent_size:
+            return self.num_layers * self.kv_latent_size * dtype_bytes
         heads_per_rank = max(1, -(-self.num_kv_heads // tp))
         return 2 * self.num_layers * heads_per_rank * self.head_dim * dtype_bytes
 
@@ -373,7 +390,7 @@ def tp_fits(tp: int, shape: ModelShape | None) -> bool:
     KV heads as QKVParallelLinear splits them, and the MLP's width); an unknown shape does not rule it out."""
     if shape is None:
         return tp >= 1
-    if shape.intermediate_size and shape.intermediate_size % tp:
+    if any(width % tp for _, width in mlp_widths(shape)):
         return False
     return tp_size_fits(tp, shape.num_attention_heads, shape.num_kv_heads)
 
@@ -390,7 +407,20 @@ def tp_misfit(tp: int, shape: ModelShape | None) -> str:
         return f"its {kv} KV heads do not divide into {tp} equal groups"
     if kv < tp and tp % kv:
         return f"its {kv} KV heads can be neither split nor evenly copied over {tp} ranks"
-    return f"its MLP width ({shape.intermediate_size:,}) does not divide by {tp}"
+    for name, width in mlp_widths(shape):
+        if width % tp:
+            return f"its {name} ({width:,}) does not divide by {tp}"
+    return "it does not split over that many ranks"
+
+
+def mlp_widths(shape: ModelShape) -> list[tuple[str, int]]:
+    """The MLP widths TP splits, named as the Load panel says them: a dense model's MLP, or an MoE's expert width,
+    shared expert width and dense layers' width (engine.executor.tp_executor.check_tp_size checks the same)."""
+    if not shape.num_experts:
+        return [("MLP width", shape.intermediate_size)] if shape.intermediate_size else []
+    named = [("expert width", shape.intermediate_size), ("shared expert width", shape.shared_intermediate_size),
+             ("dense MLP width", shape.dense_intermediate_size)]
+    return [(name, width) for name, width in named if width]
 
 
 def tp_sizes(max_size: int, shape: ModelShape | None = None) -> list[int]:

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 def check_tp_size(mc, size: int) -> None:
     """Plain errors for a TP size the model cannot be split by."""
-    heads, kv, inter = mc.num_attention_heads, mc.num_key_value_heads, mc.intermediate_size
+    heads, kv = mc.num_attention_heads, mc.num_key_value_heads
 
     def divisors(n: int) -> str:
         return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0 and d <= 16)
@@ -65,8 +65,23 @@ def check_tp_size(mc, size: int) -> None:
     if not (kv % size == 0 or size % kv == 0):
         raise ModelLoadError(f"tensor_parallel_size={size} does not fit the model's {kv} KV heads (it must "
                              f"divide them or be a multiple of them)")
-    if inter % size:
-        raise ModelLoadError(f"tensor_parallel_size={size} does not divide the model's intermediate size {inter}")
+    for name, width in tp_split_widths(mc):
+        if width % size:
+            raise ModelLoadError(f"tensor_parallel_size={size} does not divide the model's {name} {width}")
+
+
+def tp_split_widths(mc) -> list[tuple[str, int]]:
+    """The MLP widths the ranks split (engine/layers/linear.py, FusedMoE): a dense model's intermediate size; an
+    MoE's expert width (moe_intermediate_size; DeepSeek's shared experts are a multiple of it), Qwen2-MoE's shared
+    expert width and the dense layers' intermediate size where it has any (DeepSeek's first_k_dense_replace)."""
+    if not mc.num_experts:
+        return [("intermediate size", mc.intermediate_size)]
+    widths = [("expert width (moe_intermediate_size)", mc.moe_intermediate_size)]
+    if mc.shared_expert_intermediate_size:
+        widths.append(("shared expert width (shared_expert_intermediate_size)", mc.shared_expert_intermediate_size))
+    if not all(mc.is_moe_layer(i) for i in range(mc.num_hidden_layers)):
+        widths.append(("dense layers' intermediate size", mc.intermediate_size))
+    return widths
 
 
 def write_msg(f, obj) -> None:

@@ -61,6 +61,18 @@ def resolve_kv_cache_dtype(mode: str, device: torch.device, dtype: torch.dtype) 
     return torch.float8_e4m3fn
 
 
+def check_kv_cache_dtype_for_model(mode: str, model_config) -> None:
+    """--kv-cache-dtype fp8 against the model, at load: multi-head latent attention (DeepSeek-V2/V3, kv_lora_rank
+    set) keeps its latent cache in the model's dtype (engine/layers/mla.py), so fp8 is refused before the weights
+    load rather than at the first forward step."""
+    from engine.errors import KestrelError
+
+    if mode == "fp8" and getattr(model_config, "kv_lora_rank", 0):
+        raise KestrelError(f"--kv-cache-dtype fp8 is not supported for {model_config.architecture}: its multi-head "
+                           "latent attention keeps the KV cache (one compressed latent row per token, already ~9x "
+                           "smaller than full keys and values) in the model's dtype; load with --kv-cache-dtype auto")
+
+
 def check_gguf_blocks(device: torch.device, weights) -> None:
     """--quantization gguf keeps a GGUF file's blocks for the native CPU kernels (engine/ops/gguf_quant.py)."""
     from engine.errors import KestrelError

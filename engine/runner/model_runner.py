@@ -31,8 +31,8 @@ from engine.runner.inputs import PoolSpan, StepInputs, prepare_step, sampling_me
 from engine.runner.prompt_logprobs import PromptScores, score_rows
 from engine.runner.prompt_logprobs import to_host as prompt_scores_to_host
 from engine.runner.kv_sizing import fixed_kv_blocks, gpu_kv_blocks, kv_bytes
-from engine.runner.load_checks import (check_deterministic, check_gguf_blocks, check_quantization,
-                                       resolve_kv_cache_dtype, resolve_quantization)
+from engine.runner.load_checks import (check_deterministic, check_gguf_blocks, check_kv_cache_dtype_for_model,
+                                       check_quantization, resolve_kv_cache_dtype, resolve_quantization)
 from engine.runner.speculative import verify_step
 from engine.runner.step import ScheduledStep, SequenceState
 
@@ -53,7 +53,8 @@ class ModelRunner:
         # else resolved here once from the device's facts and the config; applied to this process's native kernels
         self.kernel_config = ops.configure(kernel_config or resolve_kernels(ops.device_facts(self.device), config))
         self.dtype = resolve_dtype(config.dtype, self.device, checkpoint_dtype)
-        # the KV cache's element type: the model's, or fp8 e4m3 (--kv-cache-dtype fp8, a GPU's)
+        # the KV cache's element type: the model's, or fp8 e4m3 (--kv-cache-dtype fp8, a GPU's; not under MLA)
+        check_kv_cache_dtype_for_model(getattr(config, "kv_cache_dtype", "auto"), model_config)
         self.kv_cache_dtype = resolve_kv_cache_dtype(getattr(config, "kv_cache_dtype", "auto"), self.device,
                                                      self.dtype)
         self.tp = tp
