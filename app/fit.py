@@ -28,6 +28,8 @@ FP8_BYTES_PER_PARAM = 1.0  # --quantization fp8 (GPU): e4m3 weights, a float32 s
 FP8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards
 FP8_REASON = "needs FP8 tensor cores (compute capability 8.9+: RTX 40-series, RTX 6000 Ada, L40, H100)"
 GPU_ONLY_QUANTIZATIONS = ("int4", "fp8")
+# --kv-cache-dtype fp8 with multi-head latent attention (engine/runner/load_checks.py refuses it at load)
+MLA_FP8_KV_REASON = "not for multi-head latent attention: its latent KV cache stays in the model dtype"
 # checkpoints whose weights are already quantized (model_inspect: config.json's quantization_config.quant_method):
 # on a GPU they stay quantized (about the files' size); on the CPU they are dequantized to the dtype at load
 PREQUANTIZED_METHODS = ("GPTQ", "AWQ", "FP8")

@@ -128,7 +128,10 @@ class OptionsMixin:
         owner = f._owner("kv_cache_dtype")
         if "kv_cache_dtype" not in owner.editors:
             return
-        if not on_gpu:
+        e = self.entry(self.current_key())
+        if e is not None and e.facts.shape is not None and e.facts.shape.kv_latent_size:  # the engine refuses it too
+            f.set_choice_enabled("kv_cache_dtype", "fp8", False, fit.MLA_FP8_KV_REASON)
+        elif not on_gpu:
             f.set_choice_enabled("kv_cache_dtype", "fp8", False, "needs a GPU: the CPU keeps the model dtype")
         else:
             f.set_choice_enabled("kv_cache_dtype", "fp8", self._fp8_ok() is not False, fit.FP8_REASON)

@@ -40,3 +40,37 @@ def test_tp_sizes_leave_out_sizes_a_split_width_refuses():
     assert fit.tp_sizes(8, deepseek) == [1, 2, 4]
     assert fit.tp_misfit(8, deepseek) == "its dense MLP width (100) does not divide by 8"
     assert fit.tp_sizes(8, fit.ModelShape.from_hf_config(DEEPSEEK_V2_LITE)) == [1, 2, 4, 8]  # 16 heads
+
+
+def test_load_panel_turns_off_fp8_kv_for_latent_attention(make_window, qtbot, monkeypatch, tmp_path):
+    """On an Ada GPU the Load panel offers --kv-cache-dtype fp8 for a Llama, not for a DeepSeek-V2-Lite folder (the
+    engine refuses it at load), with the reason; and a TP size its widths refuse is not offered."""
+    import json
+
+    from tests.app.test_load_panel import FakeGPUs, select_model, write_llama8b
+
+    gpus = FakeGPUs(monkeypatch)
+    gpus.spec = [(48, (8, 9))] * 8
+    w = make_window(autoload=False)
+    load, adv = w.panels["load"], w.panels["load"].form.advanced
+    gpus.set(qtbot, w, *gpus.spec)
+    select_model(qtbot, w, write_llama8b(tmp_path / "llama-8b"))
+    load.form.set_value("device", "cuda")
+    assert adv.is_choice_enabled("kv_cache_dtype", "fp8")
+    load.form.set_value("kv_cache_dtype", "fp8")
+    root = tmp_path / "deepseek-v2-lite"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({**DEEPSEEK_V2_LITE, "intermediate_size": 100,
+                                                  "moe_intermediate_size": 64, "torch_dtype": "bfloat16"}))
+    blob = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [102400, 2048],
+                                                     "data_offsets": [0, 0]}}).encode()
+    (root / "model.safetensors").write_bytes(len(blob).to_bytes(8, "little") + blob)
+    select_model(qtbot, w, root)
+    load.form.set_value("device", "cuda")
+    assert not adv.is_choice_enabled("kv_cache_dtype", "fp8")
+    editor = adv.editors["kv_cache_dtype"]
+    assert fit.MLA_FP8_KV_REASON in editor.itemText(editor.findData("fp8"))
+    assert load.form.values()["kv_cache_dtype"] == "auto"
+    load.form.set_value("tensor_parallel_size", 8)  # the first layer's dense MLP (100) does not split 8 ways
+    assert load.form.values()["tensor_parallel_size"] != 8
+    assert "its dense MLP width (100) does not divide by 8" in load.form.main.field_note("tensor_parallel_size")
