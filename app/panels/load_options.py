@@ -167,8 +167,10 @@ class OptionsMixin:
                 reason = f"needs two or more GPUs (found {limit})"
             else:
                 where = ("2" if limit == 2 else f"2 to {limit}") + (" GPUs" if on_gpu else " processes")
-                reason = (f"this model ({shape.num_attention_heads} attention heads, {shape.num_kv_heads} KV heads) "
-                          f"does not split over {where}" if shape is not None else "")
+                widths = "".join(f", {name} {width:,}" for name, width in fit.mlp_widths(shape)
+                                 if shape.num_experts) if shape is not None else ""
+                reason = (f"this model ({shape.num_attention_heads} attention heads, {shape.num_kv_heads} KV heads"
+                          f"{widths}) does not split over {where}" if shape is not None else "")
             f.set_value("tensor_parallel_size", 1)
             f.set_field_enabled("tensor_parallel_size", False, reason)
             self._last_tp = 1

@@ -74,3 +74,13 @@ def test_load_panel_turns_off_fp8_kv_for_latent_attention(make_window, qtbot, mo
     load.form.set_value("tensor_parallel_size", 8)  # the first layer's dense MLP (100) does not split 8 ways
     assert load.form.values()["tensor_parallel_size"] != 8
     assert "its dense MLP width (100) does not divide by 8" in load.form.main.field_note("tensor_parallel_size")
+    # an MoE whose expert width (35) no TP size divides: the field is off, and the reason names the width
+    odd = tmp_path / "qwen3-moe-odd"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps({**QWEN3_MOE, "moe_intermediate_size": 35, "torch_dtype": "bfloat16"}))
+    (odd / "model.safetensors").write_bytes(len(blob).to_bytes(8, "little") + blob)
+    select_model(qtbot, w, odd)
+    load.form.set_value("device", "cuda")
+    assert not load.form.main.is_field_enabled("tensor_parallel_size")
+    assert load.form.main.disabled_reason("tensor_parallel_size") == (
+        "this model (8 attention heads, 4 KV heads, expert width 35) does not split over 2 to 8 GPUs")
