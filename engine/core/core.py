@@ -325,10 +325,13 @@ class EngineCore:
         (Scheduler.settle_speculative) and the proposer's counts and back-off."""
         emitted = {id(r): len(t) if isinstance(t, list) else 1 for r, t in zip(reqs, tokens)}
         for s in sched.scheduled:
-            if s.spec and not s.request.is_finished:  # (a finished one gave its blocks back)
-                n = emitted.get(id(s.request), 0)
+            n = emitted.get(id(s.request), 0) if s.spec else 0
+            if not n:
+                continue
+            live = not s.request.is_finished  # one that this step finished gave its blocks back, and still counts
+            if live:
                 self.scheduler.settle_speculative(s, n)
-                self.spec.settle(s.request.request_id, len(s.spec), n)
+            self.spec.settle(s.request.request_id, len(s.spec), n, track=live)
 
     def _finish(self, tr: Tracked, reason: str, stop, toks: list[int], lps=None) -> RequestDelta:
         req = tr.request

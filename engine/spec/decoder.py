@@ -72,14 +72,17 @@ class SpeculativeDecoder:
                 d = grammar_prefix(r.grammar, d)
             r.spec_token_ids = list(d)
 
-    def settle(self, request_id: str, proposed: int, emitted: int) -> None:
-        """A verify pass of ``proposed`` tokens emitted ``emitted`` (its accepted proposals and one more)."""
+    def settle(self, request_id: str, proposed: int, emitted: int, track: bool = True) -> None:
+        """A verify pass of ``proposed`` tokens emitted ``emitted`` (its accepted proposals and one more); ``track``
+        False: the request has finished (counted, no back-off state kept)."""
         c = self.counts
         accepted = min(proposed, max(0, emitted - 1))
         c.proposed += proposed
         c.accepted += accepted
         c.verify_steps += 1
         c.emitted += emitted
+        if not track:
+            return
         b = self.backoff.setdefault(request_id, _Backoff())
         if accepted:
             b.misses = 0
