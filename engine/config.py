@@ -189,6 +189,7 @@ def _mla_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         rope_interleave=arch == "DeepseekV2ForCausalLM" or cfg.get("rope_interleave", True) is not False,
     )
 
+
 def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """ModelConfig's mixture-of-experts fields from a Hugging Face config (empty for a dense model)."""
     experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
@@ -213,8 +214,6 @@ def _moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
         first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
         moe_layer_freq=int(cfg.get("moe_layer_freq") or 1),
     )
-
-
 
 
 def _opt(help: str, **kw) -> Any:

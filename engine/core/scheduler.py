@@ -233,6 +233,11 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
 
 
+def _decoding(req: Request) -> bool:
+    """One token left to compute: a decode, whose proposals may be verified with it."""
+    return req.num_computed_tokens + 1 == req.num_tokens
+
+
 def _may_share(req: Request, exact_hits: bool = False) -> bool:
     """Whether a prefix-cache hit may skip the computation of the request's first tokens: not for an embedding
     pooled over every token (mean) or on the first (CLS), whose runner needs their hidden states; not for a request
