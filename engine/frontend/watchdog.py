@@ -2,10 +2,11 @@
 engine.core.heartbeat about once a second, also during a step) arrive through the client's reader; a task on
 the client's loop checks them every ``check_s`` seconds and calls ``on_hang(reason)`` once when
 
-- no heartbeat came for ``silence_s`` seconds and the process used no CPU meanwhile (``cpu``, the process's CPU
-  seconds as the system counts them): it stopped (SIGSTOP, a frozen machine). A silent process that computes (a
-  native call holding the GIL, a machine so loaded that the heartbeat thread gets no turn) is given up to
-  ``stall_s`` seconds; or
+- no heartbeat came for ``silence_s`` seconds and the process uses no CPU now (``cpu``, the process's CPU seconds
+  as the system counts them, compared with the previous check's: what it used just after its last beat, before
+  it stopped, does not count): it stopped (SIGSTOP, a frozen machine). A silent process that computes (a native
+  call holding the GIL, a machine so loaded that the heartbeat thread gets no turn) is given up to ``stall_s``
+  seconds; or
 - the loop has been inside one pass (a step, a call) for ``stall_s`` seconds during which the process used
   almost no CPU: stuck (a deadlock). A long step that computes (a 30 s prefill on the CPU) uses CPU all along
   and is not a hang.
@@ -73,7 +74,7 @@ class Watchdog:
         self.clock = clock
         self.cpu = cpu
         self.last_beat = clock()  # received (this process's clock); the start counts as one
-        self._cpu_at_beat = cpu()
+        self._cpu_sample = (self.last_beat, cpu())  # (when, CPU seconds) at the last beat or check
         self.beats = 0
         self._ref: tuple[int, float, float] | None = None  # (pass, engine time, cpu) progress was last seen at
         self._stalled_for = 0.0
@@ -81,7 +82,7 @@ class Watchdog:
 
     def beat(self, hb: wire.Heartbeat) -> None:
         self.last_beat = self.clock()
-        self._cpu_at_beat = self.cpu()
+        self._cpu_sample = (self.last_beat, self.cpu())
         self.beats += 1
         ref = self._ref
         if (ref is None or hb.busy_for == 0.0 or hb.passes != ref[0]
@@ -94,9 +95,12 @@ class Watchdog:
     def verdict(self, now: float) -> str | None:
         """Why the engine is taken for hung at ``now`` (None: it is not)."""
         silent = now - self.last_beat
+        (then, before), cpu = self._cpu_sample, self.cpu()
+        self._cpu_sample = (now, cpu)
         if silent >= self.policy.silence_s:
-            before, cpu = self._cpu_at_beat, self.cpu()
-            working = before is not None and cpu is not None and cpu - before >= STALL_CPU_SHARE * silent
+            # computing: CPU used since the previous check (or the last beat), at the stall share of that time
+            working = (before is not None and cpu is not None
+                       and cpu - before >= max(STALL_CPU_SHARE * (now - then), 0.01))
             if not working or silent >= self.policy.stall_s:
                 return f"no heartbeat for {silent:.1f} s"
         if self._stalled_for >= self.policy.stall_s:
@@ -105,7 +109,7 @@ class Watchdog:
 
     def start(self) -> None:
         self.last_beat = self.clock()
-        self._cpu_at_beat = self.cpu()
+        self._cpu_sample = (self.last_beat, self.cpu())
         self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-watchdog")
 
     def stop(self) -> None:

@@ -108,8 +108,12 @@ def test_picker_follows_loads_from_the_load_panel_and_unload(window_with_two_mod
     qtbot.waitUntil(lambda: w.ctx.engine.state == "loading", timeout=30_000)
     assert not picker.isEnabled()  # no second load while one runs
     qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=LOAD_TIMEOUT_MS)
+    qtbot.waitUntil(picker.isEnabled, timeout=30_000)  # (the queued stateChanged, as below)
     assert picker.isEnabled() and picker.currentData() == str(tiny)
     load.unload()
     qtbot.waitUntil(lambda: w.ctx.engine.state == "empty", timeout=30_000)
+    # the worker's state is set on its thread; the picker follows the queued stateChanged on the GUI thread (CI,
+    # two xdist workers: asserted at once, the signal was still queued)
+    qtbot.waitUntil(lambda: picker.currentIndex() == -1, timeout=30_000)
     assert picker.currentIndex() == -1 and picker.placeholderText().startswith("No model loaded")
     assert "choose one above" in w.chat.notice.text()

@@ -40,6 +40,22 @@ def test_silence_of_a_stopped_process_is_a_hang_after_silence_s():
     assert "no heartbeat for 5.1 s" in w.verdict(clock.t)
 
 
+def test_a_process_stopped_after_computing_past_its_last_beat_is_a_hang_after_silence_s():
+    # CI (2 xdist workers): the engine computed ~0.4 CPU s after its last beat, then SIGSTOP; judged against the
+    # CPU since that beat, the stop was taken for work until 0.02 x silence passed 0.4 s (detected after 18 s)
+    clock = Clock()
+    w = watchdog(clock)
+    beat(w, clock, 1, 0.5)
+    clock.t += 1.0
+    clock.cpu += 0.4  # the step went on after the beat, then the process stopped
+    assert w.verdict(clock.t) is None
+    for _ in range(3):
+        clock.t += 1.0
+        assert w.verdict(clock.t) is None
+    clock.t += 1.5
+    assert "no heartbeat for 5.5 s" in w.verdict(clock.t)
+
+
 def test_silence_while_the_process_computes_waits_until_stall_s():
     clock = Clock()
     w = watchdog(clock)
