@@ -6,8 +6,10 @@ bash "$here/installer/setup.sh" --test
 cd "$here"
 export QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1
 set +e
-# two workers (pytest-xdist; groups and order: tests/support/xdist_plan.py); `-n 0` after it runs one process
-"${KESTREL_VENV:-$here/.venv}/bin/python" -m pytest -ra --durations=25 -n 2 --dist loadgroup "$@"  # the slowest 25 close the output (docs/TESTING.md)
+# one process: two pytest-xdist workers (`-n 2 --dist loadgroup` as extra arguments; groups and order:
+# tests/support/xdist_plan.py) ran the suite in 18:00 instead of ~20 min, but timing-sensitive server and app tests
+# failed under their contention (two of 1,865 in each of two runs, docs/TESTING.md), so CI stays serial
+"${KESTREL_VENV:-$here/.venv}/bin/python" -m pytest -ra --durations=25 "$@"  # the slowest 25 close the output (docs/TESTING.md)
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

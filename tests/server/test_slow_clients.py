@@ -68,7 +68,8 @@ def test_half_open_requests_are_closed_and_health_answers(guarded):
         with httpx.Client(base_url=guarded.url, timeout=5) as c:
             t = time.monotonic()
             assert c.get("/health").status_code == 200
-            assert time.monotonic() - t < 1.0
+            # before the 2 s head deadline frees anything (1.04 s seen on a CI run with two busy xdist workers)
+            assert time.monotonic() - t < 2.0
         time.sleep(max(0.0, t0 + 2.0 + 1.5 - time.monotonic()))  # the 2 s head deadline, and some
         still_open = [s for s in socks if not closed_by_peer(s)]
         assert not still_open, f"{len(still_open)} of {len(socks)} half-open connections are still open"
