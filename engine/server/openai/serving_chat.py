@@ -208,15 +208,7 @@ async def create_chat_completion(ctx: S.ServerContext, req: ChatCompletionReques
     params = S.sampling_params(ctx, req, max_tokens=max_tokens, max_tokens_name=name,
                                logprobs=top_n if req.logprobs else None)
     prompt, plan = await chat_prompt(ctx, messages, extra)
-    if plan is not None:
-        if plan.structured is not None:
-            params.structured = plan.structured
-        elif plan.choice == "auto":
-            grammar = T.auto_grammar(plan, params.structured)
-            plan.enforced = grammar is not None and grammar.kind == "structural_tag"
-            params.structured = grammar
-        if not plan.parses:
-            plan = None
+    plan = T.apply_plan(plan, params)
     if req.logprobs:
         await ctx.token_tables()
     streams = await S.start_streams(ctx.client, [prompt], params, raw)

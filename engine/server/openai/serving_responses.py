@@ -232,15 +232,7 @@ async def create_response(ctx: S.ServerContext, req: ResponsesRequest, raw: Requ
         prompt, plan = await chat_prompt(ctx, messages, extra)
     except InvalidRequestError as e:
         raise _renamed(e) from None
-    if plan is not None:  # as create_chat_completion: the tool grammar, or auto's over the answer's
-        if plan.structured is not None:
-            params.structured = plan.structured
-        elif plan.choice == "auto":
-            grammar = T.auto_grammar(plan, params.structured)
-            plan.enforced = grammar is not None and grammar.kind == "structural_tag"
-            params.structured = grammar
-        if not plan.parses:
-            plan = None
+    plan = T.apply_plan(plan, params)
     try:
         streams = await S.start_streams(ctx.client, [prompt], params)
     except InvalidRequestError as e:

@@ -427,3 +427,17 @@ def auto_grammar(plan: ToolPlan, answer: StructuredOutput | None) -> StructuredO
     else:
         return answer
     return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}), param=param)
+
+
+def apply_plan(plan: ToolPlan | None, params) -> ToolPlan | None:
+    """The tool plan's grammar on the request's SamplingParams (chat and /v1/responses): the calls' grammar, or under
+    "auto" the structural tag over the answer's own. Returns the plan when the output is parsed for calls."""
+    if plan is None:
+        return None
+    if plan.structured is not None:
+        params.structured = plan.structured
+    elif plan.choice == "auto":
+        grammar = auto_grammar(plan, params.structured)
+        plan.enforced = grammar is not None and grammar.kind == "structural_tag"
+        params.structured = grammar
+    return plan if plan.parses else None
