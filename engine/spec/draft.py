@@ -38,6 +38,14 @@ def check_same_tokenizer(target_tok, draft_tok, target_vocab: int, draft_vocab: 
                                  f"is {y!r} there, {x!r} here; speculative decoding needs the same tokenizer.")
 
 
+def _draft_quantization(target_config) -> str:
+    """The draft's weights as cheap as its own file allows ("auto": a GGUF draft keeps its blocks even under a float
+    target, a quantized checkpoint its scheme); a target quantized at load (int8 / int4 / fp8) has its draft
+    quantized the same way. Proposals only need to be likely, not bit-exact: the target decides every token."""
+    q = target_config.quantization
+    return q if q in ("int8", "int4", "fp8") else "auto"
+
+
 @dataclass
 class _DraftSeq:
     """One request as the draft sees it (the runner's SequenceState): the tokens whose KV the draft computed,
@@ -112,8 +120,7 @@ class DraftProposer:
         tr = target.runner
         config = dataclasses.replace(target.config, model=cfg.model, speculative_config=None,
                                      num_kv_blocks=tr.num_blocks, block_size=tr.block_size,
-                                     tensor_parallel_size=1, quantization="none" if
-                                     target.config.quantization in ("none", "gguf") else target.config.quantization)
+                                     tensor_parallel_size=1, quantization=_draft_quantization(target.config))
         runner = ModelRunner(config, ck.config, ck.weights, target.max_model_len, ck.config.torch_dtype)
         log.info("draft model %s: %d KV blocks", cfg.model, runner.num_blocks)
         return cls(runner, cfg.model)
