@@ -110,9 +110,13 @@ class EngineClient(CrashRecovery):
         error (ModelNotFoundError, CheckpointError, ...); a process that dies while loading raises
         EngineDeadError with the end of its error output. ``core_factory`` ("module:callable", taking the
         EngineConfig) replaces EngineCore, for tests. ``restart``: restart the engine if it dies later.
-        ``watchdog``: when an engine that stops answering is killed and handled as a crash (None: never)."""
+        ``watchdog``: when an engine that stops answering is killed and handled as a crash (None: never).
+        An invalid ``speculative_config`` raises InvalidRequestError here, before any process starts."""
+        from engine.spec.config import parse_speculative_config
+
         self = cls()
         self.config = config or EngineConfig()
+        parse_speculative_config(self.config.speculative_config)
         self.loop = asyncio.get_running_loop()
         self._core_factory, self._log_level, self._on_progress = core_factory, log_level, on_progress
         self._restarter = Restarter(restart)
