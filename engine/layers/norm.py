@@ -13,6 +13,10 @@ class RMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
         self.eps = eps
 
+    def load(self, weights, name: str) -> None:
+        """The checkpoint's tensor ``name`` (a WeightSource: safetensors or GGUF, any float dtype) as the weight."""
+        self.weight.data.copy_(weights.get(name))
+
     def forward(self, x: torch.Tensor | None, residual: torch.Tensor | None = None):
         """Without residual: returns norm(x). With residual: residual += x, x = norm(residual),
         both in place; returns (x, residual). x None: the previous layer already added its output into the

@@ -77,12 +77,12 @@ class DeepseekAttention(torch.nn.Module):
     def load(self, weights, p: str) -> None:
         if self.q_lora_rank:
             self.q_a_proj.load(weights, p)
-            self.q_a_layernorm.weight.data.copy_(weights.get(f"{p}.q_a_layernorm.weight"))
+            self.q_a_layernorm.load(weights, f"{p}.q_a_layernorm.weight")
             self.q_b_proj.load(weights, p)
         else:
             self.q_proj.load(weights, p)
         self.kv_a_proj_with_mqa.load(weights, p)
-        self.kv_a_layernorm.weight.data.copy_(weights.get(f"{p}.kv_a_layernorm.weight"))
+        self.kv_a_layernorm.load(weights, f"{p}.kv_a_layernorm.weight")
         self.attn.load_kv_b(weights, f"{p}.kv_b_proj.weight", self.heads)
         self.o_proj.load(weights, f"{p}.o_proj")
 
@@ -104,7 +104,8 @@ class DeepseekDecoderLayer(LlamaDecoderLayer):
 
 class DeepseekForCausalLM(LlamaForCausalLM):
     """DeepseekV2ForCausalLM / DeepseekV3ForCausalLM. The model-level parts (forward, hidden_states, the logits,
-    quantization) are LlamaForCausalLM's: only the layers and the weight names differ."""
+    quantization, load_weights: each layer's LlamaDecoderLayer.load over DeepseekAttention.load and the MLP's) are
+    LlamaForCausalLM's: only the layers differ."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, tp: TPContext, max_position: int):
         torch.nn.Module.__init__(self)  # the layers are DeepSeek's: nothing of LlamaForCausalLM.__init__ applies
@@ -121,18 +122,3 @@ class DeepseekForCausalLM(LlamaForCausalLM):
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else ParallelLMHead(
             cfg.vocab_size, cfg.hidden_size, dtype, tp)
         self.latent_rope = rope  # (not ``rotary``: the runner resizes a Llama rotary table; this one has none)
-
-    def load_weights(self, weights) -> None:
-        self.embed_tokens.load(weights, "model.embed_tokens.weight")
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}"
-            layer.self_attn.load(weights, f"{p}.self_attn")
-            layer.mlp.load(weights, f"{p}.mlp")
-            layer.input_layernorm.weight.data.copy_(weights.get(f"{p}.input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.data.copy_(weights.get(f"{p}.post_attention_layernorm.weight"))
-        self.norm.weight.data.copy_(weights.get("model.norm.weight"))
-        if not self.cfg.tie_word_embeddings:
-            self.lm_head.load(weights, "lm_head.weight")
-        finished = getattr(weights, "loaded", None)  # GGUFWeights: the file's pages and the load's free heap go
-        if finished is not None:
-            finished()

@@ -42,6 +42,13 @@ class LlamaAttention(torch.nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(T, self.kv_size)
         return self.o_proj(self.attn(q, k, v, meta, self.rotary), reduce, residual)
 
+    def load(self, weights, prefix: str) -> None:
+        self.qkv_proj.load(weights, prefix)
+        self.o_proj.load(weights, f"{prefix}.o_proj")
+        if self.q_norm is not None:
+            self.q_norm.load(weights, f"{prefix}.q_norm.weight")
+            self.k_norm.load(weights, f"{prefix}.k_norm.weight")
+
 
 class LlamaMLP(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, dtype, tp: TPContext, intermediate_size: int | None = None):
@@ -94,6 +101,14 @@ class LlamaDecoderLayer(torch.nn.Module):
     def forward(self, x, residual, meta: AttentionMetadata):
         x, residual = self.attention_half(x, residual, meta)
         return self.mlp_half(x, residual)
+
+    def load(self, weights, prefix: str, mlp_prefix: str = "mlp") -> None:
+        """Layer ``prefix`` (model.layers.N) of the checkpoint: the attention's and the MLP's own load, the two
+        norms. Relatives whose attention and MLP keep that load(weights, prefix) (DeepSeek's) inherit it."""
+        self.self_attn.load(weights, f"{prefix}.self_attn")
+        self.mlp.load(weights, f"{prefix}.{mlp_prefix}")
+        self.input_layernorm.load(weights, f"{prefix}.input_layernorm.weight")
+        self.post_attention_layernorm.load(weights, f"{prefix}.post_attention_layernorm.weight")
 
 
 class LlamaForCausalLM(torch.nn.Module):
@@ -162,16 +177,8 @@ class LlamaForCausalLM(torch.nn.Module):
     def load_weights(self, weights) -> None:
         self.embed_tokens.load(weights, "model.embed_tokens.weight")
         for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}"
-            layer.self_attn.qkv_proj.load(weights, f"{p}.self_attn")
-            layer.self_attn.o_proj.load(weights, f"{p}.self_attn.o_proj")
-            if layer.self_attn.q_norm is not None:
-                layer.self_attn.q_norm.weight.data.copy_(weights.get(f"{p}.self_attn.q_norm.weight"))
-                layer.self_attn.k_norm.weight.data.copy_(weights.get(f"{p}.self_attn.k_norm.weight"))
-            layer.mlp.load(weights, f"{p}.{self.mlp_prefix}")
-            layer.input_layernorm.weight.data.copy_(weights.get(f"{p}.input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.data.copy_(weights.get(f"{p}.post_attention_layernorm.weight"))
-        self.norm.weight.data.copy_(weights.get("model.norm.weight"))
+            layer.load(weights, f"model.layers.{i}", self.mlp_prefix)
+        self.norm.load(weights, "model.norm.weight")
         if not self.cfg.tie_word_embeddings:
             self.lm_head.load(weights, "lm_head.weight")
         finished = getattr(weights, "loaded", None)  # GGUFWeights: the file's pages and the load's free heap go
