@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from engine.bench.gguf_moe_models import RandomQwen3Moe
+from engine.bench.random_gguf import TensorSpec, write_random_gguf
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class RandomLlama:
         s = self.shape
         return (f"random-llama-h{s.hidden}-l{s.layers}-i{s.intermediate}-a{s.heads}-kv{s.kv_heads}-s{s.seed}"
                 f"-v{FORMAT_VERSION}.{self.qtype}.gguf")
+
+    def write(self, path: Path) -> Path:
+        return write_random_llama(path, self)
 
 
 # --gguf-models names -> "smollm2" (the embedded file) or a random model written by the bench
@@ -99,85 +103,58 @@ def ensure_random_llama(spec: RandomLlama | RandomQwen3Moe, workdir: Path) -> Pa
     log.info("writing the benchmark model %s (once; reused from then on)", path)
     print(f"writing the benchmark model {path} (once; reused from then on)", flush=True)
     try:
-        if isinstance(spec, RandomLlama):
-            write_random_llama(tmp, spec)
-        else:
-            spec.write(tmp)
+        spec.write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
 
 
-def _tensors(s: LlamaShape) -> list[tuple[str, tuple[int, ...]]]:
-    """GGUF names and numpy shapes ([rows, cols]) in llama.cpp's order."""
+def _tensors(s: LlamaShape, vocab: int) -> list[TensorSpec]:
+    """(GGUF name, numpy shape [rows, cols], quantized) in llama.cpp's order: every matrix in the file's type."""
     kv = s.kv_heads * s.head_dim
-    out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (-1, s.hidden))]  # rows: the vocabulary
+    out: list[TensorSpec] = [("token_embd.weight", (vocab, s.hidden), True)]
     for i in range(s.layers):
         b = f"blk.{i}."
-        out += [(b + "attn_norm.weight", (s.hidden,)), (b + "attn_q.weight", (s.hidden, s.hidden)),
-                (b + "attn_k.weight", (kv, s.hidden)), (b + "attn_v.weight", (kv, s.hidden)),
-                (b + "attn_output.weight", (s.hidden, s.hidden)), (b + "ffn_norm.weight", (s.hidden,)),
-                (b + "ffn_gate.weight", (s.intermediate, s.hidden)), (b + "ffn_up.weight", (s.intermediate, s.hidden)),
-                (b + "ffn_down.weight", (s.hidden, s.intermediate))]
-    out.append(("output_norm.weight", (s.hidden,)))
+        out += [(b + "attn_norm.weight", (s.hidden,), False), (b + "attn_q.weight", (s.hidden, s.hidden), True),
+                (b + "attn_k.weight", (kv, s.hidden), True), (b + "attn_v.weight", (kv, s.hidden), True),
+                (b + "attn_output.weight", (s.hidden, s.hidden), True), (b + "ffn_norm.weight", (s.hidden,), False),
+                (b + "ffn_gate.weight", (s.intermediate, s.hidden), True),
+                (b + "ffn_up.weight", (s.intermediate, s.hidden), True),
+                (b + "ffn_down.weight", (s.hidden, s.intermediate), True)]
+    out.append(("output_norm.weight", (s.hidden,), False))
     return out
 
 
 def write_random_llama(path: Path, spec: RandomLlama, tokenizer_source: Path | None = None) -> Path:
-    """Write ``spec`` to ``path`` (see the module docstring). Random weights need no q/k permutation: llama.cpp's
-    rotary layout is as random as Hugging Face's."""
+    """Write ``spec`` to ``path`` (see the module docstring) with engine/bench/random_gguf.py's writer. Random
+    weights need no q/k permutation: llama.cpp's rotary layout is as random as Hugging Face's."""
     import gguf
     import numpy as np
 
-    from engine.bench.gguf_tokenizer import add_tokenizer_metadata, read_tokenizer_metadata
-
     s = spec.shape
     qtype = gguf.GGMLQuantizationType[spec.qtype]
-    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
     if s.hidden % s.heads or s.hidden % block or s.intermediate % block:
         raise ValueError(f"{spec}: hidden and intermediate must be multiples of {block}, hidden of the heads")
-    meta = read_tokenizer_metadata(tokenizer_source)
-    vocab = len(meta["tokenizer.ggml.tokens"])
 
-    w = gguf.GGUFWriter(None, "llama")
-    w.add_name(f"random-llama-{spec.qtype}")
-    w.add_description(f"random weights (normal, std {s.std}, seed {s.seed}) written by kestrel bench offline: "
-                      f"{asdict(s)}")
-    w.add_context_length(s.context)
-    w.add_embedding_length(s.hidden)
-    w.add_block_count(s.layers)
-    w.add_feed_forward_length(s.intermediate)
-    w.add_head_count(s.heads)
-    w.add_head_count_kv(s.kv_heads)
-    w.add_rope_dimension_count(s.head_dim)
-    w.add_rope_freq_base(500000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
-    w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{spec.qtype}"])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add_tokenizer_metadata(w, meta)
+    def hparams(w) -> None:
+        w.add_feed_forward_length(s.intermediate)
+        w.add_head_count(s.heads)
+        w.add_head_count_kv(s.kv_heads)
+        w.add_rope_dimension_count(s.head_dim)
 
-    tensors = [(n, (vocab, shape[1]) if shape[0] == -1 else shape) for n, shape in _tensors(s)]
-    for name, shape in tensors:
-        if len(shape) == 1:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
-        else:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * shape[1] // block * type_size,
-                              raw_dtype=qtype)
-    w.write_header_to_file(path)
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for i, (name, shape) in enumerate(tensors):
-        if len(shape) == 1:
-            w.write_tensor_data(np.ones(shape, dtype=np.float32))
-            continue
-        rng = np.random.default_rng([s.seed, i])
+    def blocks(shape: tuple[int, ...], rng):  # normal weights through gguf-py's quantizer
         values = rng.standard_normal(shape, dtype=np.float32)
         values *= s.std
-        w.write_tensor_data(gguf.quants.quantize(values, qtype))
-    w.close()
-    return path
+        return gguf.quants.quantize(values, qtype)
+
+    return write_random_gguf(
+        path, arch="llama", qtype=spec.qtype, file_type=f"MOSTLY_{spec.qtype}",
+        description=f"random weights (normal, std {s.std}, seed {s.seed}) written by kestrel bench offline: "
+                    f"{asdict(s)}",
+        shape=s, tensors=lambda vocab: _tensors(s, vocab), add_hparams=hparams, rope_base=500000.0, rms_eps=1e-5,
+        blocks=blocks, tokenizer_source=tokenizer_source)
 
 
 def small_shape(**overrides) -> LlamaShape:

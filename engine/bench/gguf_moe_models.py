@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from engine.bench.random_gguf import TensorSpec, write_random_gguf
+
 FORMAT_VERSION = 1  # part of the file name: bump when what the writer puts in the file changes
 
 
@@ -92,7 +94,7 @@ def random_blocks(qtype: str, n_weights: int, std: float, rng):
     raise ValueError(f"random_blocks draws Q8_0 or Q4_K blocks, not {qtype}")
 
 
-def _tensors(s: Qwen3MoeShape, vocab: int) -> list[tuple[str, tuple[int, ...], bool]]:
+def _tensors(s: Qwen3MoeShape, vocab: int) -> list[TensorSpec]:
     """(GGUF name, numpy shape, quantized) in llama.cpp's order; experts [experts, rows, cols]."""
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     out = [("token_embd.weight", (vocab, s.hidden), True)]
@@ -111,63 +113,34 @@ def _tensors(s: Qwen3MoeShape, vocab: int) -> list[tuple[str, tuple[int, ...], b
 
 
 def write_random_qwen3moe(path: Path, spec: RandomQwen3Moe, tokenizer_source: Path | None = None) -> Path:
-    """Write ``spec`` to ``path`` (the module docstring says what is in it)."""
+    """Write ``spec`` to ``path`` (the module docstring says what is in it) with engine/bench/random_gguf.py's
+    writer."""
     import math
 
     import gguf
-    import numpy as np
-
-    from engine.bench.gguf_tokenizer import add_tokenizer_metadata, read_tokenizer_metadata
 
     s = spec.shape
-    qtype = gguf.GGMLQuantizationType[spec.qtype]
-    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[spec.qtype]][0]
     if any(k % block for k in (s.hidden, s.expert_ffn, s.heads * s.head_dim)):
         raise ValueError(f"{spec}: hidden, expert FFN and heads x head_dim must be multiples of {block}")
-    meta = read_tokenizer_metadata(tokenizer_source)
-    vocab = len(meta["tokenizer.ggml.tokens"])
 
-    w = gguf.GGUFWriter(None, "qwen3moe")
-    w.add_name(f"random-qwen3moe-{spec.qtype}")
-    w.add_description(f"random weights (std {s.std}, seed {s.seed}) written by kestrel bench offline: {asdict(s)}")
-    w.add_context_length(s.context)
-    w.add_embedding_length(s.hidden)
-    w.add_block_count(s.layers)
-    w.add_feed_forward_length(s.expert_ffn * s.experts_used)
-    w.add_expert_feed_forward_length(s.expert_ffn)
-    w.add_expert_count(s.experts)
-    w.add_expert_used_count(s.experts_used)
-    w.add_head_count(s.heads)
-    w.add_head_count_kv(s.kv_heads)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
-    w.add_rope_freq_base(1000000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_vocab_size(vocab)
-    w.add_file_type(gguf.LlamaFileType["MOSTLY_Q8_0" if spec.qtype == "Q8_0" else "MOSTLY_Q4_K_S"])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add_tokenizer_metadata(w, meta)
+    def hparams(w) -> None:
+        w.add_feed_forward_length(s.expert_ffn * s.experts_used)
+        w.add_expert_feed_forward_length(s.expert_ffn)
+        w.add_expert_count(s.experts)
+        w.add_expert_used_count(s.experts_used)
+        w.add_head_count(s.heads)
+        w.add_head_count_kv(s.kv_heads)
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
 
-    tensors = _tensors(s, vocab)
-    for name, shape, quantized in tensors:
-        n = math.prod(shape)
-        if quantized:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), n // block * type_size, raw_dtype=qtype)
-        else:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), n * 4)
-    w.write_header_to_file(path)
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for i, (name, shape, quantized) in enumerate(tensors):
-        rng = np.random.default_rng([s.seed, i])
-        if quantized:
-            w.write_tensor_data(random_blocks(spec.qtype, math.prod(shape), s.std, rng))
-        elif len(shape) == 1:
-            w.write_tensor_data(np.ones(shape, dtype=np.float32))
-        else:  # the router, F32 as llama.cpp's converter keeps it
-            w.write_tensor_data((rng.standard_normal(shape, dtype=np.float32) * s.std).astype(np.float32))
-    w.close()
-    return path
+    return write_random_gguf(
+        path, arch="qwen3moe", qtype=spec.qtype,
+        file_type="MOSTLY_Q8_0" if spec.qtype == "Q8_0" else "MOSTLY_Q4_K_S",
+        description=f"random weights (std {s.std}, seed {s.seed}) written by kestrel bench offline: {asdict(s)}",
+        shape=s, tensors=lambda vocab: _tensors(s, vocab), add_hparams=hparams, rope_base=1000000.0, rms_eps=1e-6,
+        blocks=lambda shape, rng: random_blocks(spec.qtype, math.prod(shape), s.std, rng),
+        tokenizer_source=tokenizer_source)
 
 
 def small_moe_shape(**overrides) -> Qwen3MoeShape:
