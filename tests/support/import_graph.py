@@ -23,7 +23,8 @@ The rules (each checked by tests/unit/test_import_graph.py, each shown catching 
 6. no string import of our modules: ``importlib.import_module("engine.x")`` / ``__import__`` (import it), or one
    whose name is computed (a "module:callable" factory string), unless allowed with its reason.
 
-Regenerate section 6: ``.venv/bin/python -m tests.support.import_graph --write``.
+Regenerate section 6: ``.venv/bin/python -m tests.support.import_graph --write``; with no flag the command prints
+the rules' check and whether section 6 is current (``--map`` prints the section, ``--help`` the rest).
 """
 
 from __future__ import annotations
@@ -647,21 +648,60 @@ def replace_section(text: str, section: str) -> str:
     return f"{text[:start.start()]}{BEGIN}\n{section}{END}\n\n{text[nxt.start():]}"
 
 
-def main(argv: list[str]) -> int:
+def report(result: Scan, allowed: Iterable[Allowance], doc_text: str, layers=LAYERS) -> tuple[list[str], bool]:
+    """The command's findings on a scan, in words, and whether everything holds: the violations no allowance
+    covers, the allowances no longer needed, and whether ``doc_text``'s section 6 is the rendered one."""
+    allowed = list(allowed)
+    lines: list[str] = []
+    violations = check(result, layers, allowed)
+    stale = stale_allowances(result, allowed, layers)
+    current = doc_section(doc_text) == render_section(result.imports, allowed, layers)
+    n = len(result.sources)
+    if violations:
+        lines.append(f"{len(violations)} violation(s) of the import rules in {n} modules:")
+        lines += [f"  {v}" for v in violations]
+    else:
+        lines.append(f"the import rules hold over {n} modules ({len(allowed)} known violations allowed)")
+    if stale:
+        lines.append("allowances no longer needed (remove them from ALLOWED in tests/unit/test_import_graph.py):")
+        lines += [f"  {a.rule} {' / '.join(a.key)}: {a.why}" for a in stale]
+    lines.append(f"section 6 of {DOC.relative_to(ROOT)} is " + ("current" if current else
+                                                             f"out of date: regenerate it with {REGENERATE}"))
+    return lines, not violations and not stale and current
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.support.import_graph``: no flag prints the rules' check and whether section 6 is current
+    (status 1 when something fails); ``--map`` prints section 6 as rendered; ``--write`` writes it into
+    docs/ARCHITECTURE.md; ``--check`` says nothing, its status 1 when section 6 differs."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.support.import_graph", allow_abbrev=False,
+                                     description="The packages' import graph: its rules and section 6 of "
+                                                 "docs/ARCHITECTURE.md.")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="regenerate section 6 of docs/ARCHITECTURE.md")
+    mode.add_argument("--check", action="store_true", help="exit with status 1 when section 6 is out of date")
+    mode.add_argument("--map", action="store_true", help="print section 6 as the graph renders it")
+    args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests.unit.test_import_graph import ALLOWED  # the allow-list lives beside the tests
 
-    section = render_section(scan(scan_tree()).imports, ALLOWED)
-    if "--write" in argv:
+    result = scan(scan_tree())
+    section = render_section(result.imports, ALLOWED)
+    if args.write:
         DOC.write_text(replace_section(DOC.read_text(encoding="utf-8"), section), encoding="utf-8")
         print(f"wrote section 6 of {DOC.relative_to(ROOT)}")
-    elif "--check" in argv:
+        return 0
+    if args.check:
         return 0 if doc_section(DOC.read_text(encoding="utf-8")) == section else 1
-    else:
-        violations = check(scan(scan_tree()), allowed=())
-        print("\n".join(violations) or "no violations")
-    return 0
+    if args.map:
+        print(section, end="")
+        return 0
+    lines, ok = report(result, ALLOWED, DOC.read_text(encoding="utf-8"))
+    print("\n".join(lines))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())
