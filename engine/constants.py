@@ -20,9 +20,12 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "deepseek2": "DeepseekV2ForCausalLM",
 }
 # A "llama" GGUF with experts ({arch}.expert_count > 0: llama.cpp writes Mixtral so) loads as this one
 GGUF_LLAMA_MOE_ARCHITECTURE = "MixtralForCausalLM"
+# A "deepseek2" GGUF with sigmoid expert gating (expert_gating_func 2: DeepSeek-V3 and its kin) loads as this one
+GGUF_DEEPSEEK_V3_ARCHITECTURE = "DeepseekV3ForCausalLM"
 
 # FP8 block-scaled weights: the block scales' tile, rows and columns (DeepSeek-V3 / Qwen3 FP8 checkpoints'
 # weight_block_size [128, 128])

@@ -46,16 +46,20 @@ def load_gguf_experts(moe, weights, names: Callable[[int], tuple[str, str, str]]
 
 
 def routed_native(moe, router, x: torch.Tensor) -> torch.Tensor | None:
-    """The routed experts' output [T, H] (this rank's partial sum) in one native call (engine/ops/gguf_moe.py:
-    the router's logits by the native linear, then softmax top-k and the experts grouped by expert), for GGUF
-    experts of one type per projection under a plain softmax top-k router (Mixtral, Qwen2/3-MoE); None otherwise
-    (the caller routes with ``router(x)`` and runs ``moe(x, weights, ids)``)."""
+    """The routed experts' output [T, H] (this rank's partial sum) in one native call (engine/ops/gguf_moe.py),
+    for GGUF experts of one type per projection: under a plain softmax top-k router (Mixtral, Qwen2/3-MoE) the
+    router's logits by the native linear, then the op's own softmax top-k; under any other rule (DeepSeek's
+    group limits, sigmoid with the correction bias, routed scaling) ``router(x)`` chooses in torch, exactly as
+    transformers, and the op takes its ids and weights. None without such experts or for another scoring (the
+    caller routes with ``router(x)`` and runs ``moe(x, weights, ids)``)."""
     table = getattr(moe, "gguf_table", None)
     r = router.routing
-    if (table is None or not x.is_cpu or r.scoring != "softmax" or r.group_score is not None
-            or r.routed_scaling_factor != 1.0 or r.logits_fp32 or router.correction_bias is not None
-            or router.weight.dtype != x.dtype or x.stride(-1) != 1):
+    if table is None or not x.is_cpu or x.stride(-1) != 1 or r.scoring not in ("softmax", "sigmoid"):
         return None
+    if (r.scoring != "softmax" or r.group_score is not None or r.routed_scaling_factor != 1.0 or r.logits_fp32
+            or router.correction_bias is not None or router.weight.dtype != x.dtype):
+        weights, ids = router(x)
+        return moe_experts(x, table, r.top_k, ids=ids, weights=weights)
     return moe_experts(x, table, r.top_k, logits=router.logits(x), renormalize=r.renormalize)
 
 

@@ -24,6 +24,7 @@ import torch
 from engine import heap
 from engine.constants import GGUF_ARCHITECTURES, GGUF_LLAMA_MOE_ARCHITECTURE
 from engine.errors import CheckpointError, UnsupportedArchitectureError
+from engine.loader import gguf_deepseek as deepseek
 from engine.loader.gguf_file import (
     GGML_QUANT_SIZES,
     LLAMA_FILE_TYPES,
@@ -35,7 +36,8 @@ from engine.loader.weights import WeightSource
 
 log = logging.getLogger(__name__)
 
-_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
+               deepseek.DEEPSEEK2: "deepseek_v2"}
 
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 # every type gguf.quants can dequantize (gguf 0.19: F32, F16 and each type with a class of dequantize_blocks),
@@ -98,12 +100,15 @@ _MIXTRAL_EXPERT_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def hf_name(gguf_name: str, mixtral: bool = False) -> str | None:
+def hf_name(gguf_name: str, mixtral: bool = False, deepseek_names: bool = False) -> str | None:
     """The Hugging Face name of a GGUF tensor, or None if it has none (the 3-D expert tensors have one name per
-    expert: ``expert_names``). ``mixtral``: a llama-arch file with experts (Mixtral's names)."""
+    expert: ``expert_names``). ``mixtral``: a llama-arch file with experts (Mixtral's names); ``deepseek_names``: a
+    deepseek2 file (MLA's projections, shared_experts: engine/loader/gguf_deepseek.py)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK_RE.fullmatch(gguf_name)
+    if deepseek_names and m and m.group(2) in deepseek.BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{deepseek.BLOCK_NAMES[m.group(2)]}"
     if m and m.group(2) in _BLOCK_NAMES:
         return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}"
     if m and m.group(2) in _MOE_NAMES:
@@ -201,12 +206,16 @@ def gguf_hf_config(gf: GGUFFile) -> dict[str, Any]:
     }
     if arch == "llama":
         cfg["mlp_bias"] = "blk.0.ffn_gate.bias" in names
-    _moe_config(gf, arch, cfg)
+    if arch == deepseek.DEEPSEEK2:
+        deepseek.deepseek2_config(gf.path, gf.metadata, cfg)
+    else:
+        _moe_config(gf, arch, cfg)
     if (dtype := _float_dtype(gf)) is not None:
         cfg["torch_dtype"] = dtype
     rope_scaling = _rope_scaling(gf, arch, head_dim, cfg["rope_theta"])
     if rope_scaling is not None:
-        cfg["rope_scaling"] = rope_scaling
+        is_yarn = arch == deepseek.DEEPSEEK2 and rope_scaling["rope_type"] == "yarn"
+        cfg["rope_scaling"] = deepseek.yarn_scaling(gf.metadata, rope_scaling) if is_yarn else rope_scaling
     return cfg
 
 
@@ -314,9 +323,11 @@ class GGUFWeights(WeightSource):
         self._permute = arch == "llama"  # llama.cpp permutes q/k for llama-arch files only
         self._heads = {"self_attn.q_proj": num_heads, "self_attn.k_proj": num_kv_heads}
         self._map: dict[str, GGUFTensorInfo] = {}
-        mixtral = is_mixtral(gf)
+        mixtral, deepseek_names = is_mixtral(gf), arch == deepseek.DEEPSEEK2
+        # kv_b_proj stored split (attn_k_b / attn_v_b: newer deepseek2 files), put back together on access
+        self._kv_b = deepseek.kv_b_parts(set(gf.tensors)) if deepseek_names else {}
         for name, info in gf.tensors.items():
-            hf = hf_name(name, mixtral)
+            hf = hf_name(name, mixtral, deepseek_names)
             if hf is not None:
                 self._map[hf] = info
             elif len(info.shape) == 3 and (per_expert := expert_names(name, info.shape[0], mixtral)):
@@ -332,10 +343,10 @@ class GGUFWeights(WeightSource):
                 )
 
     def names(self) -> list[str]:
-        return list(self._map)
+        return [*self._map, *self._kv_b]
 
     def __contains__(self, name: str) -> bool:
-        return name in self._map
+        return name in self._map or name in self._kv_b
 
     def _info(self, name: str) -> GGUFTensorInfo:
         try:
@@ -344,10 +355,15 @@ class GGUFWeights(WeightSource):
             raise self._missing(name) from None
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self._kv_b:
+            k_b, v_b = self._kv_b[name]
+            return deepseek.kv_b_shape(self.file.tensors[k_b].shape, self.file.tensors[v_b].shape)
         return self._info(name).shape
 
     def quant_type(self, name: str) -> str:
-        """The GGUF storage type of a tensor, e.g. 'Q4_1'."""
+        """The GGUF storage type of a tensor, e.g. 'Q4_1' (a split kv_b_proj: its attn_k_b's)."""
+        if name in self._kv_b:
+            return self.file.tensors[self._kv_b[name][0]].type_name
         return self._info(name).type_name
 
     def matrix_types(self) -> set[str]:
@@ -372,9 +388,13 @@ class GGUFWeights(WeightSource):
         return torch.from_numpy(np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
 
     def get(self, name: str) -> torch.Tensor:
+        if name in self._kv_b:  # attn_k_b / attn_v_b dequantized, joined into kv_b_proj
+            return deepseek.join_kv_b(*(self._whole(self.file.tensors[part]) for part in self._kv_b[name]))
         info = self._info(name)
+        return self._whole(info, self._row_order(name, info))
+
+    def _whole(self, info: GGUFTensorInfo, order: np.ndarray | None = None) -> torch.Tensor:
         raw = self.file.raw_of(info)
-        order = self._row_order(name, info)
         if order is not None:
             raw = raw[order]
         out = self._dequantize(info, raw).reshape(info.shape)
@@ -382,6 +402,9 @@ class GGUFWeights(WeightSource):
         return out
 
     def get_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        if name in self._kv_b:
+            self._check_slice(name, dim, start, stop)
+            return self.get(name).narrow(dim, start, stop - start).contiguous()
         out = self._get_slice(name, dim, start, stop)
         self.file.release_of(self._info(name))
         return out
@@ -416,7 +439,7 @@ class GGUFWeights(WeightSource):
         the dequantized ``get_slice``: another quantized type (logged once per type), a float type, a column
         slice not on block boundaries (256 for the K-quants), or ``keep_quantized`` off (--quantization none, or
         a GPU: blocks dequantized at load)."""
-        if not self.keep_quantized:
+        if not self.keep_quantized or name in self._kv_b:
             return None
         shape = self._check_slice(name, dim, start, stop)
         info = self._info(name)
