@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from engine.server.openai.body_checks import MAX_JSON_DEPTH, check_json_body, json_depth, lone_surrogate
+from engine.server.openai.limits import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_STOP_STRINGS
 from tests.server.conftest import MODEL, make_server
 
 ROUTES = {
@@ -89,3 +90,31 @@ def test_lone_surrogates_are_found_and_pairs_are_not(text, bad):
             check_json_body(text.encode())
     else:
         check_json_body(text.encode())
+
+
+# Lists over their bounds are refused before the body is parsed (body_checks.precheck_body), on /v1/responses as on
+# chat: the refusal comes first even where the parsed body would be a 422 (a temperature that is not a number).
+# (route, fields, the param named); the item counts are those of engine.server.openai.limits.
+TOO_MANY = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1)}, "messages"),
+    ("/v1/responses", {"input": [{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1)}, "input"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]
+                                            * (MAX_CONTENT_PARTS + 1)}]}, "messages[0].content"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]
+                                  * (MAX_CONTENT_PARTS + 1)}]}, "input[0].content"),
+    ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "c",
+                                  "output": [{"type": "input_text", "text": "x"}] * (MAX_CONTENT_PARTS + 1)}]},
+     "input[0].output"),
+    ("/v1/responses", {"input": "hi", "stop": ["x"] * (MAX_STOP_STRINGS + 1)}, "stop"),
+]
+
+
+@pytest.mark.parametrize("route,fields,param", TOO_MANY, ids=[f"{r}:{p}" for r, _, p in TOO_MANY])
+def test_lists_over_their_bounds_are_refused_before_parsing(http, route, fields, param):
+    body = {**ROUTES[route], **fields, "temperature": "hot"}
+    r = http.post(route, json=body)
+    assert r.status_code == 400, (route, param, r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["param"] == param and "Too many" in err["message"], err
+    r = http.post(route, json={**ROUTES[route], **fields})  # and without the bad temperature, the same
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]

@@ -1,5 +1,6 @@
 """Checks of a request body's JSON text before anything parses it: nesting depth, unpaired UTF-16 surrogates and,
-on the routes that take lists (PRECHECKED_PATHS), the lists' sizes (precheck_body).
+on the routes that take lists (PRECHECKED_PATHS: /v1/responses' ``input`` items as chat's messages), the lists'
+sizes (precheck_body).
 
 Python's json module (FastAPI's parser) recurses once per nesting level and fails with RecursionError near 1,000
 levels, which would be a 500; a ``\\ud800`` escape without its pair parses into a str that cannot be encoded, which
@@ -114,10 +115,14 @@ class _Body(msgspec.Struct):
     stop_token_ids: msgspec.Raw = msgspec.Raw()
     logit_bias: msgspec.Raw = msgspec.Raw()
     tokens: msgspec.Raw = msgspec.Raw()
+    input: msgspec.Raw = msgspec.Raw()  # /v1/responses
 
 
 class _Message(msgspec.Struct):
+    """A chat message, or a /v1/responses input item (a message's ``content``, a function_call_output's
+    ``output``: text or a list of parts)."""
     content: msgspec.Raw = msgspec.Raw()
+    output: msgspec.Raw = msgspec.Raw()
 
 
 def _first(raw: msgspec.Raw) -> bytes:
@@ -128,7 +133,27 @@ def _items(raw: msgspec.Raw) -> list[msgspec.Raw] | None:
     return msgspec.json.decode(raw, type=list[msgspec.Raw]) if _first(raw) == b"[" else None
 
 
-PRECHECKED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+PRECHECKED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"})
+
+
+def _precheck_input(raw: msgspec.Raw) -> None:
+    """/v1/responses' ``input`` items: their number and their parts' (the errors of serving_responses's
+    ``input_messages``, which checks them again after parsing)."""
+    items = _items(raw)
+    if items is None:
+        return
+    if len(items) > MAX_MESSAGES:
+        raise InvalidRequestError(f"Too many items in 'input': {len(items)}, at most {MAX_MESSAGES}.", param="input")
+    for i, item in enumerate(items):
+        if _first(item) != b"{":
+            continue
+        fields = msgspec.json.decode(item, type=_Message)
+        for name in ("content", "output"):
+            parts = _items(getattr(fields, name))
+            if parts is not None and len(parts) > MAX_CONTENT_PARTS:
+                param = f"input[{i}].{name}"
+                raise InvalidRequestError(f"Too many content parts in '{param}': {len(parts)}, at most "
+                                          f"{MAX_CONTENT_PARTS}.", param=param)
 
 
 def precheck_body(path: str, body: bytes, max_model_len: int) -> None:
@@ -149,6 +174,8 @@ def precheck_body(path: str, body: bytes, max_model_len: int) -> None:
                     if parts is not None and len(parts) > MAX_CONTENT_PARTS:
                         raise InvalidRequestError(f"Too many content parts in messages[{i}]: {len(parts)}, at most "
                                                   f"{MAX_CONTENT_PARTS}.", param=f"messages[{i}].content")
+        if path == "/v1/responses":
+            _precheck_input(b.input)
         prompt = _items(b.prompt) if path == "/v1/completions" else None
         if prompt:
             if _first(prompt[0]) not in (b"[", b'"'):  # token ids
