@@ -31,8 +31,9 @@ GPU_ONLY_QUANTIZATIONS = ("int4", "fp8")
 # --kv-cache-dtype fp8 with multi-head latent attention (engine/runner/load_checks.py refuses it at load)
 MLA_FP8_KV_REASON = "not for multi-head latent attention: its latent KV cache stays in the model dtype"
 # checkpoints whose weights are already quantized (model_inspect: config.json's quantization_config.quant_method):
-# on a GPU they stay quantized (about the files' size); on the CPU they are dequantized to the dtype at load
-PREQUANTIZED_METHODS = ("GPTQ", "AWQ", "FP8")
+# on a GPU they stay quantized (about the files' size); on the CPU they are dequantized to the dtype at load (MXFP4:
+# gpt-oss's experts, which the engine runs on the CPU only)
+PREQUANTIZED_METHODS = ("GPTQ", "AWQ", "FP8", "MXFP4")
 GPU_OVERHEAD = 1.0 * GIB  # CUDA context, activations, sampler buffers (rough)
 CPU_OVERHEAD = 0.5 * GIB
 

@@ -23,6 +23,8 @@ SUPPORTED_ARCHITECTURES = {
     # multi-head latent attention + mixture of experts (engine/models/deepseek.py)
     "DeepseekV2ForCausalLM": "deepseek2",
     "DeepseekV3ForCausalLM": "deepseek3",
+    # attention sinks, alternating sliding-window layers, biased experts (engine/models/gpt_oss.py; the CPU)
+    "GptOssForCausalLM": "gpt_oss",
 }
 
 # The names of --comm-strategy, defined once: engine/parallel/comm/group.py implements them, engine/capabilities.py
@@ -109,6 +111,12 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = True  # rope over interleaved pairs (V2 always; V3 unless its config says False)
+    # gpt-oss: per layer "sliding_attention" (a window of layer_window tokens; not sliding_window, which caps every
+    # layer's context) or "full_attention"; the experts' clamped SwiGLU
+    layer_types: list[str] = field(default_factory=list)
+    layer_window: int = 0
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     @property
     def kv_cache_layout(self) -> tuple[int, int, int]:
@@ -173,7 +181,18 @@ class ModelConfig:
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
             **_moe_fields(cfg, arch),
             **_mla_fields(cfg, arch),
+            **_gpt_oss_fields(cfg, arch),
         )
+
+
+def _gpt_oss_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """ModelConfig's gpt-oss fields (transformers' GptOssConfig defaults: even layers sliding, from the first)."""
+    if arch != "GptOssForCausalLM":
+        return {}
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    return dict(layer_types=list(types), layer_window=int(cfg.get("sliding_window") or 0),
+                swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
 
 
 def _mla_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:

@@ -12,9 +12,10 @@ from typing import Any
 
 from engine.constants import FP8_BLOCK
 
-METHODS = ("gptq", "awq", "fp8", "compressed-tensors")  # the quant_method values Kestrel loads
-SUPPORTED = ('gptq (4 or 8 bits), awq (4 bits, version "gemm"), fp8 (per tensor or 128 x 128 blocks) and '
-             'compressed-tensors float-quantized FP8 (per tensor, channel or 128 x 128 block)')
+METHODS = ("gptq", "awq", "fp8", "compressed-tensors", "mxfp4")  # the quant_method values Kestrel loads
+SUPPORTED = ('gptq (4 or 8 bits), awq (4 bits, version "gemm"), fp8 (per tensor or 128 x 128 blocks), '
+             'compressed-tensors float-quantized FP8 (per tensor, channel or 128 x 128 block) and mxfp4 (gpt-oss '
+             'experts, dequantized at load: engine/loader/mxfp4.py)')
 
 
 class SchemeError(ValueError):
@@ -29,7 +30,7 @@ class SchemeError(ValueError):
 @dataclass(frozen=True)
 class QuantScheme:
     """A config.json's quantization_config in Kestrel's terms."""
-    method: str                    # "gptq" | "awq" | "fp8"
+    method: str                    # "gptq" | "awq" | "fp8" | "mxfp4"
     bits: int = 8
     group: int = -1                # integer formats: K positions per group; -1: all of K (per output channel)
     act_order: bool = False        # GPTQ desc_act (the g_idx tensors then say each position's group)
@@ -39,6 +40,8 @@ class QuantScheme:
 
     @property
     def name(self) -> str:
+        if self.method == "mxfp4":
+            return "MXFP4 experts"
         if self.method == "fp8":
             return {"tensor": "FP8 per-tensor", "channel": "FP8 per-channel",
                     "block": f"FP8 block {FP8_BLOCK}x{FP8_BLOCK}"}[self.fp8_scale]
@@ -48,7 +51,7 @@ class QuantScheme:
     @property
     def default_dtype_name(self) -> str:
         """The compute dtype when config.json names none: "bfloat16" for FP8, "float16" for GPTQ / AWQ."""
-        return "bfloat16" if self.method == "fp8" else "float16"
+        return "bfloat16" if self.method in ("fp8", "mxfp4") else "float16"
 
 
 def _unsupported(field: str, value: Any, supported: str) -> SchemeError:
@@ -71,7 +74,8 @@ def parse_scheme(qc: Any) -> QuantScheme:
     if not isinstance(qc, dict):
         raise SchemeError("quantization_config is not a JSON object")
     method = str(qc.get("quant_method", "")).lower()
-    parse = {"gptq": _parse_gptq, "awq": _parse_awq, "fp8": _parse_fp8, "compressed-tensors": _parse_compressed}
+    parse = {"gptq": _parse_gptq, "awq": _parse_awq, "fp8": _parse_fp8, "compressed-tensors": _parse_compressed,
+             "mxfp4": lambda qc: QuantScheme("mxfp4", bits=4, group=32)}
     if method not in parse:
         raise _unsupported("quant_method", qc.get("quant_method"),
                            f"Kestrel loads {SUPPORTED}; use the unquantized model or a GGUF file")

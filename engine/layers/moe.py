@@ -6,16 +6,19 @@ Interface (what the model files and the GGUF / DeepSeek paths build on):
 - ``Routing.from_config(cfg)``: the routing rule of a ModelConfig (softmax or sigmoid scores, top-k, optional
   renormalisation, DeepSeek's group-limited top-k: V2's "group_limited_greedy" (a group's score is its best expert)
   and V3's "noaux_tc" (scores plus ``e_score_correction_bias``, a group's score is the sum of its best two),
-  routed_scaling_factor). ``select_experts(router_logits, routing, correction_bias)`` -> (weights float32 [T, k],
+  routed_scaling_factor; gpt-oss's ``TOPK_SOFTMAX``: top-k over the logits, softmax over the chosen k).
+  ``select_experts(router_logits, routing, correction_bias)`` -> (weights float32 [T, k],
   expert ids int64 [T, k]); the same torch ops in the same order as transformers' routers, so ties break as
   torch.topk breaks them there.
 - ``Router(hidden, num_experts, dtype, routing)``: the replicated gate (weight [E, hidden]; ``load(weights, name)``,
-  ``correction_bias`` for noaux_tc), ``router(x)`` -> (weights, ids).
+  ``correction_bias`` for noaux_tc, a logit ``bias`` [E] with bias=True: gpt-oss), ``router(x)`` -> (weights, ids).
 - ``FusedMoE(num_experts, hidden, intermediate, dtype, tp)``: every expert's weights stacked, ``w13`` [E, 2 I_r, H]
   (gate rows then up rows) and ``w2`` [E, H, I_r], where I_r is this rank's slice of each expert's intermediate
   dim (``tp.split``; each rank holds a slice of every expert, as MergedColumnParallelLinear / RowParallelLinear
   split the dense MLP). ``moe(x, weights, ids)`` returns this rank's partial sum [T, H]: the caller all-reduces it
   (``tp.all_reduce``), once for the routed experts and any shared expert together.
+  With ``activation`` (gpt-oss's ``ClampedSwiGLU``) gate_up's product goes through it instead of SiLU-and-mul; with
+  bias=True each expert has ``w13_bias`` [E, 2 I_r] and ``w2_bias`` [E, H] (added by rank 0 only: a partial sum).
   ``load(weights, names)`` reads expert e's three Hugging Face tensors ``names(e) -> (gate, up, down)`` (this rank's
   rows of gate / up, columns of down) and stacks them.
 - Expert weights in another form (GGUF blocks, ...): set ``quantized_experts`` to a list of (gate_up, down) per
@@ -47,6 +50,7 @@ from engine.parallel.context import TPContext
 
 GROUP_BEST = "max"  # DeepSeek-V2 group_limited_greedy: a group's score is its best expert's
 GROUP_TOP2_SUM = "top2_sum"  # DeepSeek-V3 noaux_tc: the sum of its best two (bias included)
+TOPK_SOFTMAX = "topk_softmax"  # gpt-oss: torch.topk over the logits, then softmax over the k chosen logits
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class Routing:
     """How a router's logits become k experts and their weights (see ``select_experts``)."""
 
     top_k: int
-    scoring: str = "softmax"  # "softmax" | "sigmoid"
+    scoring: str = "softmax"  # "softmax" | "sigmoid" | TOPK_SOFTMAX
     renormalize: bool = False  # the k weights divided by their sum
     group_score: str | None = None  # None: plain top-k; GROUP_BEST | GROUP_TOP2_SUM: top-k within topk_group groups
     n_group: int = 1
@@ -85,6 +89,9 @@ def select_experts(router_logits: torch.Tensor, routing: Routing, correction_bia
     or sigmoid), plus ``correction_bias`` for the choice only; with a group rule, the experts of all but the
     best ``topk_group`` of ``n_group`` groups masked out (V2: to 0, V3: to -inf); torch.topk; the weights are the
     chosen experts' scores, renormalized (V3 adds 1e-20 to the sum) and scaled by routed_scaling_factor."""
+    if routing.scoring == TOPK_SOFTMAX:  # transformers' GptOssTopKRouter, in the logits' dtype
+        values, ids = torch.topk(router_logits, k=routing.top_k, dim=-1)
+        return torch.softmax(values, dim=-1).float(), ids
     logits = router_logits.float()
     scores = torch.softmax(logits, dim=-1) if routing.scoring == "softmax" else logits.sigmoid()
     choice = scores if correction_bias is None else scores + correction_bias.float()
@@ -117,11 +124,12 @@ class Router(torch.nn.Module):
     """The gate: logits = x @ weight^T (replicated on every rank), then ``select_experts``."""
 
     def __init__(self, hidden_size: int, num_experts: int, dtype: torch.dtype, routing: Routing,
-                 correction_bias: bool = False):
+                 correction_bias: bool = False, bias: bool = False):
         super().__init__()
         self.routing = routing
         wdtype = torch.float32 if routing.logits_fp32 else dtype
         self.weight = torch.nn.Parameter(torch.empty(num_experts, hidden_size, dtype=wdtype), requires_grad=False)
+        self.bias = torch.nn.Parameter(torch.zeros(num_experts, dtype=wdtype), requires_grad=False) if bias else None
         self.correction_bias = torch.nn.Parameter(torch.zeros(num_experts, dtype=torch.float32),
                                                   requires_grad=False) if correction_bias else None
 
@@ -131,10 +139,26 @@ class Router(torch.nn.Module):
             self.correction_bias.data.copy_(weights.get(bias_name))
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x if x.dtype == self.weight.dtype else x.to(self.weight.dtype), self.weight)
+        return ops.linear(x if x.dtype == self.weight.dtype else x.to(self.weight.dtype), self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return select_experts(self.logits(x), self.routing, self.correction_bias)
+
+
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """gpt-oss's expert activation (transformers' GptOssExperts._apply_gate) on gate_up [n, 2 I] laid out as the
+    stacks are (gate columns, then up columns): gate clamped above at ``limit``, up to [-limit, limit], then
+    (up + 1) * gate * sigmoid(alpha * gate)."""
+
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
 
 def sort_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,7 +172,8 @@ class FusedMoE(torch.nn.Module):
     """Every expert of one layer, stacked (see the module doc for the interface)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
-                 tp: TPContext, what: str = "MoE intermediate size"):
+                 tp: TPContext, what: str = "MoE intermediate size", activation: ClampedSwiGLU | None = None,
+                 bias: bool = False):
         super().__init__()
         self.tp = tp
         self.num_experts = num_experts
@@ -159,6 +184,11 @@ class FusedMoE(torch.nn.Module):
         self.w13 = torch.nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size, dtype=dtype),
                                       requires_grad=False)
         self.w2 = torch.nn.Parameter(torch.empty(num_experts, hidden_size, inter, dtype=dtype), requires_grad=False)
+        self.activation = activation  # None: SiLU-and-mul
+        self.w13_bias = torch.nn.Parameter(torch.zeros(num_experts, 2 * inter, dtype=dtype),
+                                           requires_grad=False) if bias else None
+        self.w2_bias = torch.nn.Parameter(torch.zeros(num_experts, hidden_size, dtype=dtype),
+                                          requires_grad=False) if bias else None
         # per expert (gate_up, down) in any form ops.linear takes, when not the float stacks (GGUF blocks, ...)
         self.quantized_experts: list[tuple[Any, Any]] | None = None
 
@@ -196,11 +226,17 @@ class FusedMoE(torch.nn.Module):
     def expert_matmul(self, x: torch.Tensor, e: int, which: str) -> torch.Tensor:
         """Expert e on its rows x: "gate_up" -> silu(gate) * up [n, I_r]; "down" -> [n, H]."""
         w = self.expert_weight(e, which)
-        return ops.linear_silu_and_mul(x, w) if which == "gate_up" else ops.linear(x, w)
+        if which == "down":
+            return ops.linear(x, w, self.w2_bias[e] if self.w2_bias is not None and self.tp.rank == 0 else None)
+        if self.activation is None and self.w13_bias is None:
+            return ops.linear_silu_and_mul(x, w)
+        gate_up = ops.linear(x, w, None if self.w13_bias is None else self.w13_bias[e])
+        return ops.silu_and_mul(gate_up) if self.activation is None else self.activation(gate_up)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum over the chosen experts [T, H] of x [T, H] (not reduced over the ranks)."""
-        if x.is_cuda and self.quantized_experts is None and fused_moe_ops.available():
+        plain = self.activation is None and self.w13_bias is None  # (the fused kernels: SiLU-and-mul, no biases)
+        if x.is_cuda and plain and self.quantized_experts is None and fused_moe_ops.available():
             return fused_moe_ops.fused_moe(x, self.w13, self.w2, weights, ids)
         return self.experts_cpu(x, weights, ids)
 

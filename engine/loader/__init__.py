@@ -17,6 +17,7 @@ from engine.config import ModelConfig
 from engine.errors import CheckpointError, KestrelError, UnsupportedArchitectureError
 from engine.loader.gguf import GGUFWeights, gguf_hf_config, gguf_quantization
 from engine.loader.gguf_file import GGUFFile
+from engine.loader.mxfp4 import Mxfp4Weights, is_mxfp4
 from engine.loader.quantized import QuantizedWeights, parse_scheme
 from engine.loader.resolve import default_model_path, resolve_model
 from engine.loader.safetensors import SafetensorsWeights, read_json
@@ -80,7 +81,7 @@ def _load_safetensors_dir(path: Path, validate: bool) -> Checkpoint:
     hf_config = read_json(config_file)
     qc = hf_config.get("quantization_config")
     scheme = None
-    if isinstance(qc, dict) and qc.get("quant_method"):  # GPTQ / AWQ / FP8: engine/loader/quantized.py
+    if isinstance(qc, dict) and qc.get("quant_method") and not is_mxfp4(qc):  # GPTQ / AWQ / FP8: quantized.py
         scheme = parse_scheme(qc, config_file)
     config = _config_from_hf(hf_config, config_file)
     gen_file = path / "generation_config.json"
@@ -88,6 +89,8 @@ def _load_safetensors_dir(path: Path, validate: bool) -> Checkpoint:
     stored = SafetensorsWeights(path)
     weights: WeightSource = stored if scheme is None else QuantizedWeights(
         stored, scheme, hf_config.get("torch_dtype") or hf_config.get("dtype"))
+    if is_mxfp4(qc):  # gpt-oss's MXFP4 experts, dequantized at load (engine/loader/mxfp4.py)
+        weights = Mxfp4Weights(stored, hf_config.get("torch_dtype") or hf_config.get("dtype"))
     if validate:
         validate_weights(weights, config, "config.json")
     tokenizer = Tokenizer.from_dir(path, generation_config=generation_config,
@@ -95,7 +98,8 @@ def _load_safetensors_dir(path: Path, validate: bool) -> Checkpoint:
     return Checkpoint(
         path=path, format="safetensors", config=config, hf_config=hf_config,
         generation_config=generation_config, weights=weights, tokenizer=tokenizer,
-        quantization=None if scheme is None else scheme.name,
+        quantization="MXFP4 experts (dequantized at load)" if is_mxfp4(qc) else None if scheme is None
+        else scheme.name,
     )
 
 

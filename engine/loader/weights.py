@@ -74,6 +74,9 @@ def expected_shapes(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], di
     (optional if config.tie_word_embeddings else required)["lm_head.weight"] = (vocab, h)
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
+        if config.architecture == "GptOssForCausalLM":
+            required.update(_gpt_oss_shapes(config, p))
+            continue
         if config.kv_lora_rank:  # multi-head latent attention (DeepSeek): its projections in place of q/k/v
             required.update(_mla_shapes(config, p + "self_attn."))
         else:
@@ -152,6 +155,22 @@ def _moe_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
     if config.topk_method == "noaux_tc":
         shapes[m + "gate.e_score_correction_bias"] = (n,)
     return shapes
+
+
+def _gpt_oss_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """The tensors of a gpt-oss layer (engine/models/gpt_oss.py), prefix ``p`` = "model.layers.i.": biased q/k/v/o,
+    the sinks, the biased router and the stacked experts (transformers' layout; an MXFP4 checkpoint's shown so by
+    engine/loader/mxfp4.py)."""
+    h, hd, n, inter = config.hidden_size, config.head_dim, config.num_experts, config.moe_intermediate_size
+    q_out, kv_out = config.num_attention_heads * hd, config.num_key_value_heads * hd
+    a, m = p + "self_attn.", p + "mlp."
+    return {a + "q_proj.weight": (q_out, h), a + "q_proj.bias": (q_out,), a + "k_proj.weight": (kv_out, h),
+            a + "k_proj.bias": (kv_out,), a + "v_proj.weight": (kv_out, h), a + "v_proj.bias": (kv_out,),
+            a + "o_proj.weight": (h, q_out), a + "o_proj.bias": (h,), a + "sinks": (config.num_attention_heads,),
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            m + "router.weight": (n, h), m + "router.bias": (n,),
+            m + "experts.gate_up_proj": (n, h, 2 * inter), m + "experts.gate_up_proj_bias": (n, 2 * inter),
+            m + "experts.down_proj": (n, inter, h), m + "experts.down_proj_bias": (n, h)}
 
 
 def validate_weights(weights: WeightSource, config: ModelConfig, config_name: str = "config.json") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.errors import UnsupportedArchitectureError
 from engine.models.deepseek import DeepseekForCausalLM
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.qwen_moe import QwenMoeForCausalLM
@@ -13,6 +14,7 @@ _MODELS = {arch: LlamaForCausalLM for arch in SUPPORTED_ARCHITECTURES}
 _MODELS.update(MixtralForCausalLM=MixtralForCausalLM, Qwen2MoeForCausalLM=QwenMoeForCausalLM,
                Qwen3MoeForCausalLM=QwenMoeForCausalLM)
 _MODELS.update(DeepseekV2ForCausalLM=DeepseekForCausalLM, DeepseekV3ForCausalLM=DeepseekForCausalLM)
+_MODELS.update(GptOssForCausalLM=GptOssForCausalLM)
 
 
 def model_class(cfg: ModelConfig):
