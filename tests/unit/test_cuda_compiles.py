@@ -4,7 +4,11 @@ installer/setup.sh builds the CUDA kernels only on a machine with an NVIDIA driv
 so the package build of a CI box or a laptop without a GPU no longer compiles them; this test keeps "a kernel that
 does not compile cannot land" (DESIGN.md) true there: csrc/cuda/*.cu for sm_80 (the oldest target), sm_89 (AD102)
 and sm_90 (the H100 / H200 path, with PDL), object files only, with the flags of csrc/CMakeLists.txt, and
-csrc/bindings.cpp with KESTREL_WITH_CUDA defined (the CUDA half of the Python bindings)."""
+csrc/bindings.cpp with KESTREL_WITH_CUDA defined (the CUDA half of the Python bindings).
+
+A compilation that succeeded is remembered (tests/support/compile_cache.py), keyed on the compiler's version, the
+command line and the bytes of the source and of every header in csrc/: the same inputs are not compiled again
+in the next run (~185 s of a CI run), a changed one is, and a failure is never remembered."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from tests.support import compile_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
@@ -37,11 +43,16 @@ pytestmark = [pytest.mark.skipif(NVCC is None, reason="no CUDA compiler (nvcc) o
               pytest.mark.slow(seconds=100), pytest.mark.timeout(HANG_SECONDS + 60)]
 
 
-def _compile(src: Path, out_dir: Path) -> tuple[str, int, str]:
+def _compile(src: Path, out_dir: Path, identity: str) -> tuple[str, int, str]:
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
-    cmd = [NVCC, "-std=c++17", "-O3", "--expt-relaxed-constexpr", *gencode, f"-I{CSRC}", "-c", str(src),
-           "-o", str(out_dir / (src.stem + ".o"))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_SECONDS)
+    cmd = [NVCC, "-std=c++17", "-O3", "--expt-relaxed-constexpr", *gencode, f"-I{CSRC}", "-c", str(src)]
+    out = out_dir / (src.stem + ".o")
+    key = compile_cache.run_key(identity, cmd, [src, *compile_cache.headers_under(CSRC)], ROOT)
+    if compile_cache.restore(key, out):
+        return src.name, 0, "compiled before with the same inputs (tests/support/compile_cache.py)"
+    proc = subprocess.run([*cmd, "-o", str(out)], capture_output=True, text=True, timeout=HANG_SECONDS)
+    if proc.returncode == 0 and out.is_file() and out.stat().st_size > 0:
+        compile_cache.store(key, out)
     return src.name, proc.returncode, (proc.stdout + proc.stderr)[-4000:]
 
 
@@ -51,7 +62,8 @@ def test_every_cuda_source_compiles(tmp_path):
     listed = (CSRC / "CMakeLists.txt").read_text()
     assert all(f"cuda/{s.name}" in listed for s in sources), "a .cu file the build does not list"
     with ThreadPoolExecutor(max_workers=min(len(sources), os.cpu_count() or 1)) as pool:
-        results = list(pool.map(lambda s: _compile(s, tmp_path), sources))
+        identity = compile_cache.compiler_identity(NVCC)
+        results = list(pool.map(lambda s: _compile(s, tmp_path, identity), sources))
     failed = [f"{name} (exit {rc}):\n{log}" for name, rc, log in results if rc != 0]
     assert not failed, "\n\n".join(failed)
     assert all((tmp_path / (s.stem + ".o")).stat().st_size > 0 for s in sources)
@@ -65,5 +77,11 @@ def test_the_cuda_bindings_compile():
     assert cxx, "no C++ compiler"
     cmd = [cxx, "-std=c++17", "-fsyntax-only", "-DKESTREL_WITH_CUDA=1", '-DKESTREL_CUDA_ARCHS_STR="89"',
            *pybind.stdout.split(), f"-I{CSRC}", str(CSRC / "bindings.cpp")]
+    version = subprocess.run([sys.executable, "-m", "pybind11", "--version"], capture_output=True, text=True)
+    identity = compile_cache.compiler_identity(cxx) + f"pybind11 {version.stdout}python {sys.version}"
+    key = compile_cache.run_key(identity, cmd, [CSRC / "bindings.cpp", *compile_cache.headers_under(CSRC)], ROOT)
+    if compile_cache.restore(key, None):
+        return
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    compile_cache.store(key, None)
