@@ -325,7 +325,7 @@ class GGUFWeights(WeightSource):
         self._map: dict[str, GGUFTensorInfo] = {}
         mixtral, deepseek_names = is_mixtral(gf), arch == deepseek.DEEPSEEK2
         # kv_b_proj stored split (attn_k_b / attn_v_b: newer deepseek2 files), put back together on access
-        self._kv_b = deepseek.kv_b_parts(set(gf.tensors)) if deepseek_names else {}
+        self._kv_b = deepseek.kv_b_parts(self.path, gf.tensors) if deepseek_names else {}
         for name, info in gf.tensors.items():
             hf = hf_name(name, mixtral, deepseek_names)
             if hf is not None:
@@ -356,8 +356,7 @@ class GGUFWeights(WeightSource):
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self._kv_b:
-            k_b, v_b = self._kv_b[name]
-            return deepseek.kv_b_shape(self.file.tensors[k_b].shape, self.file.tensors[v_b].shape)
+            return self._kv_b[name][2]
         return self._info(name).shape
 
     def quant_type(self, name: str) -> str:
@@ -389,7 +388,7 @@ class GGUFWeights(WeightSource):
 
     def get(self, name: str) -> torch.Tensor:
         if name in self._kv_b:  # attn_k_b / attn_v_b dequantized, joined into kv_b_proj
-            return deepseek.join_kv_b(*(self._whole(self.file.tensors[part]) for part in self._kv_b[name]))
+            return deepseek.join_kv_b(*(self._whole(self.file.tensors[part]) for part in self._kv_b[name][:2]))
         info = self._info(name)
         return self._whole(info, self._row_order(name, info))
 

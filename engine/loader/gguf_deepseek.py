@@ -36,6 +36,7 @@ import torch
 
 from engine.constants import GGUF_DEEPSEEK_V3_ARCHITECTURE
 from engine.errors import CheckpointError
+from engine.loader.gguf_file import GGUFTensorInfo
 
 DEEPSEEK2 = "deepseek2"
 SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID (1: SOFTMAX)
@@ -85,8 +86,7 @@ def deepseek2_config(path: Path, metadata: dict[str, Any], cfg: dict[str, Any]) 
         cfg.update(architectures=[GGUF_DEEPSEEK_V3_ARCHITECTURE], model_type="deepseek_v3")
     cfg.update(num_key_value_heads=heads, head_dim=rope, kv_lora_rank=rank, q_lora_rank=md("attention.q_lora_rank"),
                qk_rope_head_dim=rope, qk_nope_head_dim=qk - rope, v_head_dim=v, rope_interleave=True,
-               first_k_dense_replace=int(md("leading_dense_block_count", 0)),
-               intermediate_size=int(md("feed_forward_length") or need("expert_feed_forward_length")))
+               first_k_dense_replace=int(md("leading_dense_block_count", 0)))
     if cfg["q_lora_rank"] is not None:
         cfg["q_lora_rank"] = int(cfg["q_lora_rank"])
     if not md("expert_count"):
@@ -117,26 +117,25 @@ def yarn_scaling(metadata: dict[str, Any], scaling: dict[str, Any]) -> dict[str,
     return out
 
 
-def kv_b_parts(tensor_names: set[str]) -> dict[str, tuple[str, str]]:
-    """kv_b_proj's Hugging Face name -> (attn_k_b, attn_v_b) GGUF names, for each layer stored split (and not also
-    as attn_kv_b)."""
+def kv_b_parts(path: Path, tensors: dict[str, GGUFTensorInfo]) -> dict[str, tuple[str, str, tuple[int, int]]]:
+    """kv_b_proj's Hugging Face name -> (attn_k_b, attn_v_b GGUF names, kv_b_proj's shape [heads * (qk_nope +
+    v_head), kv_lora_rank]) for each layer stored split (and not also as attn_kv_b); ``tensors``: GGUFFile.tensors.
+    A CheckpointError when the two parts' shapes ([heads, rank, qk_nope], [heads, v_head, rank]) do not fit."""
     out = {}
-    for name in tensor_names:
-        if name.startswith("blk.") and name.endswith("." + K_B):
-            layer = name[4:-len(K_B) - 1]
-            v_b, kv_b = f"blk.{layer}.{V_B}", f"blk.{layer}.attn_kv_b.weight"
-            if v_b in tensor_names and kv_b not in tensor_names:
-                out[KV_B_NAME.format(layer)] = (name, v_b)
+    for name, k_b in tensors.items():
+        if not (name.startswith("blk.") and name.endswith("." + K_B)):
+            continue
+        layer = name[4:-len(K_B) - 1]
+        v_name = f"blk.{layer}.{V_B}"
+        v_b = tensors.get(v_name)
+        if v_b is None or f"blk.{layer}.attn_kv_b.weight" in tensors:
+            continue
+        if len(k_b.shape) != 3 or len(v_b.shape) != 3 or v_b.shape[0] != k_b.shape[0] or v_b.shape[2] != k_b.shape[1]:
+            raise CheckpointError(path, f"{name} {k_b.shape} and {v_name} {v_b.shape} do not split one kv_b_proj "
+                                        "([heads, kv_lora_rank, qk_nope] and [heads, v_head_dim, kv_lora_rank])")
+        heads, rank, nope = k_b.shape
+        out[KV_B_NAME.format(layer)] = (name, v_name, (heads * (nope + v_b.shape[1]), rank))
     return out
-
-
-def kv_b_shape(k_b: tuple[int, ...], v_b: tuple[int, ...]) -> tuple[int, int]:
-    """kv_b_proj's shape [heads * (qk_nope + v_head), kv_lora_rank] from attn_k_b's [heads, rank, qk_nope] and
-    attn_v_b's [heads, v_head, rank]."""
-    heads, rank, nope = k_b
-    if len(v_b) != 3 or v_b[0] != heads or v_b[2] != rank:
-        raise ValueError(f"attn_k_b {k_b} and attn_v_b {v_b} do not split one kv_b_proj")
-    return heads * (nope + v_b[1]), rank
 
 
 def join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
