@@ -188,6 +188,16 @@ def test_sinks_and_window_change_the_output(gpt_oss, reference):
     torch.testing.assert_close(llm.core.score(ids), ref, atol=LOGIT_BOUND, rtol=LOGIT_BOUND)
 
 
+@pytest.mark.timeout(900)
+def test_tp2_equals_transformers(gpt_oss, reference):
+    """Heads (and their sinks) and expert widths split over two ranks, the o_proj / down_proj biases added once:
+    transformers' greedy tokens."""
+    llm = LLM(str(gpt_oss[0]), dtype="float32", kv_cache_memory_gib=0.02, tensor_parallel_size=2,
+              comm_strategy="host")
+    assert llm.core.runner.tp.size == 2 and llm.core.runner.model.layers[0].self_attn.attn.num_heads == 2
+    assert [o.outputs[0].token_ids for o in llm.generate(_prompts(), GREEDY)] == [t for _, t in reference]
+
+
 def test_gpu_refused_at_build(gpt_oss):
     """Off the CPU the model refuses to build, naming the reason (built here under the meta device)."""
     cfg = ModelConfig.from_hf(json.loads((gpt_oss[0] / "config.json").read_text()))
