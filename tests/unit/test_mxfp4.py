@@ -13,7 +13,8 @@ def _random_packed(seed: int, shape=(3, 5, 4)):
     g = torch.Generator().manual_seed(seed)
     blocks = torch.randint(0, 256, (*shape, 16), generator=g, dtype=torch.uint8)
     scales = torch.randint(110, 140, shape, generator=g, dtype=torch.uint8)
-    scales.view(-1)[:3] = torch.tensor([0, 127, 252], dtype=torch.uint8)  # 2^-127 (subnormals), 1, 2^125 (6 x 2^125 < float32 max)
+    # the extremes: 2^-127 (float32 subnormals), 1, 2^125 (6 x 2^125 stays under float32's largest value)
+    scales.view(-1)[:3] = torch.tensor([0, 127, 252], dtype=torch.uint8)
     return blocks, scales
 
 
