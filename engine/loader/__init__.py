@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.checkpoint_json import read_json
 from engine.config import ModelConfig
 from engine.errors import CheckpointError, KestrelError, UnsupportedArchitectureError
 from engine.loader.gguf import GGUFWeights, gguf_hf_config, gguf_quantization
@@ -20,7 +21,7 @@ from engine.loader.gguf_file import GGUFFile
 from engine.loader.mxfp4 import Mxfp4Weights, is_mxfp4
 from engine.loader.quantized import QuantizedWeights, parse_scheme
 from engine.loader.resolve import default_model_path, resolve_model
-from engine.loader.safetensors import SafetensorsWeights, read_json
+from engine.loader.safetensors import SafetensorsWeights
 from engine.loader.weights import WeightSource, expected_shapes, validate_weights
 from engine.tokenizer import Tokenizer
 

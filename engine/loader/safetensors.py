@@ -3,13 +3,13 @@ model.safetensors.index.json), memory-mapped through ``safetensors.safe_open``."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
+from engine.checkpoint_json import read_json
 from engine.errors import CheckpointError
 from engine.loader.weights import WeightSource
 
@@ -21,19 +21,6 @@ _DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": getattr(torch, "float8_e4m3fn", None),
     "F8_E5M2": getattr(torch, "float8_e5m2", None),
 }
-
-
-def read_json(path: Path, what: str = "") -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise CheckpointError(path, f"cannot be read: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(path, f"is not valid JSON ({e}){what}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(path, "is not a JSON object")
-    return data
 
 
 class SafetensorsWeights(WeightSource):

@@ -8,7 +8,6 @@ what transformers keeps beside the backend: special tokens, the BOS/EOS rule, EO
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as _BackendTokenizer
 
+from engine.checkpoint_json import read_json
 from engine.errors import CheckpointError, InvalidRequestError
 from engine.tokenizer.chat_template import render_chat_template
 from engine.tokenizer.gguf_vocab import gguf_backend, gguf_metadata
@@ -33,19 +33,6 @@ def _token_content(value: Any) -> str | None:
     if isinstance(value, AddedToken):
         return value.content
     return None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise CheckpointError(path, f"cannot be read: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(path, f"is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(path, "is not a JSON object")
-    return data
 
 
 def _eos_list(value: Any) -> list[int]:
@@ -139,9 +126,9 @@ class Tokenizer:
             backend = _BackendTokenizer.from_file(str(tok_file))
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception subclasses
             raise CheckpointError(tok_file, f"is not a valid tokenizer.json ({e})") from None
-        cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+        cfg = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
         if generation_config is None and (path / "generation_config.json").is_file():
-            generation_config = _read_json(path / "generation_config.json")
+            generation_config = read_json(path / "generation_config.json")
 
         templates: dict[str, str] = {}
         raw = cfg.get("chat_template")
@@ -150,7 +137,7 @@ class Tokenizer:
         elif isinstance(raw, list):
             templates.update({t["name"]: t["template"] for t in raw if isinstance(t, Mapping) and "name" in t})
         if (path / "chat_template.json").is_file():
-            raw = _read_json(path / "chat_template.json").get("chat_template")
+            raw = read_json(path / "chat_template.json").get("chat_template")
             if isinstance(raw, str):
                 templates["default"] = raw
         extra_dir = path / "additional_chat_templates"
