@@ -81,7 +81,11 @@ def deepseek2_config(path: Path, metadata: dict[str, Any], cfg: dict[str, Any]) 
         raise CheckpointError(path, f"GGUF metadata gives a key length of {qk} for a rope part of {rope}: no "
                                     "non-rope key dimensions")
     heads = cfg["num_attention_heads"]
-    sigmoid = int(md("expert_gating_func", 1)) == SIGMOID_GATING
+    gating = int(md("expert_gating_func", 1))  # 0 (none) or absent: softmax, as llama.cpp reads such files
+    if gating not in (0, 1, SIGMOID_GATING):
+        raise CheckpointError(path, f"GGUF metadata's {DEEPSEEK2}.expert_gating_func is {gating}; Kestrel routes "
+                                    "DeepSeek experts by softmax (1) or sigmoid (2) only")
+    sigmoid = gating == SIGMOID_GATING
     if sigmoid:
         cfg.update(architectures=[GGUF_DEEPSEEK_V3_ARCHITECTURE], model_type="deepseek_v3")
     cfg.update(num_key_value_heads=heads, head_dim=rope, kv_lora_rank=rank, q_lora_rank=md("attention.q_lora_rank"),

@@ -53,6 +53,8 @@ def test_v3_keys_and_v2_groups():
         1536, "sigmoid", "noaux_tc", 8, 4, True, 2.5, 3)
     v2 = _config({**V3, "expert_gating_func": 1})  # DeepSeek-V2 (full): softmax, group-limited
     assert v2["architectures"] == ["DeepseekV2ForCausalLM"] and v2["topk_method"] == "group_limited_greedy"
+    with pytest.raises(CheckpointError, match="expert_gating_func is 3"):  # sqrt-softplus (later models)
+        _config({**V3, "expert_gating_func": 3})
 
 
 def test_older_key_lengths_and_a_dense_file():
