@@ -517,9 +517,25 @@ void paged_decode_attention(int dt_flags, uintptr_t out, int64_t os0, int64_t os
     total_ctx += c;
   }
 
+  // Spans (kernels.h): a row continues the previous row's span where its context is no shorter and the previous
+  // row's blocks are its first ones (a verify pass's rows c, c + 1, ..., c + k of one request), so their attention
+  // reads the cache once. Decided here from the tables on every call (a CPU decode tape's replays included); a row
+  // gets the same result in a span as alone (the kernel's arithmetic per (row, head) does not depend on it).
   const int64_t G = nh / nkv;
-  const int64_t groups = (G + kAttnGroup - 1) / kAttnGroup;
-  const int64_t base_items = B * nkv * groups;
+  thread_local std::vector<AttnPiece> pieces;
+  pieces.clear();
+  for (int64_t b = 0; b < B;) {
+    int64_t e = b + 1;
+    for (; e < B && ctx[e] >= ctx[e - 1]; ++e) {
+      const int32_t* prev = bt + (e - 1) * bt_stride;
+      const int32_t* cur = bt + e * bt_stride;
+      if (!std::equal(prev, prev + (ctx[e - 1] + bs - 1) / bs, cur)) break;
+    }
+    const int64_t slots = (e - b) * G, per = e - b == 1 ? kAttnGroup : kAttnMaxSlots;
+    for (int64_t s0 = 0; s0 < slots; s0 += per) pieces.push_back({b, e - 1, s0, std::min(per, slots - s0)});
+    b = e;
+  }
+  const int64_t base_items = int64_t(pieces.size()) * nkv;
   const int64_t work = std::max<int64_t>(total_ctx, 1) * 2 * hd * (nkv + nh);
   const int nt = threads_for(base_items * std::max<int64_t>(1, (max_ctx + 63) / 64), work);
 
@@ -542,7 +558,7 @@ void paged_decode_attention(int dt_flags, uintptr_t out, int64_t os0, int64_t os
   p.head_size = hd;
   p.block_size = bs;
   p.scale = float(scale);
-  p.groups_per_kv = groups;
+  p.pieces = pieces.data();
   p.num_parts = 1;
   p.part_tokens = std::max<int64_t>(max_ctx, 1);
   p.ws = nullptr;
@@ -587,9 +603,12 @@ void paged_decode_attention(int dt_flags, uintptr_t out, int64_t os0, int64_t os
     const int64_t P = p.num_parts;
     auto whole = [&](int64_t i) {
       k.attn_items(p, i * P, (i + 1) * P);
-      const int64_t grp = i % groups, kvh = (i / groups) % nkv, b = i / (groups * nkv);
-      const int64_t h0 = kvh * G + grp * kAttnGroup, ng = std::min<int64_t>(kAttnGroup, G - grp * kAttnGroup);
-      k.attn_reduce(p, b * nh + h0, b * nh + h0 + ng);
+      const AttnPiece& pc = p.pieces[i / nkv];  // (not `pieces`: thread_local, and this runs on the pool)
+      const int64_t kvh = i % nkv;
+      for (int64_t s = pc.slot0; s < pc.slot0 + pc.num_slots; ++s) {
+        const int64_t bh = (pc.row0 + s / G) * nh + kvh * G + s % G;
+        k.attn_reduce(p, bh, bh + 1);
+      }
     };
     if (nt <= 1) {
       for (int64_t i = 0; i < base_items; ++i) whole(i);

@@ -19,9 +19,21 @@ struct RotaryParams {
   bool is_neox;
 };
 
-// Work item = (batch b, kv head, group of <= kAttnGroup query heads sharing it, context partition).
-constexpr int kAttnGroup = 4;
+// Decode attention works on pieces: up to kAttnMaxSlots (row, query head) slots of one span, a run of consecutive
+// rows whose block tables agree over their contexts (a verify pass's k + 1 rows of one request; else a row of its
+// own), so the span's rows share one pass over each kv head's cache. A span's slots are its rows x the nh / nkv
+// query heads of a kv head, row-major; a one-row span is cut into pieces of kAttnGroup heads (as many work items as
+// before spans), a longer one into pieces of kAttnMaxSlots. Work item = (piece, kv head, context partition).
+constexpr int kAttnGroup = 4;      // slots scored together (the kernel's register block)
+constexpr int kAttnMaxSlots = 16;  // slots of one piece (its fp32 query and accumulator rows stay on the stack)
 constexpr int kAttnMaxHeadDim = 512;
+
+struct AttnPiece {
+  int64_t row0;       // the span's first row
+  int64_t table_row;  // the span's last row: the longest context, whose block table the piece reads
+  int64_t slot0;      // first slot of the piece (slot s: row row0 + s / G, head kvh * G + s % G)
+  int64_t num_slots;  // <= kAttnMaxSlots
+};
 
 struct AttnParams {
   int dtype;
@@ -36,7 +48,7 @@ struct AttnParams {
   const int32_t* context_lens;
   int64_t B, num_heads, num_kv_heads, head_size, block_size;
   float scale;
-  int64_t groups_per_kv;    // ceil((nh/nkv) / kAttnGroup)
+  const AttnPiece* pieces;  // the step's pieces (dispatch.cpp builds them)
   int64_t num_parts;        // context partitions (split-K); 1 = write `out` directly
   int64_t part_tokens;      // tokens per partition (multiple of block_size)
   float* ws;                // num_parts > 1: [B, nh, num_parts, 2 + hd] (max, sum, acc[hd])

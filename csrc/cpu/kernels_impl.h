@@ -186,31 +186,198 @@ void rotary_t(const RotaryParams& p, int64_t t0, int64_t t1) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Paged decode attention: one query token per sequence, online softmax in fp32.
+// Paged decode attention: one query token per row, online softmax in fp32, by pieces of spans (kernels.h).
 
 constexpr int64_t kChunk = 32;  // tokens scored at a time (<= one cache block)
-constexpr int64_t kAttnAhead = 16;  // tokens whose K / V rows are prefetched ahead (attn_group)
+constexpr int64_t kAttnAhead = 16;  // tokens whose K / V rows are prefetched ahead (attn_piece)
 
+// One chunk of n cache tokens (K rows kb, V rows vb, tok_stride apart) for NG slots: scores, online-softmax update
+// and acc += p . V. Slot g sees the chunk's first nv[g] tokens (0 <= nv[g] <= n: its context ends there). A slot's
+// arithmetic is the same whatever the other slots are (the same steps in the same order as for a chunk of nv[g]
+// tokens alone), so a row comes out the same bits on its own or in a span.
 template <class T, int NG>
-void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t part) {
+void attn_chunk(const AttnParams& p, const T* const* qb, const float* qf, float* acc, float* m, float* l,
+                const int64_t* nv, const T* kb, const T* vb) {
+  const int64_t hd = p.head_size, tok_stride = p.num_kv_heads * hd;
+  alignas(64) float sc[NG][kChunk];
+  int64_t jg[NG];  // slot g's scores before jg[g] are done
+  int64_t nmax = 0, nmin = kChunk;
+  for (int g = 0; g < NG; ++g) {
+    jg[g] = 0;
+    nmax = nv[g] > nmax ? nv[g] : nmax;
+    nmin = nv[g] < nmin ? nv[g] : nmin;
+  }
+  (void)qb;
+
+  // scores s[g][j] = (q_g * scale) . k_j. Full groups of W tokens: W accumulators per head, summed
+  // with one transposing reduction; the remaining tokens one at a time with horizontal sums.
+#if defined(__AVX512BF16__)
+  // bfloat16 caches on AVX512_BF16: q_g . k_j by vdpbf16ps on the stored bfloat16 values (exact products,
+  // float32 sums of pairs), then * scale; no conversion of K to float32, which at 4 query heads per kv head
+  // was most of the kernel's vector work.
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    if (hd % 32 == 0) {
+      const R vsc = Vec::set1(p.scale);
+      for (int64_t j = 0; j + 16 <= nmax; j += 16) {
+        const T* kr = kb + j * tok_stride;
+        for (int g = 0; g < NG; ++g) {
+          if (j + 16 > nv[g]) continue;
+          __m512 a[16];
+          for (int u = 0; u < 16; ++u) a[u] = _mm512_setzero_ps();
+          for (int64_t i = 0; i < hd; i += 32) {
+            const __m512bh qv = (__m512bh)_mm512_loadu_si512(qb[g] + i);
+            for (int u = 0; u < 16; ++u)
+              a[u] = _mm512_dpbf16_ps(a[u], qv, (__m512bh)_mm512_loadu_si512(kr + u * tok_stride + i));
+          }
+          Vec::store(&sc[g][j], Vec::mul(Vec::transpose_sum(a), vsc));
+        }
+      }
+      for (int g = 0; g < NG; ++g) jg[g] = nv[g] / 16 * 16;
+    }
+  }
+#endif
+  if constexpr (W > 1) {
+    int64_t j0 = kChunk;
+    for (int g = 0; g < NG; ++g) j0 = jg[g] < j0 ? jg[g] : j0;
+    for (int64_t j = j0; j + W <= nmax; j += W) {  // the jg are multiples of 16 (or 0): W divides them
+      const T* kr = kb + j * tok_stride;
+      for (int g = 0; g < NG; ++g) {
+        if (j < jg[g] || j + W > nv[g]) continue;
+        R a[W];
+        for (int u = 0; u < W; ++u) a[u] = Vec::zero();
+        int64_t i = 0;
+        for (; i + W <= hd; i += W) {
+          const R qv = Vec::load(qf + g * hd + i);
+          for (int u = 0; u < W; ++u) a[u] = Vec::fma(qv, Vec::load(kr + u * tok_stride + i), a[u]);
+        }
+        R s = Vec::transpose_sum(a);
+        if (i < hd) {  // head_dim not a multiple of W
+          alignas(64) float tail[W];
+          for (int u = 0; u < W; ++u) {
+            float acc_t = 0.f;
+            for (int64_t ii = i; ii < hd; ++ii) acc_t += qf[g * hd + ii] * to_f32(kr[u * tok_stride + ii]);
+            tail[u] = acc_t;
+          }
+          s = Vec::add(s, Vec::load(tail));
+        }
+        Vec::store(&sc[g][j], s);
+      }
+    }
+    for (int g = 0; g < NG; ++g)
+      if (nv[g] > jg[g]) jg[g] += (nv[g] - jg[g]) / W * W;
+  }
+  {
+    int64_t j0 = kChunk;
+    for (int g = 0; g < NG; ++g) j0 = jg[g] < j0 ? jg[g] : j0;
+    for (int64_t j = j0; j < nmax; ++j) {
+      const T* kr = kb + j * tok_stride;
+      R a[NG];
+      for (int g = 0; g < NG; ++g) a[g] = Vec::zero();
+      int64_t i = 0;
+      for (; i + W <= hd; i += W) {
+        const R kv = Vec::load(kr + i);
+        for (int g = 0; g < NG; ++g) a[g] = Vec::fma(Vec::load(qf + g * hd + i), kv, a[g]);
+      }
+      for (int g = 0; g < NG; ++g) {
+        if (j < jg[g] || j >= nv[g]) continue;
+        float s = Vec::hsum(a[g]);
+        for (int64_t ii = i; ii < hd; ++ii) s += qf[g * hd + ii] * to_f32(kr[ii]);
+        sc[g][j] = s;
+      }
+    }
+  }
+
+  // online softmax update: p_j = exp(s_j - m_new), rescale the running sum and accumulator.
+  for (int g = 0; g < NG; ++g) {
+    const int64_t n = nv[g];
+    if (n <= 0) continue;
+    float mx = m[g];
+    int64_t j = 0;
+    if (n >= W) {
+      R vm = Vec::load(&sc[g][0]);
+      for (j = W; j + W <= n; j += W) vm = Vec::max(vm, Vec::load(&sc[g][j]));
+      const float vmax = Vec::hmax(vm);
+      mx = vmax > mx ? vmax : mx;
+    }
+    for (; j < n; ++j) mx = sc[g][j] > mx ? sc[g][j] : mx;
+    const float alpha = std::exp(m[g] - mx);
+    m[g] = mx;
+    const R vmx = Vec::set1(mx);
+    R vs = Vec::zero();
+    j = 0;
+    for (; j + W <= n; j += W) {
+      R e = Vec::exp(Vec::sub(Vec::load(&sc[g][j]), vmx));
+      Vec::store(&sc[g][j], e);
+      vs = Vec::add(vs, e);
+    }
+    float sum = Vec::hsum(vs);
+    for (; j < n; ++j) {
+      sc[g][j] = std::exp(sc[g][j] - mx);
+      sum += sc[g][j];
+    }
+    l[g] = l[g] * alpha + sum;
+    if (alpha != 1.0f) {
+      const R va = Vec::set1(alpha);
+      float* ag = acc + g * hd;
+      int64_t i = 0;
+      for (; i + W <= hd; i += W) Vec::store(ag + i, Vec::mul(Vec::load(ag + i), va));
+      for (; i < hd; ++i) ag[i] *= alpha;
+    }
+  }
+
+  // acc_g += sum_j p_j * v_j over the slot's own tokens (the V rows read once for all the slots)
+  int64_t i = 0;
+  for (; i + W <= hd; i += W) {
+    R a[NG];
+    for (int g = 0; g < NG; ++g) a[g] = Vec::load(acc + g * hd + i);
+    int64_t j = 0;
+    for (; j < nmin; ++j) {
+      const R vv = Vec::load(vb + j * tok_stride + i);
+      for (int g = 0; g < NG; ++g) a[g] = Vec::fma(Vec::set1(sc[g][j]), vv, a[g]);
+    }
+    for (; j < nmax; ++j) {
+      const R vv = Vec::load(vb + j * tok_stride + i);
+      for (int g = 0; g < NG; ++g)
+        if (j < nv[g]) a[g] = Vec::fma(Vec::set1(sc[g][j]), vv, a[g]);
+    }
+    for (int g = 0; g < NG; ++g) Vec::store(acc + g * hd + i, a[g]);
+  }
+  for (; i < hd; ++i) {
+    for (int64_t j = 0; j < nmax; ++j) {
+      const float vv = to_f32(vb[j * tok_stride + i]);
+      for (int g = 0; g < NG; ++g)
+        if (j < nv[g]) acc[g * hd + i] += sc[g][j] * vv;
+    }
+  }
+}
+
+template <class T>
+void attn_piece(const AttnParams& p, const AttnPiece& pc, int64_t kvh, int64_t part) {
   const int64_t hd = p.head_size, bs = p.block_size, nkv = p.num_kv_heads;
-  const int64_t ctx = p.context_lens[b];
-  const int64_t t_begin = part * p.part_tokens;
-  const int64_t t_end = imin(ctx, t_begin + p.part_tokens);
+  const int64_t G = p.num_heads / nkv, S = pc.num_slots;
   const int64_t tok_stride = nkv * hd;
   const int64_t blk_stride = bs * tok_stride;
   const T* kc = static_cast<const T*>(p.k_cache) + kvh * hd;
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * hd;
-  const int32_t* bt = p.block_tables + b * p.bt_stride;
+  const int32_t* bt = p.block_tables + pc.table_row * p.bt_stride;
+  const int64_t t_begin = part * p.part_tokens;
 
-  alignas(64) float qf[NG * kAttnMaxHeadDim];
-  alignas(64) float acc[NG * kAttnMaxHeadDim];
-  alignas(64) float sc[NG][kChunk];
-  float m[NG], l[NG];
+  alignas(64) float qf[kAttnMaxSlots * kAttnMaxHeadDim];
+  alignas(64) float acc[kAttnMaxSlots * kAttnMaxHeadDim];
+  float m[kAttnMaxSlots], l[kAttnMaxSlots];
+  const T* qb[kAttnMaxSlots];
+  int64_t row[kAttnMaxSlots], head[kAttnMaxSlots], ctx[kAttnMaxSlots], nv[kAttnMaxSlots];
+  int64_t span_ctx = 0;
 
   const R vscale = Vec::set1(p.scale);
-  for (int g = 0; g < NG; ++g) {
-    const T* qp = static_cast<const T*>(p.q) + b * p.q_s0 + (h0 + g) * p.q_s1;
+  for (int64_t g = 0; g < S; ++g) {
+    const int64_t slot = pc.slot0 + g;
+    row[g] = pc.row0 + slot / G;
+    head[g] = kvh * G + slot % G;
+    ctx[g] = imin(int64_t(p.context_lens[row[g]]), t_begin + p.part_tokens);
+    span_ctx = ctx[g] > span_ctx ? ctx[g] : span_ctx;
+    const T* qp = static_cast<const T*>(p.q) + row[g] * p.q_s0 + head[g] * p.q_s1;
+    qb[g] = qp;
     float* qg = qf + g * hd;
     int64_t i = 0;
     for (; i + W <= hd; i += W) {
@@ -224,6 +391,7 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
     m[g] = -std::numeric_limits<float>::infinity();
     l[g] = 0.f;
   }
+  const int64_t t_end = span_ctx;  // the partition's end or the span's longest context
 
   // The rows of one kv head are tok_stride apart in the cache (a strided stream of hd * sizeof(T) bytes per token
   // that the hardware prefetchers follow poorly once a decode step's weights have pushed the cache out of L3): the
@@ -238,12 +406,12 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
   int64_t pf = t_begin;  // tokens before pf are prefetched
   auto prefetch_to = [&](int64_t t2) {
     t2 = imin(t2, t_end);
-    const int64_t row = hd * int64_t(sizeof(T));
+    const int64_t rowb = hd * int64_t(sizeof(T));
     for (; pf < t2; ++pf) {
       const int64_t at = int64_t(bt[pf / bs]) * blk_stride + (pf % bs) * tok_stride;
       const char* k2 = reinterpret_cast<const char*>(kc + at);
       const char* v2 = reinterpret_cast<const char*>(vc + at);
-      for (int64_t c = 0; c < row; c += 64) {
+      for (int64_t c = 0; c < rowb; c += 64) {
         __builtin_prefetch(k2 + c, 0, 1);
         __builtin_prefetch(v2 + c, 0, 1);
       }
@@ -258,144 +426,30 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
     const T* kb = kc + base;
     const T* vb = vc + base;
     prefetch_to(t + n + kAttnAhead);
-
-    // scores s[g][j] = (q_g * scale) . k_j. Full groups of W tokens: W accumulators per head, summed
-    // with one transposing reduction; the remaining tokens one at a time with horizontal sums.
-    int64_t j = 0;
-#if defined(__AVX512BF16__)
-    // bfloat16 caches on AVX512_BF16: q_g . k_j by vdpbf16ps on the stored bfloat16 values (exact products,
-    // float32 sums of pairs), then * scale; no conversion of K to float32, which at 4 query heads per kv head
-    // was most of the kernel's vector work.
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      if (hd % 32 == 0) {
-        const R vsc = Vec::set1(p.scale);
-        const T* qb[NG];  // the heads' queries as stored
-        for (int g = 0; g < NG; ++g) qb[g] = static_cast<const T*>(p.q) + b * p.q_s0 + (h0 + g) * p.q_s1;
-        for (; j + 16 <= n; j += 16) {
-          const T* kr = kb + j * tok_stride;
-          for (int g = 0; g < NG; ++g) {
-            __m512 a[16];
-            for (int u = 0; u < 16; ++u) a[u] = _mm512_setzero_ps();
-            for (int64_t i = 0; i < hd; i += 32) {
-              const __m512bh qv = (__m512bh)_mm512_loadu_si512(qb[g] + i);
-              for (int u = 0; u < 16; ++u)
-                a[u] = _mm512_dpbf16_ps(a[u], qv, (__m512bh)_mm512_loadu_si512(kr + u * tok_stride + i));
-            }
-            Vec::store(&sc[g][j], Vec::mul(Vec::transpose_sum(a), vsc));
-          }
-        }
-      }
-    }
-#endif
-    if constexpr (W > 1) {
-      for (; j + W <= n; j += W) {
-        const T* kr = kb + j * tok_stride;
-        for (int g = 0; g < NG; ++g) {
-          R a[W];
-          for (int u = 0; u < W; ++u) a[u] = Vec::zero();
-          int64_t i = 0;
-          for (; i + W <= hd; i += W) {
-            const R qv = Vec::load(qf + g * hd + i);
-            for (int u = 0; u < W; ++u) a[u] = Vec::fma(qv, Vec::load(kr + u * tok_stride + i), a[u]);
-          }
-          R s = Vec::transpose_sum(a);
-          if (i < hd) {  // head_dim not a multiple of W
-            alignas(64) float tail[W];
-            for (int u = 0; u < W; ++u) {
-              float acc_t = 0.f;
-              for (int64_t ii = i; ii < hd; ++ii) acc_t += qf[g * hd + ii] * to_f32(kr[u * tok_stride + ii]);
-              tail[u] = acc_t;
-            }
-            s = Vec::add(s, Vec::load(tail));
-          }
-          Vec::store(&sc[g][j], s);
-        }
-      }
-    }
-    for (; j < n; ++j) {
-      const T* kr = kb + j * tok_stride;
-      R a[NG];
-      for (int g = 0; g < NG; ++g) a[g] = Vec::zero();
-      int64_t i = 0;
-      for (; i + W <= hd; i += W) {
-        const R kv = Vec::load(kr + i);
-        for (int g = 0; g < NG; ++g) a[g] = Vec::fma(Vec::load(qf + g * hd + i), kv, a[g]);
-      }
-      for (int g = 0; g < NG; ++g) {
-        float s = Vec::hsum(a[g]);
-        for (int64_t ii = i; ii < hd; ++ii) s += qf[g * hd + ii] * to_f32(kr[ii]);
-        sc[g][j] = s;
-      }
-    }
-
-    // online softmax update: p_j = exp(s_j - m_new), rescale the running sum and accumulator.
-    for (int g = 0; g < NG; ++g) {
-      float mx = m[g];
-      int64_t j = 0;
-      if (n >= W) {
-        R vm = Vec::load(&sc[g][0]);
-        for (j = W; j + W <= n; j += W) vm = Vec::max(vm, Vec::load(&sc[g][j]));
-        const float vmax = Vec::hmax(vm);
-        mx = vmax > mx ? vmax : mx;
-      }
-      for (; j < n; ++j) mx = sc[g][j] > mx ? sc[g][j] : mx;
-      const float alpha = std::exp(m[g] - mx);
-      m[g] = mx;
-      const R vmx = Vec::set1(mx);
-      R vs = Vec::zero();
-      j = 0;
-      for (; j + W <= n; j += W) {
-        R e = Vec::exp(Vec::sub(Vec::load(&sc[g][j]), vmx));
-        Vec::store(&sc[g][j], e);
-        vs = Vec::add(vs, e);
-      }
-      float sum = Vec::hsum(vs);
-      for (; j < n; ++j) {
-        sc[g][j] = std::exp(sc[g][j] - mx);
-        sum += sc[g][j];
-      }
-      l[g] = l[g] * alpha + sum;
-      if (alpha != 1.0f) {
-        const R va = Vec::set1(alpha);
-        float* ag = acc + g * hd;
-        int64_t i = 0;
-        for (; i + W <= hd; i += W) Vec::store(ag + i, Vec::mul(Vec::load(ag + i), va));
-        for (; i < hd; ++i) ag[i] *= alpha;
-      }
-    }
-
-    // acc_g += sum_j p_j * v_j
-    int64_t i = 0;
-    for (; i + W <= hd; i += W) {
-      R a[NG];
-      for (int g = 0; g < NG; ++g) a[g] = Vec::load(acc + g * hd + i);
-      for (int64_t j = 0; j < n; ++j) {
-        const R vv = Vec::load(vb + j * tok_stride + i);
-        for (int g = 0; g < NG; ++g) a[g] = Vec::fma(Vec::set1(sc[g][j]), vv, a[g]);
-      }
-      for (int g = 0; g < NG; ++g) Vec::store(acc + g * hd + i, a[g]);
-    }
-    for (; i < hd; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        const float vv = to_f32(vb[j * tok_stride + i]);
-        for (int g = 0; g < NG; ++g) acc[g * hd + i] += sc[g][j] * vv;
+    for (int64_t g = 0; g < S; ++g) nv[g] = imin(n, ctx[g] > t ? ctx[g] - t : 0);
+    // the slots kAttnGroup at a time: the chunk's K / V rows come from memory once, then from L1
+    for (int64_t g0 = 0; g0 < S; g0 += kAttnGroup) {
+      switch (imin(kAttnGroup, S - g0)) {
+        case 1: attn_chunk<T, 1>(p, qb + g0, qf + g0 * hd, acc + g0 * hd, m + g0, l + g0, nv + g0, kb, vb); break;
+        case 2: attn_chunk<T, 2>(p, qb + g0, qf + g0 * hd, acc + g0 * hd, m + g0, l + g0, nv + g0, kb, vb); break;
+        case 3: attn_chunk<T, 3>(p, qb + g0, qf + g0 * hd, acc + g0 * hd, m + g0, l + g0, nv + g0, kb, vb); break;
+        default: attn_chunk<T, 4>(p, qb + g0, qf + g0 * hd, acc + g0 * hd, m + g0, l + g0, nv + g0, kb, vb); break;
       }
     }
     t += n;
   }
+  static_assert(kAttnGroup == 4, "attn_piece's switch assumes groups of at most 4 slots");
 
-  if (p.num_parts == 1) {
-    for (int g = 0; g < NG; ++g) {
-      T* o = static_cast<T*>(p.out) + b * p.out_s0 + (h0 + g) * p.out_s1;
+  for (int64_t g = 0; g < S; ++g) {
+    if (p.num_parts == 1) {
+      T* o = static_cast<T*>(p.out) + row[g] * p.out_s0 + head[g] * p.out_s1;
       const float inv = l[g] > 0.f ? 1.0f / l[g] : 0.f;
       const R vinv = Vec::set1(inv);
       int64_t i = 0;
       for (; i + W <= hd; i += W) Vec::store(o + i, Vec::mul(Vec::load(acc + g * hd + i), vinv));
       for (; i < hd; ++i) o[i] = from_f32<T>(acc[g * hd + i] * inv);
-    }
-  } else {
-    for (int g = 0; g < NG; ++g) {
-      float* w = p.ws + ((b * p.num_heads + h0 + g) * p.num_parts + part) * (2 + hd);
+    } else {
+      float* w = p.ws + ((row[g] * p.num_heads + head[g]) * p.num_parts + part) * (2 + hd);
       w[0] = m[g];
       w[1] = l[g];
       for (int64_t i = 0; i < hd; ++i) w[2 + i] = acc[g * hd + i];
@@ -405,25 +459,10 @@ void attn_group(const AttnParams& p, int64_t b, int64_t kvh, int64_t h0, int64_t
 
 template <class T>
 void attn_items_t(const AttnParams& p, int64_t i0, int64_t i1) {
-  const int64_t G = p.num_heads / p.num_kv_heads;
   for (int64_t it = i0; it < i1; ++it) {
-    int64_t r = it;
-    const int64_t part = r % p.num_parts;
-    r /= p.num_parts;
-    const int64_t grp = r % p.groups_per_kv;
-    r /= p.groups_per_kv;
-    const int64_t kvh = r % p.num_kv_heads;
-    const int64_t b = r / p.num_kv_heads;
-    const int64_t h0 = kvh * G + grp * kAttnGroup;
-    const int64_t ng = imin(kAttnGroup, G - grp * kAttnGroup);
-    switch (ng) {
-      case 1: attn_group<T, 1>(p, b, kvh, h0, part); break;
-      case 2: attn_group<T, 2>(p, b, kvh, h0, part); break;
-      case 3: attn_group<T, 3>(p, b, kvh, h0, part); break;
-      default: attn_group<T, 4>(p, b, kvh, h0, part); break;
-    }
+    const int64_t part = it % p.num_parts, r = it / p.num_parts;
+    attn_piece<T>(p, p.pieces[r / p.num_kv_heads], r % p.num_kv_heads, part);
   }
-  static_assert(kAttnGroup == 4, "attn_items_t's switch assumes groups of at most 4 heads");
 }
 
 template <class T>
