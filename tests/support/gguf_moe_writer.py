@@ -1,6 +1,8 @@
-"""Mixture-of-experts GGUF files written the way llama.cpp's converter writes Qwen3-MoE (``qwen3moe``) and Mixtral
-(``llama`` with expert_count, q/k permuted): each layer's experts stacked into 3-D ``ffn_{gate,up,down}_exps``
-tensors, the router ``ffn_gate_inp`` in F32, from a transformers model's saved per-expert tensors. Also the
+"""Mixture-of-experts GGUF files written the way llama.cpp's converter writes Qwen3-MoE (``qwen3moe``), Qwen2-MoE
+(``qwen2moe``: q/k/v biases, the shared expert ``ffn_{gate,up,down}_shexp`` and its gate ``ffn_gate_inp_shexp`` in
+F32) and Mixtral (``llama`` with expert_count, q/k permuted): each layer's experts stacked into 3-D
+``ffn_{gate,up,down}_exps`` tensors, the router ``ffn_gate_inp`` in F32, from a transformers model's saved per-expert
+tensors. Also the
 model with every tensor replaced by what the file holds, dequantized (the reference the GGUF path is held to).
 Heavy imports inside the functions."""
 
@@ -13,14 +15,22 @@ from tests.support.gguf_writer import llama_cpp_permute, quantize_kquant
 _ATTN = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
          "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
          "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-         "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
+         "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+         "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+         "self_attn.v_proj.bias": "attn_v.bias"}
+_SHARED = {"mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+           "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+           "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+           "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight"}
+_ARCH = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
 
 def build_moe_model(kind: str, seed: int = 0):
-    """A tiny random Qwen3-MoE (``kind`` "qwen3_moe") or Mixtral ("mixtral") of K-quant-friendly widths (hidden and
-    expert width 256), float32, eval; weights N(0, 0.02), norms 1 + N(0, 0.1)."""
+    """A tiny random Qwen3-MoE (``kind`` "qwen3_moe"), Qwen2-MoE ("qwen2_moe": q/k/v biases, a shared expert of
+    width 256 with its sigmoid gate, top-2 not renormalized) or Mixtral ("mixtral") of K-quant-friendly widths
+    (hidden and expert width 256), float32, eval; weights N(0, 0.02), norms 1 + N(0, 0.1)."""
     import torch
     import transformers
 
@@ -31,6 +41,10 @@ def build_moe_model(kind: str, seed: int = 0):
         cfg = transformers.Qwen3MoeConfig(**common, head_dim=64, num_experts=4, moe_intermediate_size=256,
                                           intermediate_size=512, norm_topk_prob=True)
         model = transformers.Qwen3MoeForCausalLM(cfg)
+    elif kind == "qwen2_moe":
+        cfg = transformers.Qwen2MoeConfig(**common, num_experts=4, moe_intermediate_size=256, intermediate_size=512,
+                                          shared_expert_intermediate_size=256, norm_topk_prob=False)
+        model = transformers.Qwen2MoeForCausalLM(cfg)
     else:
         cfg = transformers.MixtralConfig(**common, num_local_experts=4, intermediate_size=256)
         model = transformers.MixtralForCausalLM(cfg)
@@ -55,7 +69,8 @@ def _saved_tensors(model, tmp: Path) -> dict:
 
 def write_moe_gguf(model, out: Path, qtype_name: str, tokenizer_source: Path, workdir: Path) -> tuple[Path, dict]:
     """``model`` (build_moe_model) as a GGUF of ``qtype_name`` ("Q8_0" / "Q4_K": every 2-D and 3-D weight but the
-    router; norms and router F32); returns the path and the dequantized tensors under the checkpoint's names."""
+    routers; norms, biases and routers F32; "F32": every tensor F32); returns the path and the dequantized tensors
+    under the checkpoint's names."""
     import gguf
     import numpy as np
     from gguf import GGMLQuantizationType as Q
@@ -65,7 +80,7 @@ def write_moe_gguf(model, out: Path, qtype_name: str, tokenizer_source: Path, wo
 
     cfg = model.config
     mixtral = cfg.model_type == "mixtral"
-    arch = "llama" if mixtral else "qwen3moe"
+    arch = _ARCH[cfg.model_type]
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     experts = cfg.num_local_experts if mixtral else cfg.num_experts
@@ -94,9 +109,12 @@ def write_moe_gguf(model, out: Path, qtype_name: str, tokenizer_source: Path, wo
         w.add_rope_dimension_count(head_dim)
     else:
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if arch == "qwen3moe":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_file_type(gguf.LlamaFileType.GUESSED)
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == Q.F32 else gguf.LlamaFileType.GUESSED)
     meta = GGUFFile(tokenizer_source).metadata
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
     w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
@@ -109,7 +127,7 @@ def write_moe_gguf(model, out: Path, qtype_name: str, tokenizer_source: Path, wo
     dequantized: dict = {}
 
     def put(gguf_name: str, arr, quantize: bool, hf_names: list[str], unpermute=None):
-        if quantize:
+        if quantize and qtype != Q.F32:
             data = encode(arr)
             w.add_tensor(gguf_name, data, raw_dtype=qtype)
             values = quants.dequantize(data, qtype).reshape(arr.shape)
@@ -138,6 +156,9 @@ def write_moe_gguf(model, out: Path, qtype_name: str, tokenizer_source: Path, wo
             put(f"blk.{i}.{gg}", arr, arr.ndim == 2, [p + hf], undo)
         moe = p + ("block_sparse_moe." if mixtral else "mlp.")
         put(f"blk.{i}.ffn_gate_inp.weight", tensors[moe + "gate.weight"], False, [moe + "gate.weight"])
+        for hf, gg in _SHARED.items():
+            if p + hf in tensors:  # Qwen2-MoE's shared expert; its gate [1, hidden] F32, as the router
+                put(f"blk.{i}.{gg}", tensors[p + hf], not hf.endswith("shared_expert_gate.weight"), [p + hf])
         names = {"gate": "w1", "up": "w3", "down": "w2"} if mixtral else {
             "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
         for proj in ("gate", "up", "down"):
