@@ -2,12 +2,14 @@
 
 Turns the vocabulary, merges, scores and token types llama.cpp stores into a ``tokenizers.Tokenizer`` exactly
 as transformers' GGUF converter does (integrations/gguf): byte-level BPE (``"gpt2"``: Llama 3, Qwen, SmolLM,
-...) with the split regex ``tokenizer.ggml.pre`` names, and SentencePiece BPE with byte fallback
+DeepSeek, ...) with the split steps ``tokenizer.ggml.pre`` names (``gguf_pre_tokenizer``: a name it does not know
+logs a warning and splits as GPT-2), and SentencePiece BPE with byte fallback
 (``"llama"``: Llama 2, Mistral, TinyLlama, ...). Also GPT-2's byte -> character table, ``bytes_to_unicode``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +20,10 @@ from tokenizers import Tokenizer as _BackendTokenizer
 
 from engine.errors import CheckpointError
 
-__all__ = ["GGUF_PRE_TOKENIZER_SPLITS", "bytes_to_unicode", "generate_merges", "gguf_backend", "gguf_metadata"]
+log = logging.getLogger(__name__)
+
+__all__ = ["DIGITS_THEN_GPT2_PRE", "GGUF_PRE_TOKENIZER_SPLITS", "GPT2_REGEX_PRE", "bytes_to_unicode", "generate_merges",
+           "gguf_backend", "gguf_metadata", "gguf_pre_tokenizer"]
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -41,17 +46,63 @@ _GPT4O_SPLIT = (
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# tokenizer.ggml.pre -> split regex. Others (gpt2, smollm, starcoder, ...) keep ByteLevel's own GPT-2 regex,
-# as transformers does. (For SmolLM2 that is exact: llama.cpp's "smollm" also isolates digits, but its
-# vocabulary has no merge involving a digit, so both give the same tokens.)
-GGUF_PRE_TOKENIZER_SPLITS = {
+# DeepSeek's pre-tokenizers: several Split steps each, as their tokenizer.json files have them (llama.cpp's
+# llama-vocab.cpp has the same regexes: LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM / DEEPSEEK3_LLM / DEEPSEEK_CODER). The
+# letter class of "deepseek-llm" is spelled with escapes: several of its characters (U+1F7D, U+1FBE, U+1FD3, U+1FDB,
+# U+2126, U+212A) are canonical singletons that an editor's or a web page's NFC would silently turn into others.
+_DEEPSEEK_LLM_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc"
+    "\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+    "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06"
+    "\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943"
+)
+_DIGITS = "digits"  # a step: tokenizers' Digits(individual_digits=True), as DeepSeek's tokenizer.json files have it
+_DEEPSEEK_LLM = (  # DeepSeek LLM, DeepSeek-V2 / V2-Lite (llama.cpp writes the last step as \p{N}+: the same tokens
+    "[\r\n]",    # on a vocabulary without merges of digits, which DeepSeek's is)
+    "\\s?[" + _DEEPSEEK_LLM_LETTERS + "]+",
+    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    r"\s+$",
+    "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+    _DIGITS,
+)
+_DEEPSEEK_V3 = (  # DeepSeek-V3 / R1 (and llama.cpp's hunyuan-dense, joyai-llm, hy_v4)
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+_DEEPSEEK_CODER = ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", _DIGITS)
+
+# tokenizer.ggml.pre -> the pre-tokenizer steps before ByteLevel (names as llama.cpp's llama-vocab.cpp reads them):
+# one split regex, or DeepSeek's several steps. GPT2_REGEX_PRE: ByteLevel's own GPT-2 regex (as transformers does
+# for every name it does not know); DIGITS_THEN_GPT2_PRE: each digit isolated first (llama.cpp's \p{N} step, HF's
+# Digits(individual_digits=True)), then the GPT-2 regex: SmolLM, StarCoder, Command-R, ...
+GGUF_PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                     "jina-v5-nano", "dbrx", "smaug-bpe"], _LLAMA3_SPLIT),
-    "tekken": _TEKKEN_SPLIT,
-    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"], _QWEN2_SPLIT),
-    "qwen35": _QWEN35_SPLIT,
-    **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], _GPT4O_SPLIT),
+                     "jina-v5-nano", "dbrx", "smaug-bpe", "glm4", "chatglm-bpe"], (_LLAMA3_SPLIT,)),
+    "tekken": (_TEKKEN_SPLIT,),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
+                     "solar-open"], (_QWEN2_SPLIT,)),
+    "qwen35": (_QWEN35_SPLIT,),
+    **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], (_GPT4O_SPLIT,)),
+    "deepseek-llm": _DEEPSEEK_LLM,
+    **dict.fromkeys(["deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"], _DEEPSEEK_V3),
+    "deepseek-coder": _DEEPSEEK_CODER,
 }
+GPT2_REGEX_PRE = frozenset(["default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion",
+                            "granite-docling", "exaone4", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",
+                            "gigachat", "a.x-4.0", "mellum", "modern-bert", "roberta-bpe", "jina-v1-en",
+                            "jina-v2-code"])
+DIGITS_THEN_GPT2_PRE = frozenset(["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                                  "minerva-7b", "mellum2"])
 
 _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
@@ -93,7 +144,30 @@ def gguf_metadata(source: Any) -> tuple[dict[str, Any], str]:
     raise TypeError(f"cannot read GGUF tokenizer metadata from {type(source).__name__}")
 
 
-def _byte_level(meta: Mapping[str, Any], tokens: list[str], merges: list[str]):
+def gguf_pre_tokenizer(pre: Any, where: str = "GGUF metadata") -> pre_tokenizers.PreTokenizer:
+    """The byte-level pre-tokenizer for ``tokenizer.ggml.pre`` = ``pre``: its split steps
+    (GGUF_PRE_TOKENIZER_SPLITS, each Split isolating its matches), then ByteLevel without its own regex; for the
+    GPT-2 family (and, with a warning naming it, a name this table does not know or no name) ByteLevel's GPT-2
+    regex, as transformers and llama.cpp's "default" do."""
+    steps = GGUF_PRE_TOKENIZER_SPLITS.get(pre) if isinstance(pre, str) else None
+    if steps is None:
+        if pre in DIGITS_THEN_GPT2_PRE:
+            return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                            pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        if pre not in GPT2_REGEX_PRE:
+            what = ("has no tokenizer.ggml.pre" if pre is None
+                    else f"has a tokenizer.ggml.pre Kestrel does not know ({pre!r})")
+            log.warning("%s %s: splitting text with GPT-2's regex, which may tokenize differently from the model's own "
+                        "tokenizer (its Hugging Face directory gives the exact tokens)", where, what)
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return pre_tokenizers.Sequence([
+        *(pre_tokenizers.Digits(individual_digits=True) if step == _DIGITS
+          else pre_tokenizers.Split(Regex(step), behavior="isolated") for step in steps),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
+def _byte_level(meta: Mapping[str, Any], tokens: list[str], merges: list[str], where: str):
     """transformers' byte_level_tokenizer (GPT2Tokenizer) + set_split_regex."""
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
@@ -104,14 +178,7 @@ def _byte_level(meta: Mapping[str, Any], tokens: list[str], merges: list[str]):
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     backend = _BackendTokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
                                            end_of_word_suffix="", fuse_unk=False))
-    split = GGUF_PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
-    if split is None:
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+    backend.pre_tokenizer = gguf_pre_tokenizer(meta.get("tokenizer.ggml.pre"), where)
     backend.decoder = decoders.ByteLevel()
     return backend, vocab, lambda t: set(t) <= alphabet
 
@@ -165,7 +232,7 @@ def gguf_backend(meta: Mapping[str, Any], where: str) -> _BackendTokenizer:
     token_types = meta.get("tokenizer.ggml.token_type") or []
     try:
         if kind == "gpt2":
-            backend, vocab, spelled = _byte_level(meta, tokens, merges or [])
+            backend, vocab, spelled = _byte_level(meta, tokens, merges or [], where)
         elif kind == "llama":
             backend, vocab, spelled = _sentencepiece(meta, tokens, merges)
         else:
