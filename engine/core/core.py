@@ -207,6 +207,8 @@ class EngineCore:
             sched = self.scheduler.schedule()
             if not sched.scheduled:
                 return []
+            if self.spec is not None:  # a draft model processes the step's prompt chunks with the target
+                self.spec.prefill(sched.scheduled)
             prev = self._launch(sched, t0)
         self._in_flight = self._launch_ahead(prev) if self.async_scheduling else None
         deltas = self._complete(prev)

@@ -44,7 +44,7 @@ class _Backoff:
 @dataclass
 class SpeculativeDecoder:
     config: SpeculativeConfig
-    proposer: object  # propose(reqs, limits) -> list[list[int]]; remove(request_id)
+    proposer: object  # propose(reqs, limits) -> list[list[int]]; remove(request_id); optional prefill(scheduled)
     counts: SpeculativeCounts = field(default_factory=SpeculativeCounts)
     backoff: dict[str, _Backoff] = field(default_factory=dict)
 
@@ -71,6 +71,14 @@ class SpeculativeDecoder:
             if d and r.grammar is not None:
                 d = grammar_prefix(r.grammar, d)
             r.spec_token_ids = list(d)
+
+    def prefill(self, scheduled: list) -> None:
+        """The step's prompt chunks (its ScheduledSequences, before the target runs them) to a proposer that keeps
+        state of its own (a draft model's KV: ``DraftProposer.prefill``), so that it processes a prompt with the
+        target, not in the first proposal step."""
+        fill = getattr(self.proposer, "prefill", None)
+        if fill is not None:
+            fill(scheduled)
 
     def settle(self, request_id: str, proposed: int, emitted: int, track: bool = True) -> None:
         """A verify pass of ``proposed`` tokens emitted ``emitted`` (its accepted proposals and one more); ``track``

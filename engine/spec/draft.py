@@ -1,8 +1,14 @@
 """A draft model as proposer: a small model of the target's family (the same tokenizer, checked at load) run in the
 engine process with its own ModelRunner and small KV cache (as many blocks as the target's, of its own small
-size). Each step it catches up on the request's new tokens (its prompt the first time: a prefill) and then
-proposes greedily, one decode step per proposed token for all requests together; its KV beyond the tokens the
-target kept is overwritten on the next step (``_DraftSeq.sync``)."""
+size). The draft computes each token's KV once:
+- its prompt in the step where the target computes it (``prefill``: the scheduled prefill chunks, or the whole
+  prompt where the target's prefix cache had it), so that no proposal step carries a prompt's prefill;
+- each step it catches up on the request's tokens it has not computed (those the target kept: usually the last
+  proposal and the target's bonus token) and proposes greedily, one decode step per proposed token for all
+  requests together. A short catch-up runs as decode rows (one row per token, each over its own context: the
+  runner's decode tape / CUDA graph, not the eager prefill path, whose per-layer set-up costs a short chunk ten
+  times a decode); its KV beyond the tokens the target kept is overwritten on the next step
+  (``_DraftSeq.sync``)."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import ModelLoadError
+from engine.runner.inputs import prepare_step
 from engine.sampling_params import SamplingParams
 from engine.spec.config import SpeculativeConfig
 
@@ -20,6 +27,9 @@ log = logging.getLogger(__name__)
 
 TOKENIZER_SAMPLE = 256  # token ids compared between the two tokenizers (evenly spread, and the specials)
 _GREEDY = SamplingParams(temperature=0, max_tokens=None)
+# a step's sequences of at most this many new tokens each are run as decode rows, at most DECODE_ROWS rows a call (the
+# CPU's largest decode tape: engine/runner/model_runner.py CPU_TAPE_MAX); longer ones (a prompt) as a prefill
+DECODE_ROWS = 16
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
@@ -106,6 +116,10 @@ class DraftProposer:
         self.block_size = runner.block_size
         self.free: list[int] = list(range(runner.num_blocks - 1, -1, -1))
         self.seqs: dict[str, _DraftSeq] = {}
+        # tokens the draft's runner has processed (a token's KV once; and the proposals the target rejects), and
+        # of them those it processed as prefill spans rather than decode rows (only the prompts)
+        self.tokens_computed = 0
+        self.prefill_tokens = 0
 
     @classmethod
     def load(cls, cfg: SpeculativeConfig, target) -> "DraftProposer":
@@ -141,6 +155,38 @@ class DraftProposer:
             self._draft(seqs, alive, out)
         return [out.get(r.request_id, []) for r in reqs]
 
+    def prefill(self, scheduled: list) -> None:
+        """The draft's KV of the tokens the target's step computes (``scheduled``: the step's ScheduledSequences,
+        before it runs) for the prompts' chunks (requests with no output yet): every token up to the chunk's end that the draft has not computed
+        (with a prefix-cache hit, the whole prompt), without logits. Decodes and verify spans are left to
+        ``propose``."""
+        pieces = []
+        for p in scheduled:
+            r = p.request
+            end = r.num_computed_tokens + p.num_new_tokens
+            if p.spec or getattr(r, "pooling", None) is not None or r.output_token_ids:
+                continue  # a decode (or a recomputation after preemption): propose catches up
+            s = self.seqs.get(r.request_id)
+            if s is None:
+                s = self.seqs[r.request_id] = _DraftSeq(r.request_id)
+            s.sync(r.all_token_ids)
+            if end > s.num_computed_tokens and self._room(s, end):
+                pieces.append(_Piece(s, end - s.num_computed_tokens, samples=False))
+        chunk = max(1, getattr(self.runner.config, "max_num_batched_tokens", None) or 2048)
+        while pieces:  # cut to the step's token budget, as the target's chunks are
+            step, budget, rest = [], chunk, []
+            for p in pieces:
+                n = min(p.num_new_tokens, budget)
+                if n > 0:
+                    step.append(_Piece(p.request, n, samples=False))
+                    budget -= n
+                if n < p.num_new_tokens:
+                    rest.append(_Piece(p.request, p.num_new_tokens - n, samples=False))
+            self._forward(step)
+            for q in step:
+                q.request.num_computed_tokens += q.num_new_tokens
+            pieces = rest
+
     def remove(self, request_id: str) -> None:
         s = self.seqs.pop(request_id, None)
         if s is not None:
@@ -160,7 +206,7 @@ class DraftProposer:
         one decode step per further token, each for the requests that want that many."""
         step = [(_Piece(s, len(s.tokens) - s.num_computed_tokens), k) for s, k in zip(seqs, limits)]
         while step:
-            tokens = self._greedy(_Step([p for p, _ in step]))
+            tokens = self._greedy([p for p, _ in step])
             nxt = []
             for (p, k), t in zip(step, tokens):
                 s = p.request
@@ -171,8 +217,34 @@ class DraftProposer:
                     nxt.append((_Piece(s, 1), k))
             step = nxt
 
+    def _greedy(self, pieces: list[_Piece]) -> list[int]:
+        """Each piece's greedy next token: the short pieces as decode rows (calls of at most DECODE_ROWS rows),
+        the long ones (a prompt the draft had not seen) as one prefill step."""
+        got: dict[int, int] = {}
+        short = [i for i, p in enumerate(pieces) if p.num_new_tokens <= DECODE_ROWS]
+        long = [i for i, p in enumerate(pieces) if p.num_new_tokens > DECODE_ROWS]
+        batch: list[int] = []
+        rows = 0
+        for i in short + [None]:
+            n = 0 if i is None else pieces[i].num_new_tokens
+            if batch and (i is None or rows + n > DECODE_ROWS):
+                got.update(zip(batch, self._forward([pieces[j] for j in batch], decode_rows=True)))
+                batch, rows = [], 0
+            if i is not None:
+                batch.append(i)
+                rows += n
+        if long:
+            got.update(zip(long, self._forward([pieces[j] for j in long])))
+        return [got[i] for i in range(len(pieces))]
+
     @torch.inference_mode()
-    def _greedy(self, step: _Step) -> list[int]:
-        inp, _, _ = self.runner.prepare(step)
+    def _forward(self, pieces: list[_Piece], decode_rows: bool = False) -> list[int]:
+        """One runner step of ``pieces``: the argmax of the last row of each that samples. ``decode_rows``: every
+        token a row of its own over its context (engine/runner/inputs.py ``prepare_step``'s per-token spans), so
+        that the step replays a decode tape / CUDA graph bucket."""
+        inp, _, _ = prepare_step(_Step(pieces), self.block_size, decode_rows or self.runner.deterministic)
+        self.tokens_computed += len(inp.token_ids)
+        if not decode_rows:
+            self.prefill_tokens += len(inp.token_ids)
         logits = self.runner.run(inp)
-        return torch.argmax(logits, dim=-1).tolist()
+        return [] if logits is None else torch.argmax(logits, dim=-1).tolist()

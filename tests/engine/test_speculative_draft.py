@@ -1,7 +1,8 @@
 """Speculative decoding with a draft model: a tiny random target (tests/support/tiny_models.py) with a tinier
 random draft of the same vocabulary, written with transformers here: greedy output identical to plain decoding
 (whatever the draft proposes: low acceptance with a random draft, full with the target as its own draft, which
-exercises the draft's KV rollback), and a draft with another tokenizer refused at load with a clear error."""
+exercises the draft's KV rollback), the draft's work (each token's KV once: its prompt as a prefill with the
+target's, the rest as decode rows), and a draft with another tokenizer refused at load with a clear error."""
 
 from __future__ import annotations
 
@@ -67,6 +68,26 @@ def test_greedy_equals_plain_decoding(models, target, draft):
     assert c.proposed > 0
     if draft == "target":  # its own draft: every proposal is the target's greedy token
         assert c.accepted == c.proposed and c.tokens_per_step > 3
+
+
+def test_the_draft_computes_each_token_once(models, target):
+    """The draft's runner processes each prompt once, as a prefill in the target's prefill step (the second round:
+    the target's prefix cache has the prompts, the draft computes them whole), and every later token as decode rows:
+    no re-prefill of a prompt in a proposal step, no token's KV computed twice (its own draft: nothing rejected)."""
+    g = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    target.core.set_speculative(_spec(models["target"]))
+    try:
+        draft = target.core.spec.proposer
+        for _ in range(2):
+            computed, prefill = draft.tokens_computed, draft.prefill_tokens
+            outs = [o.outputs[0].token_ids for o in target.generate(PROMPTS, g)]
+            computed, prefill = draft.tokens_computed - computed, draft.prefill_tokens - prefill
+            assert prefill == sum(len(p) for p in PROMPTS)
+            assert sum(len(p) for p in PROMPTS) < computed <= sum(len(p) + len(o) for p, o in zip(PROMPTS, outs))
+        assert not draft.seqs  # finished requests give their blocks back
+        assert len(draft.free) == draft.runner.num_blocks
+    finally:
+        target.core.set_speculative(None)
 
 
 def test_a_draft_with_another_vocabulary_is_refused(models, target):
