@@ -58,6 +58,10 @@ class ModelShape:
     # multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one row of kv_lora_rank + qk_rope_head_dim
     # values per token and layer (engine/layers/mla.py), the same on every TP rank; None: full K and V
     kv_latent_size: int | None = None
+    # and its parameters per layer (linear, norms): q_a_proj + q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj,
+    # o_proj in place of q, k, v, o of head_dim; q_a_layernorm, kv_a_layernorm (latent_attention_params)
+    latent_attention: tuple[int, int] | None = None
+    dense_layers: int = 0  # an MoE's leading dense MLP layers, dense_intermediate_size wide (first_k_dense_replace)
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelShape | None:
@@ -79,6 +83,9 @@ class ModelShape:
                     dense = cfg.get("intermediate_size")
             latent = (int(cfg.get("kv_lora_rank") or 0) + int(cfg.get("qk_rope_head_dim") or 0)
                       if cfg.get("kv_lora_rank") else None)
+            mla = latent_attention_params(
+                hidden, heads, cfg.get("q_lora_rank"), cfg.get("kv_lora_rank"), cfg.get("qk_nope_head_dim"),
+                cfg.get("qk_rope_head_dim"), cfg.get("v_head_dim")) if latent else None
             return cls(
                 num_layers=int(cfg["num_hidden_layers"]),
                 num_attention_heads=heads,
@@ -94,6 +101,8 @@ class ModelShape:
                 shared_intermediate_size=int(shared) if shared else None,
                 dense_intermediate_size=int(dense) if isinstance(dense, int) and dense > 0 else None,
                 kv_latent_size=latent,
+                dense_layers=int(cfg.get("first_k_dense_replace") or 0) if experts and dense else 0,
+                latent_attention=mla,
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             return None
@@ -115,16 +124,29 @@ class ModelShape:
             experts = get("expert_count")
             if experts:  # llama.cpp's MoE keys (a Mixtral file's feed_forward_length is already an expert's)
                 ffn = get("expert_feed_forward_length") or ffn
-            shared = get("expert_shared_feed_forward_length") if experts else None
+            # Qwen2-MoE writes the shared expert's width, deepseek2 how many shared experts of an expert's width
+            shared = (get("expert_shared_feed_forward_length")
+                      or int(get("expert_shared_count") or 0) * int(ffn or 0)) if experts else None
+            leading_dense = int(get("leading_dense_block_count") or 0) if experts else 0  # deepseek2
+            dense = get("feed_forward_length") if leading_dense else None
             kv_lora = get("attention.kv_lora_rank")  # llama.cpp's deepseek2: MLA, with the rope part's width
-            latent = int(kv_lora) + int(get("rope.dimension_count") or 0) if kv_lora else None
+            rope = int(get("rope.dimension_count") or 0)
+            latent = int(kv_lora) + rope if kv_lora else None
+            mla = None
+            if kv_lora:  # newer files: key_length / value_length are the latent's, the heads' in *_mla
+                qk = get("attention.key_length_mla") or get("attention.key_length")
+                v = get("attention.value_length_mla") or get("attention.value_length")
+                mla = latent_attention_params(hidden, heads, get("attention.q_lora_rank"), kv_lora,
+                                              int(qk) - rope if qk else None, rope, v)
             return cls(num_layers=int(get("block_count")), num_attention_heads=heads, num_kv_heads=kv,
                        head_dim=int(head_dim), hidden_size=hidden, vocab_size=int(vocab_size or 0),
                        max_context=get("context_length"),
                        intermediate_size=int(ffn) if isinstance(ffn, int) and ffn > 0 else None,
                        num_experts=int(experts) if experts else None,
                        experts_used=int(get("expert_used_count") or 0) or None if experts else None,
-                       shared_intermediate_size=int(shared) if shared else None, kv_latent_size=latent)
+                       shared_intermediate_size=int(shared) if shared else None, kv_latent_size=latent,
+                       dense_intermediate_size=int(dense) if dense else None,
+                       dense_layers=leading_dense if dense else 0, latent_attention=mla)
         except (TypeError, ValueError, ZeroDivisionError):
             return None
 
@@ -138,10 +160,17 @@ class ModelShape:
     def _linear_params(self, experts: int) -> int:
         """The linear layers with ``experts`` routed experts per layer (an MoE's router and shared expert too)."""
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + experts * 3 * h * self.intermediate_size
+        attention = self.latent_attention[0] if self.latent_attention else h * (q + 2 * kv) + q * h
+        mlp = experts * 3 * h * self.intermediate_size
         if self.num_experts:
-            per_layer += self.num_experts * h + 3 * h * (self.shared_intermediate_size or 0)
-        return self.num_layers * per_layer
+            mlp += self.num_experts * h + 3 * h * (self.shared_intermediate_size or 0)
+        dense = self.dense_layers * 3 * h * (self.dense_intermediate_size or 0)  # the leading dense layers
+        return self.num_layers * attention + (self.num_layers - self.dense_layers) * mlp + dense
+
+    def norm_params(self) -> int:
+        """The norms' parameters: two per layer and the final one, plus multi-head latent attention's two."""
+        extra = self.latent_attention[1] if self.latent_attention else 0
+        return (2 * self.num_layers + 1) * self.hidden_size + self.num_layers * extra
 
     def inactive_params(self) -> int:
         """Parameters a token does not read: the experts it is not routed to (0 for a dense model or an MoE shape
@@ -158,6 +187,21 @@ class ModelShape:
             return self.num_layers * self.kv_latent_size * dtype_bytes
         heads_per_rank = max(1, -(-self.num_kv_heads // tp))
         return 2 * self.num_layers * heads_per_rank * self.head_dim * dtype_bytes
+
+
+def latent_attention_params(hidden: int, heads: int, q_lora_rank: Any, kv_lora_rank: Any, qk_nope: Any,
+                            qk_rope: Any, v_head: Any) -> tuple[int, int] | None:
+    """Multi-head latent attention's (linear, norm) parameters per layer, as transformers' DeepseekV2/V3 attention
+    holds them: q_a_proj + q_b_proj (or q_proj without a q_lora_rank), kv_a_proj_with_mqa, kv_b_proj, o_proj; the
+    norms q_a_layernorm and kv_a_layernorm. None when a width is missing."""
+    try:
+        rank, nope, rope, v = int(kv_lora_rank), int(qk_nope), int(qk_rope), int(v_head)
+    except (TypeError, ValueError):
+        return None
+    q_rank = int(q_lora_rank or 0)
+    q = q_rank * (hidden + heads * (nope + rope)) if q_rank else hidden * heads * (nope + rope)
+    linear = q + hidden * (rank + rope) + rank * heads * (nope + v) + heads * v * hidden
+    return linear, q_rank + rank
 
 
 @dataclass(frozen=True)
@@ -214,7 +258,7 @@ def param_split(shape: ModelShape | None, num_params: int | None) -> ParamSplit 
         if num_params <= tables:
             return ParamSplit(num_params, 0, 0, 0)
         return ParamSplit(num_params - tables, table, 0 if tied else table, 0)
-    norms = (2 * shape.num_layers + 1) * shape.hidden_size
+    norms = shape.norm_params()
     if num_params and num_params > linear:
         other = num_params - linear
         tied = shape.tie_word_embeddings
