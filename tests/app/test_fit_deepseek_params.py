@@ -83,3 +83,27 @@ def test_deepseek_gguf_metadata_counts_the_models_parameters(case):
     assert gguf.shared_intermediate_size == cfg.n_shared_experts * cfg.moe_intermediate_size
     assert gguf.dense_layers == cfg.first_k_dense_replace
     assert fit.params_text(total, gguf).endswith(f"active ({cfg.n_routed_experts} experts, 2 per token)")
+
+
+@pytest.mark.parametrize("version, split_kv_b", [("v2", False), ("v3", True)])
+def test_a_written_deepseek2_gguf_reads_as_its_tensors(version, split_kv_b, smollm2_gguf, tmp_path):
+    """A deepseek2 GGUF written as llama.cpp's converter writes it (tests/support/gguf_deepseek_writer.py: older
+    key_length / attn_kv_b form for V2, newer *_mla keys with attn_k_b / attn_v_b for V3), read as the Library and
+    the Load panel read it (app.model_inspect): the shape's total is the file's tensors' count (less V3's correction
+    bias, a buffer in transformers), which is the model's parameter count."""
+    from app.model_inspect import inspect_model
+    from tests.support.gguf_deepseek_writer import build_deepseek_model, write_deepseek_gguf
+
+    model = build_deepseek_model(version)
+    cfg = model.config
+    path, _ = write_deepseek_gguf(model, tmp_path / f"{version}.gguf", None, smollm2_gguf, tmp_path,
+                                  split_kv_b=split_kv_b)
+    facts = inspect_model(path)
+    total = sum(p.numel() for p in model.parameters())
+    moe_layers = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    bias = moe_layers * cfg.n_routed_experts if version == "v3" else 0  # exp_probs_b.bias
+    assert facts.num_params == total + bias
+    assert fit.param_split(facts.shape, None).total == total
+    unrouted = moe_layers * (cfg.n_routed_experts - cfg.num_experts_per_tok) * 3 * cfg.hidden_size * (
+        cfg.moe_intermediate_size)
+    assert fit.active_params(facts.shape, total) == total - unrouted
