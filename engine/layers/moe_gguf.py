@@ -26,6 +26,7 @@ def load_gguf_experts(moe, weights, names: Callable[[int], tuple[str, str, str]]
         return False
     i0, i1 = moe.cols
     kinds = ops.GGUFWeight.KERNEL_TYPES
+    _check_column_split(moe, weights, names(0)[2], kinds)
     experts = []
     for e in range(moe.num_experts):
         gate, up, down = names(e)
@@ -43,6 +44,31 @@ def load_gguf_experts(moe, weights, names: Callable[[int], tuple[str, str, str]]
     moe.gguf_table = GGUFExpertTable.build(experts)  # the one-call routed step (routed_native), where it applies
     moe.drop_float()
     return True
+
+
+def _check_column_split(moe, weights, down: str, kinds) -> None:
+    """Refuse, before any weight loads, tensor parallelism whose per-rank slice of the experts' width is not a whole
+    number of the down projections' blocks (a K-quant's 256 columns: Qwen3-30B-A3B's 768 at TP=2, or DeepSeek-V2-Lite's
+    1408): those blocks cannot be split per rank, and dequantizing the experts instead (what such a load did before,
+    silently) takes several times the file's memory and no longer computes what one rank computes. The message names
+    the sizes that split on block boundaries and --quantization none (the experts dequantized, on purpose)."""
+    column_block = getattr(weights, "column_block", None)
+    found = column_block(down, kinds) if column_block is not None else None
+    i0, i1 = moe.cols
+    if found is None or (i0 % found[1] == 0 and i1 % found[1] == 0):
+        return
+    from engine.errors import ModelLoadError
+
+    type_name, block, type_size = found
+    width, size = moe.intermediate * moe.tp.size, moe.tp.size
+    fits = [t for t in range(1, 17) if width % t == 0 and width // t % block == 0]
+    growth = moe.w13.element_size() * block / type_size
+    raise ModelLoadError(
+        f"{getattr(weights, 'path', 'the GGUF file')}: the experts' {type_name} blocks ({block} columns each) cannot "
+        f"be split over tensor_parallel_size={size}: each rank's {width // size} of the experts' {width} columns "
+        f"is not a whole number of blocks. Load with a tensor-parallel size that splits them on block boundaries "
+        f"({', '.join(map(str, fits))}), or with --quantization none to dequantize the experts at load (about "
+        f"{growth:.1f}x their size in the file, in {str(moe.w13.dtype).removeprefix('torch.')})")
 
 
 def routed_native(moe, router, x: torch.Tensor) -> torch.Tensor | None:

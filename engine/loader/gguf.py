@@ -467,6 +467,18 @@ class GGUFWeights(WeightSource):
         self.file.release_of(info)
         return blocks, info.qtype, k
 
+    def column_block(self, name: str, kernel_types: Collection[int]) -> tuple[str, int, int] | None:
+        """(type name, block width, block bytes) of a tensor that ``quantized_slice`` keeps as blocks (
+        ``keep_quantized`` on, 2-D, a type in ``kernel_types``): a slice of its columns stays blocks only from and to
+        a multiple of the block width. None for any other tensor (float, dequantized at load, a split kv_b_proj)."""
+        if not self.keep_quantized or name in self._kv_b:
+            return None
+        info = self._info(name)
+        if len(info.shape) != 2 or info.qtype in _FLOAT_TYPES or info.qtype not in kernel_types:
+            return None
+        block, type_size = _block(info)
+        return info.type_name, block, type_size
+
     def loaded(self) -> None:
         """The model has copied every tensor out (``load_weights``' last call): the file's remaining pages leave the
         resident set (``GGUFFile.loaded``), and the C heap returns the free pages the load left behind (the numpy
