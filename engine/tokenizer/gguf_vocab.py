@@ -79,6 +79,16 @@ _DEEPSEEK_V3 = (  # DeepSeek-V3 / R1 (and llama.cpp's hunyuan-dense, joyai-llm, 
     r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 )
+# others whose tokenizer.json regex llama-vocab.cpp quotes (the originals; llama.cpp runs adapted forms)
+_SEED_CODER_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+                     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_BAILINGMOE_SPLIT = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]"
+                     r"|\s+(?!\S)|\s+")
+_EXAONE_MOE_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+                     r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")
+_MINICPM5 = (r"\p{N}{1,3}", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TINY_AYA = (r"\d{1,3}(?=(?:\d{3})*\b)", _GPT4O_SPLIT)
 _DEEPSEEK_CODER = ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", _DIGITS)
 
 # tokenizer.ggml.pre -> the pre-tokenizer steps before ByteLevel (names as llama.cpp's llama-vocab.cpp reads them):
@@ -90,12 +100,17 @@ GGUF_PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
                      "jina-v5-nano", "dbrx", "smaug-bpe", "glm4", "chatglm-bpe"], (_LLAMA3_SPLIT,)),
     "tekken": (_TEKKEN_SPLIT,),
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
-                     "solar-open"], (_QWEN2_SPLIT,)),
+                     "solar-open", "grok-2"], (_QWEN2_SPLIT,)),
     "qwen35": (_QWEN35_SPLIT,),
     **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], (_GPT4O_SPLIT,)),
     "deepseek-llm": _DEEPSEEK_LLM,
     **dict.fromkeys(["deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"], _DEEPSEEK_V3),
     "deepseek-coder": _DEEPSEEK_CODER,
+    "seed-coder": (_SEED_CODER_SPLIT,),
+    **dict.fromkeys(["bailingmoe", "bailingmoe2", "llada-moe"], (_BAILINGMOE_SPLIT,)),
+    "exaone-moe": (_EXAONE_MOE_SPLIT,),
+    "minicpm5": _MINICPM5,
+    **dict.fromkeys(["tiny_aya", "cohere2moe"], _TINY_AYA),
 }
 GPT2_REGEX_PRE = frozenset(["default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion",
                             "granite-docling", "exaone4", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",

@@ -178,3 +178,16 @@ def test_unknown_or_missing_pre_name_warns_and_splits_as_gpt2(caplog):
     assert unknown.pre_tokenize_str(text) == pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(text)
     assert {"deepseek-llm", "deepseek-v3", "deepseek-coder", "gpt-4o", "qwen2", "llama-bpe"} <= set(
         GGUF_PRE_TOKENIZER_SPLITS)
+
+
+@pytest.mark.parametrize("pre", sorted(GGUF_PRE_TOKENIZER_SPLITS))
+def test_every_known_pre_name_compiles_and_keeps_every_byte(pre, caplog):
+    """Each table entry's regexes compile (tokenizers' onig), its steps lose no text, and no warning is logged."""
+    with caplog.at_level(logging.WARNING, logger="engine.tokenizer.gguf_vocab"):
+        steps = gguf_pre_tokenizer(pre)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    for text in SAMPLES:
+        pieces = steps.pre_tokenize_str(text)
+        assert "".join(p for p, _ in pieces) == byte_level.pre_tokenize_str(text)[0][0], (pre, text)
+        assert [span for _, span in pieces] == sorted(span for _, span in pieces)
+    assert not caplog.records
