@@ -65,8 +65,10 @@ _DEEPSEEK_LLM_LETTERS = (
     "\U0001e900-\U0001e943"
 )
 _DIGITS = "digits"  # a step: tokenizers' Digits(individual_digits=True), as DeepSeek's tokenizer.json files have it
-_DEEPSEEK_LLM = (  # DeepSeek LLM, DeepSeek-V2 / V2-Lite (llama.cpp writes the last step as \p{N}+: the same tokens
-    "[\r\n]",    # on a vocabulary without merges of digits, which DeepSeek's is)
+# DeepSeek LLM, DeepSeek-V2 / V2-Lite. The last step is the tokenizer.json's Digits; llama.cpp splits \p{N}+ there,
+# which gives other tokens only where the vocabulary merges two digits
+_DEEPSEEK_LLM = (
+    "[\r\n]",
     "\\s?[" + _DEEPSEEK_LLM_LETTERS + "]+",
     "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
     r"\s+$",
