@@ -2,8 +2,12 @@
 keeps its slice of every expert as the file's blocks (gate / up rows, down columns), and TP=2 gives TP=1's greedy
 tokens. Files written by the test (tests/support/gguf_moe_writer.py, gguf_deepseek_writer.py: expert width 256).
 
-- Qwen3-MoE Q8_0 (blocks of 32 columns: the down projections' 128 columns a rank split on block boundaries): TP=1's
-  tokens, logits within 1e-4 (seen 1e-6).
+- Qwen3-MoE and Qwen2-MoE (its shared expert and gate too) Q8_0 (blocks of 32 columns: the down projections' 128
+  columns a rank split on block boundaries): TP=1's tokens; logits within 1e-4 at >= 90% of the positions (seen:
+  all of Qwen3-MoE's at 1e-6; Qwen2-MoE's at 1e-6 but its last at 6.4e-3, 0.4% of the largest |logit|, where the
+  same file dequantized agrees to 1.1e-6: the native kernels round activations to int8 per block, and the split
+  sums' float32 rounding moved one value across a rounding step) and all within 8% of the largest |logit| (the
+  GGUF blocks' bound of tests/engine/test_moe_gguf.py).
 - DeepSeek-V2 Q8_0 (MLA, group-limited routing, a shared expert, a dense first layer): TP=1's tokens; logits within
   the GGUF blocks' bound of tests/engine/test_moe_gguf.py, 8% of the largest |logit| (seen 1.4%: the same file
   dequantized, --quantization none, agrees to float32 rounding, so the difference is the per-block activation
@@ -35,6 +39,8 @@ def files(tmp_path_factory, smollm2_gguf):
     work = tmp_path_factory.mktemp("moe-gguf-tp")
     qwen3 = build_moe_model("qwen3_moe", seed=1)
     return {"qwen3-Q8_0": write_moe_gguf(qwen3, work / "qwen3.Q8_0.gguf", "Q8_0", smollm2_gguf, work)[0],
+            "qwen2-Q8_0": write_moe_gguf(build_moe_model("qwen2_moe", seed=3), work / "qwen2.Q8_0.gguf", "Q8_0",
+                                         smollm2_gguf, work)[0],
             "qwen3-Q4_K": write_moe_gguf(qwen3, work / "qwen3.Q4_K.gguf", "Q4_K", smollm2_gguf, work)[0],
             "v2-Q8_0": write_deepseek_gguf(build_deepseek_model("v2", seed=0), work / "v2.Q8_0.gguf", "Q8_0",
                                            smollm2_gguf, work)[0]}
@@ -68,15 +74,22 @@ def _experts_split_as_blocks(qtype: str):
                 assert isinstance(gate_up, GGUFWeight) and isinstance(down, GGUFWeight)
                 assert {gate_up.type_name, down.type_name} == {qtype}
                 assert tuple(gate_up.shape) == (256, 256) and tuple(down.shape) == (256, 128)  # half of 256 each
+        for shared in (getattr(m, "shared_expert", None) for m in model.modules()):
+            if shared is not None and hasattr(shared, "down_proj"):  # Qwen2-MoE's, DeepSeek's: blocks, split
+                assert isinstance(shared.down_proj.matmul_weight, GGUFWeight)
+                assert tuple(shared.down_proj.matmul_weight.shape) == (256, 128)
     return check
 
 
-def test_qwen3_moe_q8_tp2_equals_tp1(files):
-    tokens, logits = _run(files["qwen3-Q8_0"], "gguf", {}, 49152)
-    tokens2, logits2 = _run(files["qwen3-Q8_0"], "gguf", TP2, 49152, _experts_split_as_blocks("Q8_0"))
-    print(f"qwen3moe Q8_0 TP=2: max |logit diff| vs TP=1 {float((logits2 - logits).abs().max()):.3g}")
+@pytest.mark.parametrize("key", ["qwen3-Q8_0", "qwen2-Q8_0"])
+def test_qwen_moe_q8_tp2_equals_tp1(files, key):
+    tokens, logits = _run(files[key], "gguf", {}, 49152)
+    tokens2, logits2 = _run(files[key], "gguf", TP2, 49152, _experts_split_as_blocks("Q8_0"))
+    diff = (logits2 - logits).abs().max(-1).values
+    print(f"{key} TP=2: max |logit diff| vs TP=1 per position {[f'{float(d):.1e}' for d in diff]}")
     assert tokens2 == tokens
-    torch.testing.assert_close(logits2, logits, atol=1e-4, rtol=1e-4)
+    assert float((diff <= 1e-4).float().mean()) >= 0.9
+    assert float(diff.max()) <= 0.08 * float(logits.abs().max())
 
 
 def test_deepseek_v2_q8_tp2_equals_tp1(files):
