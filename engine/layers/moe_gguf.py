@@ -48,10 +48,11 @@ def load_gguf_experts(moe, weights, names: Callable[[int], tuple[str, str, str]]
 
 def _check_column_split(moe, weights, down: str, kinds) -> None:
     """Refuse, before any weight loads, tensor parallelism whose per-rank slice of the experts' width is not a whole
-    number of the down projections' blocks (a K-quant's 256 columns: Qwen3-30B-A3B's 768 at TP=2, or DeepSeek-V2-Lite's
-    1408): those blocks cannot be split per rank, and dequantizing the experts instead (what such a load did before,
-    silently) takes several times the file's memory and no longer computes what one rank computes. The message names
-    the sizes that split on block boundaries and --quantization none (the experts dequantized, on purpose)."""
+    number of the down projections' blocks (a K-quant's 256 columns: Qwen3-30B-A3B's 768 at TP=2): those blocks
+    cannot be split per rank, and dequantizing the experts instead (what such a load did before, silently) takes
+    several times the file's memory and computes other values than one rank does on the blocks (other greedy
+    tokens, seen). The message names the sizes that split on block boundaries and --quantization none (the experts
+    dequantized, on purpose)."""
     column_block = getattr(weights, "column_block", None)
     found = column_block(down, kinds) if column_block is not None else None
     i0, i1 = moe.cols
@@ -61,7 +62,7 @@ def _check_column_split(moe, weights, down: str, kinds) -> None:
 
     type_name, block, type_size = found
     width, size = moe.intermediate * moe.tp.size, moe.tp.size
-    fits = [t for t in range(1, 17) if width % t == 0 and width // t % block == 0]
+    fits = [t for t in range(1, 17) if t == 1 or (width % t == 0 and width // t % block == 0)]
     growth = moe.w13.element_size() * block / type_size
     raise ModelLoadError(
         f"{getattr(weights, 'path', 'the GGUF file')}: the experts' {type_name} blocks ({block} columns each) cannot "
