@@ -27,6 +27,15 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# The engine's own process settings before torch loads: importing ``engine`` first sets OMP_WAIT_POLICY=PASSIVE (the
+# engine's default, engine/__init__.py; a policy set by the caller stands), which only takes effect if it happens
+# before torch loads libgomp. Importing torch first (as _no_cuda_device below did) left this process's OpenMP workers
+# spinning after each region, so in-process engines ran the GEMM regime users never get (gemm_pool's "auto" reads
+# the policy) and spun against the engine processes the tests start on the same two cores: tests/engine's
+# test_deepseek + test_speculative took 145 s (84.7 CPU s) with spinning, 72 s (47.6 CPU s) with PASSIVE.
+import engine  # noqa: E402,F401
+
+
 def _no_cuda_device() -> bool:
     import torch  # importing torch does not import Triton
 
