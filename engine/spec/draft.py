@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,9 @@ _GREEDY = SamplingParams(temperature=0, max_tokens=None)
 # a step's sequences of at most this many new tokens each are run as decode rows, at most DECODE_ROWS rows a call (the
 # CPU's largest decode tape: engine/runner/model_runner.py CPU_TAPE_MAX); longer ones (a prompt) as a prefill
 DECODE_ROWS = 16
+# finished requests whose KV the draft keeps for a later prompt that starts with the same tokens (a chat's next turn
+# re-sends the conversation), least recently finished first given back when blocks run short
+RETAINED_MAX = 8
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
@@ -116,6 +120,7 @@ class DraftProposer:
         self.block_size = runner.block_size
         self.free: list[int] = list(range(runner.num_blocks - 1, -1, -1))
         self.seqs: dict[str, _DraftSeq] = {}
+        self.retained: OrderedDict[str, _DraftSeq] = OrderedDict()  # finished requests' computed KV (``_seq``)
         # tokens the draft's runner has processed (a token's KV once; and the proposals the target rejects), and
         # of them those it processed as prefill spans rather than decode rows (only the prompts)
         self.tokens_computed = 0
@@ -143,10 +148,7 @@ class DraftProposer:
     def propose(self, reqs: list, limits: list[int]) -> list[list[int]]:
         seqs, alive = [], []
         for r, k in zip(reqs, limits):
-            s = self.seqs.get(r.request_id)
-            if s is None:
-                s = self.seqs[r.request_id] = _DraftSeq(r.request_id)
-            s.sync(r.all_token_ids)
+            s = self._seq(r)
             if self._room(s, len(s.tokens) + k):  # else no proposal this step
                 seqs.append(s)
                 alive.append(k)
@@ -157,19 +159,16 @@ class DraftProposer:
 
     def prefill(self, scheduled: list) -> None:
         """The draft's KV of the tokens the target's step computes (``scheduled``: the step's ScheduledSequences,
-        before it runs) for the prompts' chunks (requests with no output yet): every token up to the chunk's end that the draft has not computed
-        (with a prefix-cache hit, the whole prompt), without logits. Decodes and verify spans are left to
-        ``propose``."""
+        before it runs) for the prompts' chunks (requests with no output yet): every token up to the chunk's end
+        that the draft has not computed (with a prefix-cache hit, the whole prompt, less what a finished request's
+        KV gives), without logits. Decodes and verify spans are left to ``propose``."""
         pieces = []
         for p in scheduled:
             r = p.request
             end = r.num_computed_tokens + p.num_new_tokens
             if p.spec or getattr(r, "pooling", None) is not None or r.output_token_ids:
                 continue  # a decode (or a recomputation after preemption): propose catches up
-            s = self.seqs.get(r.request_id)
-            if s is None:
-                s = self.seqs[r.request_id] = _DraftSeq(r.request_id)
-            s.sync(r.all_token_ids)
+            s = self._seq(r)
             if end > s.num_computed_tokens and self._room(s, end):
                 pieces.append(_Piece(s, end - s.num_computed_tokens, samples=False))
         chunk = max(1, getattr(self.runner.config, "max_num_batched_tokens", None) or 2048)
@@ -188,13 +187,56 @@ class DraftProposer:
             pieces = rest
 
     def remove(self, request_id: str) -> None:
+        """A finished request: its computed KV kept (``retained``, the blocks past it given back) for a later
+        prompt that starts alike, the least recently finished past RETAINED_MAX given back."""
         s = self.seqs.pop(request_id, None)
-        if s is not None:
-            self.free.extend(reversed(s.block_ids))
+        if s is None:
+            return
+        stale = self.retained.pop(request_id, None)  # an id used again
+        if stale is not None:
+            self.free.extend(reversed(stale.block_ids))
+        keep = -(-s.num_computed_tokens // self.block_size)
+        self.free.extend(reversed(s.block_ids[keep:]))
+        del s.block_ids[keep:], s.tokens[s.num_computed_tokens:]
+        if s.block_ids:
+            self.retained[request_id] = s
+        while len(self.retained) > RETAINED_MAX:
+            self._give_back_oldest()
 
     # -- drafting ---------------------------------------------------------------------------
+    def _seq(self, r) -> _DraftSeq:
+        """The draft's state of request ``r``, synced with its tokens; a new one starts from the finished
+        request's KV (taken whole: its blocks become this one's) that shares the longest prefix with its tokens,
+        short of its last token (one is always computed: the step that proposes needs its logits)."""
+        s = self.seqs.get(r.request_id)
+        real = r.all_token_ids
+        if s is None:
+            s = self.seqs[r.request_id] = _DraftSeq(r.request_id)
+            best, common = None, 0
+            for old in self.retained.values():
+                n = _common_prefix(old.tokens, real, len(real) - 1)
+                if n > common:
+                    best, common = old, n
+            if best is not None:
+                del self.retained[best.request_id]
+                keep = -(-common // self.block_size)
+                self.free.extend(reversed(best.block_ids[keep:]))
+                s.block_ids, s.tokens, s.num_computed_tokens = best.block_ids[:keep], best.tokens[:common], common
+                s.verified = common
+        s.sync(real)
+        return s
+
+    def _give_back_oldest(self) -> bool:
+        if not self.retained:
+            return False
+        _, old = self.retained.popitem(last=False)
+        self.free.extend(reversed(old.block_ids))
+        return True
+
     def _room(self, s: _DraftSeq, tokens: int) -> bool:
         need = -(-tokens // self.block_size) - len(s.block_ids)
+        while need > len(self.free) and self._give_back_oldest():
+            pass
         if need > len(self.free):
             return False
         for _ in range(max(0, need)):
@@ -248,3 +290,12 @@ class DraftProposer:
             self.prefill_tokens += len(inp.token_ids)
         logits = self.runner.run(inp)
         return [] if logits is None else torch.argmax(logits, dim=-1).tolist()
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -2,7 +2,8 @@
 random draft of the same vocabulary, written with transformers here: greedy output identical to plain decoding
 (whatever the draft proposes: low acceptance with a random draft, full with the target as its own draft, which
 exercises the draft's KV rollback), the draft's work (each token's KV once: its prompt as a prefill with the
-target's, the rest as decode rows), and a draft with another tokenizer refused at load with a clear error."""
+target's, the rest as decode rows, a finished request's KV taken by the next prompt that starts alike), and a
+draft with another tokenizer refused at load with a clear error."""
 
 from __future__ import annotations
 
@@ -71,21 +72,23 @@ def test_greedy_equals_plain_decoding(models, target, draft):
 
 
 def test_the_draft_computes_each_token_once(models, target):
-    """The draft's runner processes each prompt once, as a prefill in the target's prefill step (the second round:
-    the target's prefix cache has the prompts, the draft computes them whole), and every later token as decode rows:
-    no re-prefill of a prompt in a proposal step, no token's KV computed twice (its own draft: nothing rejected)."""
+    """The draft's runner processes each prompt once, as a prefill in the target's prefill step, and every later
+    token as decode rows: no re-prefill of a prompt in a proposal step, no token's KV computed twice (its own draft:
+    nothing rejected). The second round of the same prompts (the target's prefix cache has them) takes the finished
+    requests' draft KV: only each prompt's last token is prefilled, and every proposal is still accepted."""
     g = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     target.core.set_speculative(_spec(models["target"]))
     try:
-        draft = target.core.spec.proposer
-        for _ in range(2):
+        draft, counts = target.core.spec.proposer, target.core.spec.counts
+        for prefilled in (sum(len(p) for p in PROMPTS), len(PROMPTS)):
             computed, prefill = draft.tokens_computed, draft.prefill_tokens
             outs = [o.outputs[0].token_ids for o in target.generate(PROMPTS, g)]
             computed, prefill = draft.tokens_computed - computed, draft.prefill_tokens - prefill
-            assert prefill == sum(len(p) for p in PROMPTS)
-            assert sum(len(p) for p in PROMPTS) < computed <= sum(len(p) + len(o) for p, o in zip(PROMPTS, outs))
-        assert not draft.seqs  # finished requests give their blocks back
-        assert len(draft.free) == draft.runner.num_blocks
+            assert prefill == prefilled
+            assert prefilled < computed <= sum(len(p) + len(o) for p, o in zip(PROMPTS, outs))
+            assert counts.accepted == counts.proposed > 0
+        assert not draft.seqs and len(draft.retained) == len(PROMPTS)  # finished: their KV kept, the rest free
+        assert len(draft.free) + sum(len(s.block_ids) for s in draft.retained.values()) == draft.runner.num_blocks
     finally:
         target.core.set_speculative(None)
 

@@ -2,7 +2,8 @@
 ModelRunner whose greedy next token is the row's input token + 1): a prompt processed once as a prefill in the
 target's step (cut to the step's token budget, no logits), each later catch-up and proposal as decode rows (one span
 of one token per row, over its own context) in calls of at most DECODE_ROWS rows, a long catch-up as a prefill; the
-proposals in the requests' order."""
+proposals in the requests' order; a finished request's KV taken by the next prompt that starts alike, and given back
+when blocks run short."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.spec.draft import DECODE_ROWS, DraftProposer
+from engine.spec.draft import DECODE_ROWS, RETAINED_MAX, DraftProposer
 
 VOCAB = 1000
 
@@ -93,7 +94,7 @@ def test_a_prompt_once_in_the_targets_step_then_decode_rows():
     assert [(s.token_ids, s.seqs[0].context_len) for s in runner.steps] == [([70], 46)]
     assert draft.prefill_tokens == 40  # no prompt computed again
     draft.remove("a")
-    assert len(draft.free) == runner.num_blocks
+    assert len(draft.free) + len(draft.retained["a"].block_ids) == runner.num_blocks
 
 
 def test_short_catch_ups_share_decode_row_calls_a_long_one_prefills():
@@ -110,3 +111,46 @@ def test_short_catch_ups_share_decode_row_calls_a_long_one_prefills():
     assert all(len(s.token_ids) <= DECODE_ROWS for s in rows)
     assert sum(len(s.token_ids) for s in rows) == 3 * len(shorts) and len(rows) == 2
     assert draft.prefill_tokens == len(long.all_token_ids)
+
+
+def _finish(draft, req):
+    """``req`` prefilled as the target's step schedules it whole, then finished."""
+    draft.prefill([_scheduled(req, req.num_tokens)])
+    draft.remove(req.request_id)
+
+
+def test_a_finished_requests_kv_serves_the_next_prompt_that_starts_alike():
+    runner = RecordingRunner(num_blocks=64, block_size=4, budget=64)
+    draft = DraftProposer(runner, "draft")
+    turn1 = list(range(10, 40))  # 30 tokens
+    _finish(draft, Req("t1", turn1))
+    assert draft.prefill_tokens == 30 and list(draft.retained) == ["t1"]
+    assert len(draft.retained["t1"].block_ids) == 8  # ceil(30 / 4): the blocks past its KV given back
+    kept = list(draft.retained["t1"].block_ids)
+    turn2 = turn1[:29] + [99] + list(range(500, 510))  # the same first 29 tokens, then others
+    runner.steps.clear()
+    draft.prefill([_scheduled(Req("t2", turn2), len(turn2))])
+    assert runner.steps[0].token_ids == turn2[29:]  # from the first token that differs
+    assert runner.steps[0].seqs[0].context_len == len(turn2) and not draft.retained
+    assert draft.seqs["t2"].block_ids[:8] == kept  # its blocks (the 8th's last slot overwritten)
+    # the same prompt again: all but its last token taken (a proposal step needs that token's logits)
+    draft.remove("t2")
+    runner.steps.clear()
+    assert draft.propose([Req("t3", list(turn2))], [1]) == [[turn2[-1] + 1]]
+    assert [s.token_ids for s in runner.steps] == [[turn2[-1]]]
+    draft.remove("t3")
+    assert len(draft.free) + sum(len(s.block_ids) for s in draft.retained.values()) == runner.num_blocks
+
+
+def test_kept_kv_is_given_back_oldest_first():
+    runner = RecordingRunner(num_blocks=3 * (RETAINED_MAX + 1), block_size=4)
+    draft = DraftProposer(runner, "draft")
+    for i in range(RETAINED_MAX + 1):  # one too many: the first given back
+        _finish(draft, Req(f"r{i}", [1000 + 10 * i + j for j in range(10)]))  # 3 blocks each
+    assert list(draft.retained) == [f"r{i}" for i in range(1, RETAINED_MAX + 1)]
+    assert len(draft.free) == 3
+    # a prompt that needs more blocks than are free takes them from the oldest kept requests
+    runner.steps.clear()
+    draft.prefill([_scheduled(Req("big", list(range(2000, 2020))), 20)])  # 5 blocks
+    assert runner.steps and list(draft.retained) == [f"r{i}" for i in range(2, RETAINED_MAX + 1)]
+    assert len(draft.free) == 3 + 3 - 5
