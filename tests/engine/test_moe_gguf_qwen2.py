@@ -1,7 +1,7 @@
 """Qwen2-MoE from GGUF (llama.cpp's ``qwen2moe``): q/k/v biases, a shared expert (``ffn_{gate,up,down}_shexp``)
 scaled by sigmoid(x . ``ffn_gate_inp_shexp``), the routed top-2 not renormalized (norm_topk_prob False, as
 llama.cpp runs these files). The file is written by the test from a tiny random Qwen2MoeForCausalLM
-(tests/support/gguf_moe_writer.py: hidden, expert and shared widths 256, 4 experts, 2 layers).
+(tests/support/gguf_moe_writer.py: hidden and expert width 256, shared expert 512, 4 experts, 2 layers).
 
 - F32 file: logits within 1e-4 of transformers (the model itself: the file holds its values exactly), greedy tokens
   equal to transformers' ``generate``.
@@ -49,6 +49,27 @@ def _prompt(n: int = 37) -> list[int]:
 
 def _blocks(llm) -> list[MoEBlock]:
     return [m for m in llm.core.runner.model.modules() if isinstance(m, MoEBlock)]
+
+
+@pytest.mark.parametrize("shared_length", [True, False])
+def test_config_from_the_metadata(qwen2_moe, q8_file, tmp_path, smollm2_gguf, shared_length):
+    """The Qwen2-MoE keys of the file's config; without expert_shared_feed_forward_length (early files) the shared
+    expert's width is read from ffn_up_shexp's rows."""
+    from engine.loader.gguf import gguf_hf_config
+    from engine.loader.gguf_file import GGUFFile
+
+    path = q8_file[0] if shared_length else write_moe_gguf(qwen2_moe, tmp_path / "no-shared-length.gguf", "Q8_0",
+                                                           smollm2_gguf, tmp_path, shared_length=False)[0]
+    gf = GGUFFile(path)
+    try:
+        assert ("qwen2moe.expert_shared_feed_forward_length" in gf.metadata) == shared_length
+        cfg = gguf_hf_config(gf)
+    finally:
+        gf.close()
+    assert cfg["architectures"] == ["Qwen2MoeForCausalLM"] and cfg["model_type"] == "qwen2_moe"
+    assert (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]) == (4, 2, 256)
+    assert cfg["shared_expert_intermediate_size"] == 512 and cfg["norm_topk_prob"] is False
+    assert cfg["attention_bias"] is True and cfg["decoder_sparse_step"] == 1 and cfg["mlp_only_layers"] == []
 
 
 def test_f32_file_equals_transformers(f32_file, qwen2_moe):

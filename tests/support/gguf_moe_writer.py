@@ -29,7 +29,7 @@ _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "
 
 def build_moe_model(kind: str, seed: int = 0):
     """A tiny random Qwen3-MoE (``kind`` "qwen3_moe"), Qwen2-MoE ("qwen2_moe": q/k/v biases, a shared expert of
-    width 256 with its sigmoid gate, top-2 not renormalized) or Mixtral ("mixtral") of K-quant-friendly widths
+    width 512 with its sigmoid gate, top-2 not renormalized) or Mixtral ("mixtral") of K-quant-friendly widths
     (hidden and expert width 256), float32, eval; weights N(0, 0.02), norms 1 + N(0, 0.1)."""
     import torch
     import transformers
@@ -43,7 +43,7 @@ def build_moe_model(kind: str, seed: int = 0):
         model = transformers.Qwen3MoeForCausalLM(cfg)
     elif kind == "qwen2_moe":
         cfg = transformers.Qwen2MoeConfig(**common, num_experts=4, moe_intermediate_size=256, intermediate_size=512,
-                                          shared_expert_intermediate_size=256, norm_topk_prob=False)
+                                          shared_expert_intermediate_size=512, norm_topk_prob=False)
         model = transformers.Qwen2MoeForCausalLM(cfg)
     else:
         cfg = transformers.MixtralConfig(**common, num_local_experts=4, intermediate_size=256)
@@ -67,10 +67,12 @@ def _saved_tensors(model, tmp: Path) -> dict:
     return out
 
 
-def write_moe_gguf(model, out: Path, qtype_name: str, tokenizer_source: Path, workdir: Path) -> tuple[Path, dict]:
+def write_moe_gguf(model, out: Path, qtype_name: str, tokenizer_source: Path, workdir: Path,
+                   shared_length: bool = True) -> tuple[Path, dict]:
     """``model`` (build_moe_model) as a GGUF of ``qtype_name`` ("Q8_0" / "Q4_K": every 2-D and 3-D weight but the
     routers; norms, biases and routers F32; "F32": every tensor F32); returns the path and the dequantized tensors
-    under the checkpoint's names."""
+    under the checkpoint's names. ``shared_length`` False: Qwen2-MoE's expert_shared_feed_forward_length left out
+    (as early qwen2moe files have it; the width is then the tensors')."""
     import gguf
     import numpy as np
     from gguf import GGMLQuantizationType as Q
@@ -112,7 +114,7 @@ def write_moe_gguf(model, out: Path, qtype_name: str, tokenizer_source: Path, wo
     if arch == "qwen3moe":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if arch == "qwen2moe":
+    if arch == "qwen2moe" and shared_length:
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == Q.F32 else gguf.LlamaFileType.GUESSED)
     meta = GGUFFile(tokenizer_source).metadata
