@@ -20,7 +20,8 @@ def load_gguf_experts(moe, weights, names: Callable[[int], tuple[str, str, str]]
     """Fill ``moe.quantized_experts`` (engine/layers/moe.py's FusedMoE) with GGUF blocks: expert e's gate and up
     rows of this rank stacked (gate then up, as ``w13``), its down columns of this rank; then drop the float
     stacks. False, with ``moe`` untouched, when the source keeps no blocks (not a GGUF, ``--quantization none``,
-    a GPU, a type without a kernel, a column slice off block boundaries): the caller loads float weights."""
+    a GPU, a type without a kernel): the caller loads float weights. Raises ModelLoadError, with ``moe`` untouched,
+    when this rank's down columns are not whole blocks (``_check_column_split``)."""
     get = getattr(weights, "quantized_slice", None)
     if get is None or moe.w13.device.type != "cpu":
         return False
