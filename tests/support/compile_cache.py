@@ -2,8 +2,9 @@
 (tests/unit/test_cuda_compiles.py: nvcc for three architectures, ~185 s of a CI run on two cores).
 
 A run's key is the SHA-256 of everything its result depends on: the compiler's identity (``--version``), the
-command line (the output path left out), and the bytes of every file that can reach the compilation (the
-source and every header of ``csrc/``, all of them: conservative, a header edit recompiles every source). A run
+command line (the output path left out), and the bytes of every file that can reach the compilation: the source
+and the closure of its quoted ``#include``s (resolved beside the including file, then in the include folders;
+angle-bracket and unresolved includes are the toolkit's and the system's, covered by the compiler's identity). A run
 whose key is stored succeeded before with exactly these inputs, so its outputs are copied back instead of being
 compiled again; a run that fails is never stored and fails again next time. The cache lives in
 ``~/.cache/kestrel-compile-cache`` (``$XDG_CACHE_HOME`` honoured); delete it to compile everything again.
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-HEADER_SUFFIXES = (".h", ".hpp", ".cuh", ".inc")
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 
 def cache_root() -> Path:
@@ -31,8 +33,23 @@ def compiler_identity(compiler: str) -> str:
     return f"{compiler}\n{proc.returncode}\n{proc.stdout}{proc.stderr}"
 
 
-def headers_under(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in HEADER_SUFFIXES)
+def include_closure(source: Path, include_dirs: list[Path]) -> list[Path]:
+    """``source`` and every file its quoted ``#include``s reach, transitively (each looked up beside the file that
+    includes it, then in ``include_dirs``, as the compiler does)."""
+    seen: list[Path] = []
+    todo = [source.resolve()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.append(path)
+        for name in INCLUDE.findall(path.read_text(errors="replace")):
+            for folder in (path.parent, *include_dirs):
+                found = (folder / name).resolve()
+                if found.is_file():
+                    todo.append(found)
+                    break
+    return sorted(seen)
 
 
 def run_key(identity: str, command: list[str], inputs: list[Path], root: Path) -> str:

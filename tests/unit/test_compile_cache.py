@@ -13,15 +13,17 @@ from tests.support import compile_cache
 def _tree(root: Path) -> tuple[Path, Path]:
     (root / "csrc" / "cuda").mkdir(parents=True)
     src = root / "csrc" / "cuda" / "k.cu"
-    src.write_text("__global__ void k() {}\n")
-    header = root / "csrc" / "common.cuh"
+    src.write_text('#include "ops.h"\n#include <cuda_runtime.h>\n__global__ void k() {}\n')
+    (root / "csrc" / "cuda" / "ops.h").write_text('#pragma once\n#include "common.cuh"\n')  # beside the source
+    header = root / "csrc" / "common.cuh"  # reached through ops.h, found in the include folder
     header.write_text("#pragma once\n")
+    (root / "csrc" / "unrelated.h").write_text("#pragma once\n")
     return src, header
 
 
 def _key(root: Path, src: Path, *flags: str) -> str:
     cmd = ["nvcc", "-O3", *flags, f"-I{root / 'csrc'}", "-c", str(src)]
-    return compile_cache.run_key("nvcc 12.9", cmd, [src, *compile_cache.headers_under(root / "csrc")], root)
+    return compile_cache.run_key("nvcc 12.9", cmd, compile_cache.include_closure(src, [root / "csrc"]), root)
 
 
 @pytest.fixture
@@ -38,10 +40,15 @@ def test_the_key_follows_every_input_but_not_the_checkouts_place(tmp_path):
     assert key != _key(tmp_path / "a", a_src, "-G")                 # another flag
     assert key != compile_cache.run_key("nvcc 13.0", ["nvcc"], [a_src], tmp_path / "a") != \
         compile_cache.run_key("nvcc 12.9", ["nvcc"], [a_src], tmp_path / "a")  # another compiler
+    assert compile_cache.include_closure(a_src, [tmp_path / "a" / "csrc"]) == sorted(
+        [a_src, a_src.parent / "ops.h", a_header])
+    (tmp_path / "a" / "csrc" / "unrelated.h").write_text("#pragma once\n#define Y 2\n")
+    assert key == _key(tmp_path / "a", a_src)                       # a header nothing includes
     a_header.write_text("#pragma once\n#define X 1\n")
-    assert key != _key(tmp_path / "a", a_src)                       # a header's bytes
+    assert key != _key(tmp_path / "a", a_src)                       # an included header's bytes, two levels down
     a_header.write_text("#pragma once\n")
-    a_src.write_text("__global__ void k() { }\n")
+    assert key == _key(tmp_path / "a", a_src)
+    a_src.write_text(a_src.read_text().replace("{}", "{ }"))
     assert key != _key(tmp_path / "a", a_src)                       # the source's bytes
 
 

@@ -7,8 +7,8 @@ and sm_90 (the H100 / H200 path, with PDL), object files only, with the flags of
 csrc/bindings.cpp with KESTREL_WITH_CUDA defined (the CUDA half of the Python bindings).
 
 A compilation that succeeded is remembered (tests/support/compile_cache.py), keyed on the compiler's version, the
-command line and the bytes of the source and of every header in csrc/: the same inputs are not compiled again
-in the next run (~185 s of a CI run), a changed one is, and a failure is never remembered."""
+command line and the bytes of the source and of every csrc/ file its #includes reach: the same inputs are not
+compiled again in the next run (~185 s of a CI run), a changed one is, and a failure is never remembered."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _compile(src: Path, out_dir: Path, identity: str) -> tuple[str, int, str]:
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
     cmd = [NVCC, "-std=c++17", "-O3", "--expt-relaxed-constexpr", *gencode, f"-I{CSRC}", "-c", str(src)]
     out = out_dir / (src.stem + ".o")
-    key = compile_cache.run_key(identity, cmd, [src, *compile_cache.headers_under(CSRC)], ROOT)
+    key = compile_cache.run_key(identity, cmd, compile_cache.include_closure(src, [CSRC]), ROOT)
     if compile_cache.restore(key, out):
         return src.name, 0, "compiled before with the same inputs (tests/support/compile_cache.py)"
     proc = subprocess.run([*cmd, "-o", str(out)], capture_output=True, text=True, timeout=HANG_SECONDS)
@@ -79,7 +79,7 @@ def test_the_cuda_bindings_compile():
            *pybind.stdout.split(), f"-I{CSRC}", str(CSRC / "bindings.cpp")]
     version = subprocess.run([sys.executable, "-m", "pybind11", "--version"], capture_output=True, text=True)
     identity = compile_cache.compiler_identity(cxx) + f"pybind11 {version.stdout}python {sys.version}"
-    key = compile_cache.run_key(identity, cmd, [CSRC / "bindings.cpp", *compile_cache.headers_under(CSRC)], ROOT)
+    key = compile_cache.run_key(identity, cmd, compile_cache.include_closure(CSRC / "bindings.cpp", [CSRC]), ROOT)
     if compile_cache.restore(key, None):
         return
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
