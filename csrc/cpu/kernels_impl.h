@@ -191,6 +191,27 @@ void rotary_t(const RotaryParams& p, int64_t t0, int64_t t1) {
 constexpr int64_t kChunk = 32;  // tokens scored at a time (<= one cache block)
 constexpr int64_t kAttnAhead = 16;  // tokens whose K / V rows are prefetched ahead (attn_piece)
 
+constexpr int kPV = W >= 16 ? 4 : 2;  // V vectors per step of attn_pv (4 x NG accumulators fit 32 registers)
+
+// acc[g * hd + v * W ..] += sum over the chunk's tokens j < nv[g] of sc[g][j] * V[j] for V vectors of W lanes.
+template <class T, int NG, int V>
+void attn_pv(float* acc, int64_t hd, const float (*sc)[kChunk], const int64_t* nv, int64_t nmax, const T* vb,
+             int64_t tok_stride) {
+  R a[NG][V], vv[V];
+  for (int g = 0; g < NG; ++g)
+    for (int v = 0; v < V; ++v) a[g][v] = Vec::load(acc + g * hd + v * W);
+  for (int64_t j = 0; j < nmax; ++j) {
+    for (int v = 0; v < V; ++v) vv[v] = Vec::load(vb + j * tok_stride + v * W);
+    for (int g = 0; g < NG; ++g) {
+      if (j >= nv[g]) continue;  // past the slot's context
+      const R s = Vec::set1(sc[g][j]);
+      for (int v = 0; v < V; ++v) a[g][v] = Vec::fma(s, vv[v], a[g][v]);
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int v = 0; v < V; ++v) Vec::store(acc + g * hd + v * W, a[g][v]);
+}
+
 // One chunk of n cache tokens (K rows kb, V rows vb, tok_stride apart) for NG slots: scores, online-softmax update
 // and acc += p . V. Slot g sees the chunk's first nv[g] tokens (0 <= nv[g] <= n: its context ends there). A slot's
 // arithmetic is the same whatever the other slots are (the same steps in the same order as for a chunk of nv[g]
@@ -201,11 +222,10 @@ void attn_chunk(const AttnParams& p, const T* const* qb, const float* qf, float*
   const int64_t hd = p.head_size, tok_stride = p.num_kv_heads * hd;
   alignas(64) float sc[NG][kChunk];
   int64_t jg[NG];  // slot g's scores before jg[g] are done
-  int64_t nmax = 0, nmin = kChunk;
+  int64_t nmax = 0;
   for (int g = 0; g < NG; ++g) {
     jg[g] = 0;
     nmax = nv[g] > nmax ? nv[g] : nmax;
-    nmin = nv[g] < nmin ? nv[g] : nmin;
   }
   (void)qb;
 
@@ -325,23 +345,11 @@ void attn_chunk(const AttnParams& p, const T* const* qb, const float* qf, float*
     }
   }
 
-  // acc_g += sum_j p_j * v_j over the slot's own tokens (the V rows read once for all the slots)
+  // acc_g += sum_j p_j * v_j over the slot's own tokens: V rows converted once for the NG slots, kPV vectors of
+  // them at a time (each sc broadcast once per kPV vectors), the same fma per element in the same order
   int64_t i = 0;
-  for (; i + W <= hd; i += W) {
-    R a[NG];
-    for (int g = 0; g < NG; ++g) a[g] = Vec::load(acc + g * hd + i);
-    int64_t j = 0;
-    for (; j < nmin; ++j) {
-      const R vv = Vec::load(vb + j * tok_stride + i);
-      for (int g = 0; g < NG; ++g) a[g] = Vec::fma(Vec::set1(sc[g][j]), vv, a[g]);
-    }
-    for (; j < nmax; ++j) {
-      const R vv = Vec::load(vb + j * tok_stride + i);
-      for (int g = 0; g < NG; ++g)
-        if (j < nv[g]) a[g] = Vec::fma(Vec::set1(sc[g][j]), vv, a[g]);
-    }
-    for (int g = 0; g < NG; ++g) Vec::store(acc + g * hd + i, a[g]);
-  }
+  for (; i + kPV * W <= hd; i += kPV * W) attn_pv<T, NG, kPV>(acc + i, hd, sc, nv, nmax, vb + i, tok_stride);
+  for (; i + W <= hd; i += W) attn_pv<T, NG, 1>(acc + i, hd, sc, nv, nmax, vb + i, tok_stride);
   for (; i < hd; ++i) {
     for (int64_t j = 0; j < nmax; ++j) {
       const float vv = to_f32(vb[j * tok_stride + i]);

@@ -185,7 +185,10 @@ def paged_decode_attention(
     Returns `out`: a new [B, nh, hd] tensor unless given (then [B, nh, hd] of q's dtype, last dim
     contiguous). A sequence with context length 0 gets zeros. On CPU, context lengths and block ids are
     checked against the tables and the caches (ValueError); on CUDA they are not. Under set_batch_invariant
-    a CPU row's result depends on its own query, cache and context length only.
+    a CPU row's result depends on its own query, cache and context length only. On the CPU, consecutive rows whose
+    block tables agree over their contexts (a verify pass's k + 1 rows of one request) are one span: its rows read
+    the cache once, each row with the arithmetic it gets alone (the same bits at the same context partitions;
+    csrc/cpu/kernels.h).
 
     part_tokens (CUDA): 0 sizes the split-K partitions to fill the GPU at the table's capacity (block_tables'
     width x block size: an eager step's longest context); > 0 fixes them at that many tokens over the whole

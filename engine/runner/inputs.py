@@ -76,7 +76,8 @@ def prepare_step(sched: ScheduledStep, block_size: int, per_token: bool = False,
         nb = -(-ctx // bs)
         blocks = tuple(ids) if nb == len(ids) else tuple(ids[:nb])
         if (per_token or spec) and n > 1:  # a verify span too: each row a decode's (the paged decode kernel,
-            # and a step of verify and decode rows only replays a decode tape / CUDA graph bucket)
+            # and a step of verify and decode rows only replays a decode tape / CUDA graph bucket). The rows are
+            # consecutive with one block tuple, so the CPU kernel reads their cache once (csrc/cpu/dispatch.cpp spans)
             seqs.extend(SeqSpan(q0 + i, 1, start + i + 1, blocks) for i in range(n))
         else:
             seqs.append(SeqSpan(q0, n, ctx, blocks))
