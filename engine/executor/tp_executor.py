@@ -182,11 +182,13 @@ class TPExecutor:
         from engine import ops
         from engine.runner import model_runner
         from engine.runner.device import physical_cores, resolve_device
+        from engine.runner.load_checks import check_expert_split
 
         self.config = config
         self.size = int(config.tensor_parallel_size)
         check_tp_size(checkpoint.config, self.size)
         self.device = resolve_device(config.device)
+        check_expert_split(config, checkpoint, self.device, self.size)  # GGUF expert blocks: before any worker
         if self.device.type == "cuda" and torch.cuda.device_count() < self.size:
             raise KestrelError(f"tensor_parallel_size={self.size} needs {self.size} GPUs; "
                                f"{torch.cuda.device_count()} visible")

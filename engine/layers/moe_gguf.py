@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from engine import ops
+from engine.expert_blocks import refusal, splits_on_blocks
 from engine.ops.gguf_moe import GGUFExpertTable, moe_experts
 from engine.ops.gguf_quant import fuse_rows
 
@@ -52,25 +53,19 @@ def _check_column_split(moe, weights, down: str, kinds) -> None:
     number of the down projections' blocks (a K-quant's 256 columns: Qwen3-30B-A3B's 768 at TP=2): those blocks
     cannot be split per rank, and dequantizing the experts instead (what such a load did before, silently) takes
     several times the file's memory and computes other values than one rank does on the blocks (other greedy
-    tokens, seen). The message names the sizes that split on block boundaries and --quantization none (the experts
-    dequantized, on purpose)."""
+    tokens, seen). The message (engine/expert_blocks.py, shared with the check before a TP engine's workers start)
+    names the sizes that split on block boundaries and --quantization none (the experts dequantized, on purpose)."""
     column_block = getattr(weights, "column_block", None)
     found = column_block(down, kinds) if column_block is not None else None
-    i0, i1 = moe.cols
-    if found is None or (i0 % found[1] == 0 and i1 % found[1] == 0):
+    width, size = moe.intermediate * moe.tp.size, moe.tp.size
+    if found is None or splits_on_blocks(width, size, found[1]):
         return
     from engine.errors import ModelLoadError
 
     type_name, block, type_size = found
-    width, size = moe.intermediate * moe.tp.size, moe.tp.size
-    fits = [t for t in range(1, 17) if t == 1 or (width % t == 0 and width // t % block == 0)]
     growth = moe.w13.element_size() * block / type_size
-    raise ModelLoadError(
-        f"{getattr(weights, 'path', 'the GGUF file')}: the experts' {type_name} blocks ({block} columns each) cannot "
-        f"be split over tensor_parallel_size={size}: each rank's {width // size} of the experts' {width} columns "
-        f"is not a whole number of blocks. Load with a tensor-parallel size that splits them on block boundaries "
-        f"({', '.join(map(str, fits))}), or with --quantization none to dequantize the experts at load (about "
-        f"{growth:.1f}x their size in the file, in {str(moe.w13.dtype).removeprefix('torch.')})")
+    raise ModelLoadError(refusal(str(getattr(weights, "path", "the GGUF file")), type_name, block, width, size, growth,
+                                 str(moe.w13.dtype).removeprefix("torch.")))
 
 
 def routed_native(moe, router, x: torch.Tensor) -> torch.Tensor | None:

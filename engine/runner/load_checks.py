@@ -1,5 +1,6 @@
 """The checks and resolutions of a load's options against the device, the checkpoint and the native kernels
-(--quantization, --kv-cache-dtype, gguf blocks, --deterministic): ModelRunner runs them before it builds anything."""
+(--quantization, --kv-cache-dtype, gguf blocks, --deterministic): ModelRunner runs them before it builds anything;
+TPExecutor checks a tensor-parallel size against a GGUF file's expert blocks before its workers start."""
 
 from __future__ import annotations
 
@@ -19,15 +20,20 @@ def resolve_quantization(mode: str, device: torch.device, weights) -> str:
     keeps a GPTQ / AWQ / FP8 checkpoint's own weights, float weights load as they are); other modes as given."""
     if mode != "auto":
         return mode
-    from engine.config import auto_quantization
-
-    matrix_types = getattr(weights, "matrix_types", None)  # GGUFWeights
-    types = matrix_types() if matrix_types is not None else None
-    resolved = auto_quantization(device.type, types, ops.native_available())
-    if types is not None:
+    resolved = auto_resolved(device, weights)
+    if hasattr(weights, "matrix_types"):  # a GGUF file
         log.info("--quantization auto: %s", "the GGUF blocks kept for the CPU kernels" if resolved == "gguf" else
                  "the GGUF tensors dequantized to the model's dtype at load (--quantization none)")
     return resolved
+
+
+def auto_resolved(device: torch.device, weights) -> str:
+    """What --quantization auto becomes for this device and checkpoint (``resolve_quantization`` without its log
+    line)."""
+    from engine.config import auto_quantization
+
+    matrix_types = getattr(weights, "matrix_types", None)  # GGUFWeights
+    return auto_quantization(device.type, matrix_types() if matrix_types is not None else None, ops.native_available())
 
 
 def check_quantization(device: torch.device, mode: str) -> None:
@@ -100,3 +106,35 @@ def check_deterministic(device: torch.device, tp: TPContext) -> None:
     if not ops.native_available():
         raise KestrelError("--deterministic needs Kestrel's native CPU kernels (engine._C); build them with "
                            "`pip install -e .`")
+
+
+def check_expert_split(config, checkpoint, device: torch.device, size: int) -> None:
+    """A tensor-parallel size against a GGUF file's expert blocks, before any worker process starts (TPExecutor):
+    where this load keeps the experts as blocks (--quantization gguf, or auto, on the CPU with the native kernels),
+    each rank's slice of the experts' down projections must be whole blocks (engine/expert_blocks.py:
+    Qwen3-30B-A3B's 768-wide Q4_K experts split over 1 or 3 ranks, not 2). Raises
+    ModelLoadError with the message a rank's load would give (engine/layers/moe_gguf.py): the sizes that split and
+    --quantization none."""
+    from engine.errors import ModelLoadError
+    from engine.expert_blocks import EXPERT_DOWN_SUFFIX, kept_block, refusal, refusal_growth, splits_on_blocks
+    from engine.runner.device import resolve_dtype
+
+    weights = checkpoint.weights
+    tensors = getattr(getattr(weights, "file", None), "tensors", None)
+    mode = config.quantization
+    kept = device.type == "cpu" and ops.native_available() and (
+        mode == "gguf" or (mode == "auto" and auto_resolved(device, weights) == "gguf"))
+    if size < 2 or tensors is None or not kept:
+        return
+    downs = [info for name, info in tensors.items() if name.endswith(EXPERT_DOWN_SUFFIX) and len(info.shape) == 3]
+    found = kept_block(info.type_name for info in downs)
+    if found is None:
+        return
+    type_name, block = found
+    width = downs[0].shape[-1]  # torch order: [experts, hidden, the experts' width]
+    if splits_on_blocks(width, size, block):
+        return
+    dtype = resolve_dtype(config.dtype, device, checkpoint.config.torch_dtype)
+    raise ModelLoadError(refusal(str(weights.path), type_name, block, width, size,
+                                 refusal_growth(type_name, dtype.itemsize), str(dtype).removeprefix("torch.")))
+

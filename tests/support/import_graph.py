@@ -73,7 +73,7 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("engine.constants", "engine.config", "engine.kernel_config", "engine.weight_quant", "engine.quant_scheme",
       "engine.capabilities", "engine.cpu_features", "engine.dtype_codes", "engine.host_info",
       "engine.sampling_params", "engine.errors",
-      "engine.envs", "engine.heap", "engine.checkpoint_json"),
+      "engine.envs", "engine.heap", "engine.checkpoint_json", "engine.expert_blocks"),
      "the foundation: facts defined once (constants), options, kernel configuration, quantized weights' forms, "
      "checkpoint schemes, capabilities, "
      "CPU flags, host facts (NVML), sampling parameters, errors, KESTREL_* variables, the C heap's trim, "
