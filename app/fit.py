@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import tp_size_fits
+from engine.expert_blocks import kept_block, splits_on_blocks
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}  # fp8: --kv-cache-dtype fp8 (e4m3)
@@ -62,6 +63,9 @@ class ModelShape:
     # o_proj in place of q, k, v, o of head_dim; q_a_layernorm, kv_a_layernorm (latent_attention_params)
     latent_attention: tuple[int, int] | None = None
     dense_layers: int = 0  # an MoE's leading dense MLP layers, dense_intermediate_size wide (first_k_dense_replace)
+    # a GGUF MoE's routed experts' down projections: their tensor types (app/model_inspect.py reads them), whose
+    # blocks a TP size must not split where the CPU keeps them (expert_block); () for other models
+    expert_down_types: tuple[str, ...] = ()
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelShape | None:
@@ -432,20 +436,32 @@ def max_context(capacity: int, weight_bytes: int, shape: ModelShape | None, tp: 
     return max(0, room // per_token) if per_token else None
 
 
-def tp_fits(tp: int, shape: ModelShape | None) -> bool:
+def expert_block(shape: ModelShape | None, quantization: str, on_gpu: bool) -> tuple[str, int] | None:
+    """(type, columns) of the experts' blocks a TP size must split on boundaries (engine/expert_blocks.py, the rule
+    the engine refuses other sizes by): a GGUF MoE whose experts the CPU keeps as blocks (--quantization auto or
+    gguf); None on a GPU or with --quantization none / int8 (the experts dequantized: any size that divides works)."""
+    if shape is None or on_gpu or quantization not in ("auto", "gguf") or not shape.intermediate_size:
+        return None
+    return kept_block(shape.expert_down_types)
+
+
+def tp_fits(tp: int, shape: ModelShape | None, block: tuple[str, int] | None = None) -> bool:
     """Whether the engine can split the model over ``tp`` ranks (engine.config.tp_size_fits: the attention and
-    KV heads as QKVParallelLinear splits them, and the MLP's width); an unknown shape does not rule it out."""
+    KV heads as QKVParallelLinear splits them, and the MLP's width; with ``block``, ``expert_block``'s, each rank's
+    slice of the experts whole blocks); an unknown shape does not rule it out."""
     if shape is None:
         return tp >= 1
     if any(width % tp for _, width in mlp_widths(shape)):
         return False
+    if block is not None and not splits_on_blocks(shape.intermediate_size, tp, block[1]):
+        return False
     return tp_size_fits(tp, shape.num_attention_heads, shape.num_kv_heads)
 
 
-def tp_misfit(tp: int, shape: ModelShape | None) -> str:
+def tp_misfit(tp: int, shape: ModelShape | None, block: tuple[str, int] | None = None) -> str:
     """Why the model does not split over ``tp`` ranks, in words ("its 9 attention heads do not divide into 2 equal
     groups"); "" when it does."""
-    if shape is None or tp_fits(tp, shape):
+    if shape is None or tp_fits(tp, shape, block):
         return ""
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
     if heads % tp:
@@ -457,6 +473,10 @@ def tp_misfit(tp: int, shape: ModelShape | None) -> str:
     for name, width in mlp_widths(shape):
         if width % tp:
             return f"its {name} ({width:,}) does not divide by {tp}"
+    if block is not None:  # the experts' blocks: --quantization none dequantizes them (any dividing size works)
+        return (f"its experts' {block[0]} blocks ({block[1]} columns each) would be split: {tp} ranks take "
+                f"{shape.intermediate_size // tp:,} of the {shape.intermediate_size:,} columns each (quantization "
+                f"\"none\" dequantizes the experts and allows it, at several times the memory)")
     return "it does not split over that many ranks"
 
 
@@ -470,9 +490,9 @@ def mlp_widths(shape: ModelShape) -> list[tuple[str, int]]:
     return [(name, width) for name, width in named if width]
 
 
-def tp_sizes(max_size: int, shape: ModelShape | None = None) -> list[int]:
-    """Every TP size from 1 to ``max_size`` the model splits into."""
-    return [tp for tp in range(1, max(1, max_size) + 1) if tp_fits(tp, shape)]
+def tp_sizes(max_size: int, shape: ModelShape | None = None, block: tuple[str, int] | None = None) -> list[int]:
+    """Every TP size from 1 to ``max_size`` the model splits into (with ``block``: on its experts' blocks)."""
+    return [tp for tp in range(1, max(1, max_size) + 1) if tp_fits(tp, shape, block)]
 
 
 def tp_choices(num_gpus: int, shape: ModelShape | None = None) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from app.gguf_header import GGUFHeaderError, read_gguf_header
 from app.quant_scheme import describe_quantization, quantization_method
 from engine.config import SUPPORTED_ARCHITECTURES
 from engine.constants import GGUF_ARCHITECTURES
+from engine.expert_blocks import EXPERT_DOWN_SUFFIX
 
 # A mirror of engine.loader.gguf's SUPPORTED_QTYPES (that module imports torch); tests/app/test_model_data.py checks
 # they agree. GGUF_ARCHITECTURES is engine.constants' (torch-free).
@@ -83,6 +84,9 @@ def _inspect_gguf(path: Path) -> ModelFacts:
     facts.num_params = header.num_params
     facts.context_length = header.arch_value("context_length")
     facts.shape = ModelShape.from_gguf_metadata(md, header.vocab_size)
+    downs = tuple(sorted({t for name, t in header.tensor_types.items() if name.endswith(EXPERT_DOWN_SUFFIX)}))
+    if facts.shape is not None and downs:  # the experts' blocks a TP size must not split (app.fit.expert_block)
+        facts.shape = replace(facts.shape, expert_down_types=downs)
     if arch not in GGUF_ARCHITECTURES:
         facts.supported = False
         facts.reason = f"Architecture '{arch}' is not supported (supported: {', '.join(sorted(GGUF_ARCHITECTURES))})."

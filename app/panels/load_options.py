@@ -161,7 +161,10 @@ class OptionsMixin:
         shape = e.facts.shape if e is not None else None
         form_max = RANGES["tensor_parallel_size"][1]
         limit = min(self.ctx.num_gpus, form_max) if on_gpu else form_max
-        sizes = fit.tp_sizes(limit, shape)
+        # a GGUF MoE's experts kept as blocks on the CPU: only sizes that split them on block boundaries (the engine's
+        # rule, engine/expert_blocks.py); quantization "none" dequantizes them and lifts it
+        block = fit.expert_block(shape, f.values().get("quantization") or "auto", on_gpu)
+        sizes = fit.tp_sizes(limit, shape, block)
         if len(sizes) < 2:
             if on_gpu and limit < 2:
                 reason = f"needs two or more GPUs (found {limit})"
@@ -171,6 +174,9 @@ class OptionsMixin:
                                  if shape.num_experts) if shape is not None else ""
                 reason = (f"this model ({shape.num_attention_heads} attention heads, {shape.num_kv_heads} KV heads"
                           f"{widths}) does not split over {where}" if shape is not None else "")
+                split = [s for s in fit.tp_sizes(limit, shape) if s > 1]  # sizes only the experts' blocks refuse
+                if block is not None and split:
+                    reason = f"{reason}: {fit.tp_misfit(split[0], shape, block)}"
             f.set_value("tensor_parallel_size", 1)
             f.set_field_enabled("tensor_parallel_size", False, reason)
             self._last_tp = 1
@@ -184,7 +190,7 @@ class OptionsMixin:
             up = [s for s in sizes if s > tp]
             down = [s for s in sizes if s < tp]
             new = (up[0] if up else sizes[-1]) if tp > self._last_tp else (down[-1] if down else sizes[0])
-            why = fit.tp_misfit(tp, shape) or "it does not split this model"
+            why = fit.tp_misfit(tp, shape, block) or "it does not split this model"
             f.set_field_note("tensor_parallel_size", f"{tp} is not possible: {why}. Using {new}; sizes that work "
                                                      f"here: {works}.")
             f.set_value("tensor_parallel_size", new)
