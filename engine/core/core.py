@@ -275,6 +275,8 @@ class EngineCore:
         sc = self.scheduler
         self.recent_steps.append(StepStats(now, now - start, sc.num_running, sc.num_waiting, n_prefill, n_decode,
                                            sc.blocks.usage))
+        if self.spec is not None:  # the cost gate times whole steps (engine/spec/decoder.py)
+            self.spec.step_done(n_prefill, n_decode)
         if self.executor is not None:
             d = self.executor.comm.stats.step_delta()
             self.recent_comm_steps.append(CommStepStats(now, d.calls, d.link_bytes, d.payload_bytes, d.seconds))
