@@ -8,7 +8,9 @@ size). The draft computes each token's KV once:
   requests together. A short catch-up runs as decode rows (one row per token, each over its own context: the
   runner's decode tape / CUDA graph, not the eager prefill path, whose per-layer set-up costs a short chunk ten
   times a decode); its KV beyond the tokens the target kept is overwritten on the next step
-  (``_DraftSeq.sync``)."""
+  (``_DraftSeq.sync``);
+- a finished request's KV is kept (``retained``) for the next prompt that starts with the same tokens (a chat's
+  next turn), given back oldest first when blocks run short."""
 
 from __future__ import annotations
 
