@@ -4,7 +4,9 @@ refuses; the scheduler verifies them with the request's last token in one k+1-to
 counts and each request's back-off (``settle``); after the whole step, its cost (``step_done``).
 
 Back-off: a request whose proposals were all rejected proposes nothing for 1, 2, 4 .. up to 32 steps, so that a
-prompt where lookups miss (a plain chat) pays for few wasted verify passes; any accepted proposal resets it.
+prompt where lookups miss (a plain chat) pays for few wasted verify passes; any accepted proposal resets it. With a
+proposer whose proposals cost nothing (``free``: n-gram lookup) it drops its next 1, 2, 4 .. proposals instead: a
+lookup that hits once in many steps would otherwise never meet a skipped step.
 
 Cost gate (``StepCosts``): the decoder times whole steps (one ``step_done`` to the next: proposing, scheduling,
 the forward pass, verifying, output and settling) and keeps a running mean of a step's seconds, per number of
@@ -91,6 +93,7 @@ class SpeculativeDecoder:
     def propose(self, running: list, max_model_len: int) -> None:
         """Set ``spec_token_ids`` of every running request: its proposals where it decodes, else none."""
         k = self.config.num_speculative_tokens
+        free = getattr(self.proposer, "free", False)  # its back-off skips proposals, not steps
         refresh = self._steps_since_plain >= PLAIN_REFRESH_STEPS
         asking, limits = [], []
         for r in running:
@@ -98,7 +101,7 @@ class SpeculativeDecoder:
             if r.pooling is not None or r.num_computed_tokens + 1 != r.num_tokens or refresh:
                 continue
             b = self.backoff.get(r.request_id)
-            if b is not None and b.skip > 0:
+            if b is not None and b.skip > 0 and not free:
                 b.skip -= 1
                 continue
             left = min(k, (r.params.max_tokens or max_model_len) - len(r.output_token_ids) - 1,
@@ -109,6 +112,10 @@ class SpeculativeDecoder:
         if not asking:
             return
         for r, d in zip(asking, self.proposer.propose(asking, limits)):
+            b = self.backoff.get(r.request_id) if free and d else None
+            if b is not None and b.skip > 0:
+                b.skip -= 1
+                continue
             if d and r.grammar is not None:
                 d = grammar_prefix(r.grammar, d)
             r.spec_token_ids = list(d)

@@ -31,6 +31,8 @@ def ngram_proposal(tokens: list[int], k: int, lookup_max: int, lookup_min: int) 
 class NgramProposer:
     """The ``ngram`` proposer: each request's own tokens (prompt and output) are its lookup table."""
 
+    free = True  # a lookup costs nothing: the decoder's back-off drops proposals rather than skipping steps
+
     def __init__(self, lookup_max: int, lookup_min: int):
         self.lookup_max = lookup_max
         self.lookup_min = lookup_min

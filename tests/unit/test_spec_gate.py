@@ -122,3 +122,33 @@ def test_step_done_times_whole_steps_and_skips_prompt_steps():
     dec.settle("r", K, 2)
     dec.step_done(prefill_tokens=0, decoding=1)  # a verify step of 1 s
     assert dec.costs.plain == {1: 0.5} and dec.costs.verify == {1: 1.0}
+
+
+class _RareLookups:
+    """A free proposer (n-gram-like) whose lookup hits on every 5th step only."""
+
+    free = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def propose(self, reqs, limits):
+        self.calls += 1
+        return [[1] * k if self.calls % 5 == 0 else [] for k in limits]
+
+    def remove(self, rid):
+        pass
+
+
+def _passes_with_rare_lookups(free: bool, steps: int) -> int:
+    proposer = _RareLookups()
+    proposer.free = free
+    dec = SpeculativeDecoder(_decoder().config, proposer)
+    return sum(p > 0 for p in _run(dec, _request(), COSTLY_VERIFY_S, emitted=2, steps=steps))
+
+
+def test_a_free_proposers_back_off_drops_proposals_not_steps():
+    # 20 hits in 100 steps, none paying: dropping 1, 2, 4 .. proposals verifies 5 of them; skipping 1, 2, 4 ..
+    # steps (which mostly fall between hits) verifies 7
+    free, stepped = _passes_with_rare_lookups(True, 100), _passes_with_rare_lookups(False, 100)
+    assert free <= 5 < stepped
