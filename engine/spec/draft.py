@@ -116,11 +116,13 @@ class _Step:
 
 
 class DraftProposer:
+    free = False  # its proposals cost draft steps: the decoder's back-off skips asking (engine/spec/decoder.py)
+
     def __init__(self, runner, name: str):
         self.runner = runner
         self.name = name
         self.block_size = runner.block_size
-        self.free: list[int] = list(range(runner.num_blocks - 1, -1, -1))
+        self.free_blocks: list[int] = list(range(runner.num_blocks - 1, -1, -1))
         self.seqs: dict[str, _DraftSeq] = {}
         self.retained: OrderedDict[str, _DraftSeq] = OrderedDict()  # finished requests' computed KV (``_seq``)
         # tokens the draft's runner has processed (a token's KV once; and the proposals the target rejects), and
@@ -151,6 +153,9 @@ class DraftProposer:
         seqs, alive = [], []
         for r, k in zip(reqs, limits):
             s = self._seq(r)
+            # at least the last token is fed (its logits propose): the draft may have computed it already, where
+            # the target decoded plainly the token the draft had proposed (proposals dropped after it proposed)
+            s.num_computed_tokens = min(s.num_computed_tokens, len(s.tokens) - 1)
             if self._room(s, len(s.tokens) + k):  # else no proposal this step
                 seqs.append(s)
                 alive.append(k)
@@ -196,9 +201,9 @@ class DraftProposer:
             return
         stale = self.retained.pop(request_id, None)  # an id used again
         if stale is not None:
-            self.free.extend(reversed(stale.block_ids))
+            self.free_blocks.extend(reversed(stale.block_ids))
         keep = -(-s.num_computed_tokens // self.block_size)
-        self.free.extend(reversed(s.block_ids[keep:]))
+        self.free_blocks.extend(reversed(s.block_ids[keep:]))
         del s.block_ids[keep:], s.tokens[s.num_computed_tokens:]
         if s.block_ids:
             self.retained[request_id] = s
@@ -222,7 +227,7 @@ class DraftProposer:
             if best is not None:
                 del self.retained[best.request_id]
                 keep = -(-common // self.block_size)
-                self.free.extend(reversed(best.block_ids[keep:]))
+                self.free_blocks.extend(reversed(best.block_ids[keep:]))
                 s.block_ids, s.tokens, s.num_computed_tokens = best.block_ids[:keep], best.tokens[:common], common
                 s.verified = common
         s.sync(real)
@@ -232,17 +237,17 @@ class DraftProposer:
         if not self.retained:
             return False
         _, old = self.retained.popitem(last=False)
-        self.free.extend(reversed(old.block_ids))
+        self.free_blocks.extend(reversed(old.block_ids))
         return True
 
     def _room(self, s: _DraftSeq, tokens: int) -> bool:
         need = -(-tokens // self.block_size) - len(s.block_ids)
-        while need > len(self.free) and self._give_back_oldest():
+        while need > len(self.free_blocks) and self._give_back_oldest():
             pass
-        if need > len(self.free):
+        if need > len(self.free_blocks):
             return False
         for _ in range(max(0, need)):
-            s.block_ids.append(self.free.pop())
+            s.block_ids.append(self.free_blocks.pop())
         return True
 
     def _draft(self, seqs: list[_DraftSeq], limits: list[int], out: dict[str, list[int]]) -> None:

@@ -88,7 +88,7 @@ def test_the_draft_computes_each_token_once(models, target):
             assert prefilled < computed <= sum(len(p) + len(o) for p, o in zip(PROMPTS, outs))
             assert counts.accepted == counts.proposed > 0
         assert not draft.seqs and len(draft.retained) == len(PROMPTS)  # finished: their KV kept, the rest free
-        assert len(draft.free) + sum(len(s.block_ids) for s in draft.retained.values()) == draft.runner.num_blocks
+        assert len(draft.free_blocks) + sum(len(s.block_ids) for s in draft.retained.values()) == draft.runner.num_blocks
     finally:
         target.core.set_speculative(None)
 

@@ -94,7 +94,7 @@ def test_a_prompt_once_in_the_targets_step_then_decode_rows():
     assert [(s.token_ids, s.seqs[0].context_len) for s in runner.steps] == [([70], 46)]
     assert draft.prefill_tokens == 40  # no prompt computed again
     draft.remove("a")
-    assert len(draft.free) + len(draft.retained["a"].block_ids) == runner.num_blocks
+    assert len(draft.free_blocks) + len(draft.retained["a"].block_ids) == runner.num_blocks
 
 
 def test_short_catch_ups_share_decode_row_calls_a_long_one_prefills():
@@ -139,7 +139,7 @@ def test_a_finished_requests_kv_serves_the_next_prompt_that_starts_alike():
     assert draft.propose([Req("t3", list(turn2))], [1]) == [[turn2[-1] + 1]]
     assert [s.token_ids for s in runner.steps] == [[turn2[-1]]]
     draft.remove("t3")
-    assert len(draft.free) + sum(len(s.block_ids) for s in draft.retained.values()) == runner.num_blocks
+    assert len(draft.free_blocks) + sum(len(s.block_ids) for s in draft.retained.values()) == runner.num_blocks
 
 
 def test_kept_kv_is_given_back_oldest_first():
@@ -148,9 +148,40 @@ def test_kept_kv_is_given_back_oldest_first():
     for i in range(RETAINED_MAX + 1):  # one too many: the first given back
         _finish(draft, Req(f"r{i}", [1000 + 10 * i + j for j in range(10)]))  # 3 blocks each
     assert list(draft.retained) == [f"r{i}" for i in range(1, RETAINED_MAX + 1)]
-    assert len(draft.free) == 3
+    assert len(draft.free_blocks) == 3
     # a prompt that needs more blocks than are free takes them from the oldest kept requests
     runner.steps.clear()
     draft.prefill([_scheduled(Req("big", list(range(2000, 2020))), 20)])  # 5 blocks
     assert runner.steps and list(draft.retained) == [f"r{i}" for i in range(2, RETAINED_MAX + 1)]
-    assert len(draft.free) == 3 + 3 - 5
+    assert len(draft.free_blocks) == 3 + 3 - 5
+
+
+def test_a_proposal_the_target_decoded_plainly_is_fed_again():
+    """Proposals dropped after the draft made them (a back-off, a grammar): the target decodes plainly the token the
+    draft had proposed, which the draft has computed already; the next proposal step still feeds the last token."""
+    runner = RecordingRunner()
+    draft = DraftProposer(runner, "draft")
+    req = Req("a", list(range(10, 20)))
+    draft.prefill([_scheduled(req, 10)])
+    req.all_token_ids.append(20)
+    req.output_token_ids = [20]
+    assert draft.propose([req], [3]) == [[21, 22, 23]]  # computes 20, 21, 22
+    req.all_token_ids += [21, 22]  # two plain decodes of what it proposed: the draft holds both
+    runner.steps.clear()
+    assert draft.propose([req], [2]) == [[23, 24]]
+    assert [(s.token_ids, s.seqs[0].context_len) for s in runner.steps] == [([22], 13), ([23], 14)]
+
+
+def test_the_decoder_skips_asking_a_draft_in_back_off():
+    """A draft's proposals cost its steps (``free`` False: not the n-gram lookup's drop-after-proposing)."""
+    from engine.spec.config import parse_speculative_config
+    from engine.spec.decoder import SpeculativeDecoder
+
+    runner = RecordingRunner()
+    draft = DraftProposer(runner, "draft")
+    dec = SpeculativeDecoder(parse_speculative_config('{"model": "/x", "num_speculative_tokens": 2}'), draft)
+    req = Req("a", list(range(10, 20)), num_computed_tokens=9)
+    req.params, req.grammar = SimpleNamespace(max_tokens=None), None
+    dec.settle("a", 2, 1)  # a pass that accepted nothing: back off
+    dec.propose([req], 4096)
+    assert req.spec_token_ids == [] and runner.steps == []
