@@ -47,7 +47,11 @@ def test_load_panel_option_reaches_the_engine_and_performance_shows_acceptance(m
     _type(qtbot, editor, NGRAM)
     assert load.config().speculative_config == NGRAM
     qtbot.mouseClick(load.load_button, Qt.LeftButton)
-    qtbot.waitUntil(lambda: w.ctx.engine.state in ("ready", "failed"), timeout=LOAD_TIMEOUT_MS)
+    # the state stays "failed" (with the refused config's error) until the engine thread takes this load, later
+    # on a busy machine: wait for this load's outcome, not for the last one's
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready" or (
+        w.ctx.engine.state == "failed" and "num_speculative_tokens must be" not in load.error_text()),
+        timeout=LOAD_TIMEOUT_MS)
     assert w.ctx.engine.state == "ready", load.error_text()
     assert w.ctx.store.model_settings(EMBEDDED_KEY)["engine"]["speculative_config"] == NGRAM  # kept for next time
     # the engine process reports the proposer it runs: the summary names it (0 proposals so far)
