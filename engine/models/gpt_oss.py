@@ -161,8 +161,8 @@ class GptOssForCausalLM(LlamaForCausalLM):
             p = f"model.layers.{i}"
             layer.self_attn.load(weights, f"{p}.self_attn")
             layer.mlp.load(weights, f"{p}.mlp")
-            layer.input_layernorm.weight.data.copy_(weights.get(f"{p}.input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.data.copy_(weights.get(f"{p}.post_attention_layernorm.weight"))
-        self.norm.weight.data.copy_(weights.get("model.norm.weight"))
+            layer.input_layernorm.load(weights, f"{p}.input_layernorm.weight")
+            layer.post_attention_layernorm.load(weights, f"{p}.post_attention_layernorm.weight")
+        self.norm.load(weights, "model.norm.weight")
         if not self.cfg.tie_word_embeddings:
             self.lm_head.load(weights, "lm_head.weight")
